@@ -1,0 +1,203 @@
+"""The Foundry TOML configuration shared by every engine plugin.
+
+One schema, parsed here, so that SGLang and vLLM read the same file the same way::
+
+    mode = "auto"                 # save | load | auto
+    archive_dir = "/var/cache/foundry/qwen3-1.7b"
+
+    [region]
+    base = 0x600000000000         # fixed virtual address of the device-memory region
+    size = "128GiB"               # virtual size reserved (physical memory is mapped on use)
+
+    [trust]
+    archive_digest = ""           # optional: pin the archive's manifest digest (sha256 hex)
+
+Unknown keys are an error, not a silent no-op: a typo in a key would otherwise change what is
+restored without anyone noticing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised only on 3.10
+    import tomli as tomllib
+
+MODES = ("save", "load", "auto")
+DEFAULT_REGION_BASE = 0x600000000000
+DEFAULT_REGION_SIZE = 128 << 30
+# Per-rank regions are laid out back to back from the base (rank r at base + r * stride), so the
+# stride must leave room for one region; 1 TiB keeps ranks far apart in the 47-bit user VA space.
+RANK_STRIDE = 1 << 40
+_GRANULE = 2 << 20
+_SIZE_RE = re.compile(r"^\s*(\d+)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+class ConfigError(ValueError):
+    """A Foundry configuration that cannot be used; the message is one line a user can act on."""
+
+
+@dataclasses.dataclass(frozen=True)
+class FoundryConfig:
+    mode: str = "auto"
+    archive_dir: Path = Path("foundry-archive")
+    region_base: int = DEFAULT_REGION_BASE
+    region_size: int = DEFAULT_REGION_SIZE
+    archive_digest: str | None = None
+    source: Path | None = None  # the file it came from, for messages
+
+    def rank_archive_dir(self, rank: int = 0) -> Path:
+        """Each rank of a multi-process engine keeps its own archive under the configured directory."""
+        return self.archive_dir / f"rank{rank}"
+
+    def rank_region_base(self, rank: int = 0) -> int:
+        return self.region_base + rank * RANK_STRIDE
+
+    def to_env(self) -> dict[str, str]:
+        """Settings as environment variables, for engines that start workers in fresh processes."""
+        env = {
+            "FOUNDRY_MODE": self.mode,
+            "FOUNDRY_ARCHIVE_DIR": str(self.archive_dir),
+            "FOUNDRY_REGION_BASE": hex(self.region_base),
+            "FOUNDRY_REGION_SIZE": str(self.region_size),
+        }
+        if self.archive_digest:
+            env["FOUNDRY_ARCHIVE_DIGEST"] = self.archive_digest
+        if self.source is not None:
+            env["FOUNDRY_CONFIG"] = str(self.source)
+        return env
+
+
+def parse_size(value: Any, key: str) -> int:
+    """Accept an int (bytes) or a string such as ``"64GiB"``, ``"512M"``."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{key}: expected a size, got {value!r}")
+    if isinstance(value, int):
+        n = value
+    elif isinstance(value, str):
+        m = _SIZE_RE.match(value)
+        if not m:
+            raise ConfigError(f"{key}: cannot read size {value!r} (use bytes or e.g. '64GiB')")
+        unit = (m.group(2) or "").upper().rstrip("B").rstrip("I")
+        n = int(m.group(1)) * _UNITS[unit]
+    else:
+        raise ConfigError(f"{key}: expected a size, got {type(value).__name__}")
+    if n <= 0:
+        raise ConfigError(f"{key}: size must be positive, got {n}")
+    return n
+
+
+def _parse_address(value: Any, key: str) -> int:
+    if isinstance(value, bool):
+        raise ConfigError(f"{key}: expected an address, got {value!r}")
+    if isinstance(value, str):
+        try:
+            value = int(value, 0)
+        except ValueError:
+            raise ConfigError(f"{key}: cannot read address {value!r}") from None
+    if not isinstance(value, int):
+        raise ConfigError(f"{key}: expected an address, got {type(value).__name__}")
+    if value <= 0 or value % _GRANULE:
+        raise ConfigError(f"{key}: {value:#x} must be a positive multiple of 2 MiB")
+    if value >= 1 << 47:
+        raise ConfigError(f"{key}: {value:#x} lies outside the 47-bit user address space")
+    return value
+
+
+_TOP_KEYS = {"mode", "archive_dir", "region", "trust"}
+_REGION_KEYS = {"base", "size"}
+_TRUST_KEYS = {"archive_digest"}
+
+
+def _check_keys(table: dict, allowed: set[str], where: str) -> None:
+    extra = sorted(set(table) - allowed)
+    if extra:
+        raise ConfigError(f"{where}: unknown key {extra[0]!r} (known: {', '.join(sorted(allowed))})")
+
+
+def config_from_dict(data: dict, source: Path | None = None, base_dir: Path | None = None) -> FoundryConfig:
+    """Validate a parsed TOML table; relative ``archive_dir`` is taken relative to ``base_dir``."""
+    where = str(source) if source else "foundry config"
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a table")
+    _check_keys(data, _TOP_KEYS, where)
+    mode = data.get("mode", "auto")
+    if mode not in MODES:
+        raise ConfigError(f"{where}: mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if "archive_dir" not in data:
+        raise ConfigError(f"{where}: archive_dir is required")
+    archive_dir = data["archive_dir"]
+    if not isinstance(archive_dir, str) or not archive_dir:
+        raise ConfigError(f"{where}: archive_dir must be a non-empty path string")
+    path = Path(os.path.expanduser(archive_dir))
+    if not path.is_absolute() and base_dir is not None:
+        path = base_dir / path
+    region = data.get("region", {})
+    if not isinstance(region, dict):
+        raise ConfigError(f"{where}: [region] must be a table")
+    _check_keys(region, _REGION_KEYS, f"{where} [region]")
+    base = _parse_address(region.get("base", DEFAULT_REGION_BASE), "region.base")
+    size = parse_size(region.get("size", DEFAULT_REGION_SIZE), "region.size")
+    if size % _GRANULE:
+        raise ConfigError(f"region.size: {size} must be a multiple of 2 MiB")
+    if size > RANK_STRIDE:
+        raise ConfigError(f"region.size: {size} exceeds the per-rank stride of {RANK_STRIDE} bytes")
+    trust = data.get("trust", {})
+    if not isinstance(trust, dict):
+        raise ConfigError(f"{where}: [trust] must be a table")
+    _check_keys(trust, _TRUST_KEYS, f"{where} [trust]")
+    digest = trust.get("archive_digest") or None
+    if digest is not None and (not isinstance(digest, str) or not re.fullmatch(r"[0-9a-f]{64}", digest)):
+        raise ConfigError("trust.archive_digest: expected 64 lowercase hex characters (sha256)")
+    return FoundryConfig(
+        mode=mode,
+        archive_dir=path,
+        region_base=base,
+        region_size=size,
+        archive_digest=digest,
+        source=source,
+    )
+
+
+def load_config(path: str | os.PathLike) -> FoundryConfig:
+    """Read and validate a Foundry TOML file; raises :class:`ConfigError` with a one-line reason."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"foundry config {path} does not exist") from None
+    except OSError as e:
+        raise ConfigError(f"foundry config {path} cannot be read: {e.strerror}") from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"foundry config {path} is not valid TOML: {e}") from None
+    return config_from_dict(data, source=path.resolve(), base_dir=path.resolve().parent)
+
+
+def config_from_env(environ: dict[str, str] | None = None) -> FoundryConfig | None:
+    """The inverse of :meth:`FoundryConfig.to_env`; ``None`` when Foundry is not enabled."""
+    env = os.environ if environ is None else environ
+    if "FOUNDRY_CONFIG" in env:
+        return load_config(env["FOUNDRY_CONFIG"])
+    if "FOUNDRY_MODE" not in env:
+        return None
+    data: dict[str, Any] = {
+        "mode": env["FOUNDRY_MODE"],
+        "archive_dir": env.get("FOUNDRY_ARCHIVE_DIR", ""),
+        "region": {
+            "base": env.get("FOUNDRY_REGION_BASE", hex(DEFAULT_REGION_BASE)),
+            "size": int(env.get("FOUNDRY_REGION_SIZE", DEFAULT_REGION_SIZE)),
+        },
+    }
+    if env.get("FOUNDRY_ARCHIVE_DIGEST"):
+        data["trust"] = {"archive_digest": env["FOUNDRY_ARCHIVE_DIGEST"]}
+    return config_from_dict(data, source=None)
