@@ -1,0 +1,1013 @@
+"""Contract tests for foundry_core.archive and foundry_core.fingerprint (CPU only)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from foundry_core import __version__
+from foundry_core.archive import (
+    FORMAT_VERSION,
+    MAX_MANIFEST_BYTES,
+    MISSING,
+    ArchiveError,
+    ArchiveNotFound,
+    ArchiveWriter,
+    FingerprintMismatch,
+    compare_fingerprint,
+    open_archive,
+    remove_archive,
+)
+from foundry_core.fingerprint import (
+    FINGERPRINT_FIELDS,
+    FINGERPRINT_FORMAT,
+    current_fingerprint,
+    format_driver_version,
+    make_fingerprint,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+CUBIN = bytes(range(256)) * 3 + b"\x7fELF tail"
+LAYOUT = {"region_base": 0x600000000000, "cursor": 123456, "pools": [1, 2, 3]}
+GRAPH = b"\x00graph-bytes\xff" * 10
+
+
+def fp(**over):
+    fields = dict(
+        gpu_name="NVIDIA H200",
+        compute_capability="9.0",
+        sm_count=132,
+        driver_version="13.0",
+        cuda_version="13.0",
+        torch_version="2.13.0",
+        model={"name": "Qwen3-1.7B", "capture_sizes": [1, 2, 4, 8], "dtype": "bfloat16"},
+    )
+    fields.update(over)
+    return make_fingerprint(**fields)
+
+
+def save(path, files=None, meta=None, fingerprint=None, **kw) -> str:
+    if files is None:
+        files = {"modules/abc.cubin": CUBIN, "graphs/0003.bin": GRAPH, "layout.json": LAYOUT}
+    with ArchiveWriter(path, **kw) as w:
+        for rel, data in files.items():
+            if isinstance(data, (bytes, bytearray)):
+                w.add_bytes(rel, data)
+            else:
+                w.add_json(rel, data)
+        return w.commit(fingerprint=fingerprint or fp(), meta={"graphs": 1} if meta is None else meta)
+
+
+def real(path) -> Path:
+    return Path(os.path.realpath(path))
+
+
+def manifest_of(path) -> dict:
+    return json.loads((real(path) / "manifest.json").read_bytes())
+
+
+def write_manifest(path, manifest) -> None:
+    (real(path) / "manifest.json").write_text(json.dumps(manifest))
+
+
+def entries(parent: Path) -> set[str]:
+    return set(os.listdir(parent))
+
+
+@pytest.fixture
+def arch(tmp_path):
+    path = tmp_path / "rank0"
+    digest = save(path)
+    return path, digest
+
+
+# ---------------------------------------------------------------------------------------------- basics
+
+
+def test_round_trip(tmp_path):
+    path = tmp_path / "a" / "rank0"  # the parent is created
+    files = {
+        "modules/abc.cubin": CUBIN,
+        "graphs/0003.bin": GRAPH,
+        "deep/er/still/x.bin": b"x",
+        "empty.bin": b"",
+        "layout.json": LAYOUT,
+    }
+    meta = {
+        "graph_index": [{"id": 3, "file": "graphs/0003.bin"}],
+        "rng": {"seed": 7, "offset": 12},
+        "t": (1, 2),
+    }
+    digest = save(path, files, meta)
+    ar = open_archive(path, expected_fingerprint=fp())
+    assert ar.digest == digest
+    assert ar.path == path
+    assert ar.meta == {**meta, "t": [1, 2]}  # JSON form: tuples come back as lists
+    assert ar.fingerprint == fp()
+    assert ar.format_version == FORMAT_VERSION
+    assert ar.files == {
+        "deep/er/still/x.bin": 1,
+        "empty.bin": 0,
+        "graphs/0003.bin": len(GRAPH),
+        "layout.json": len(ar.read_bytes("layout.json")),
+        "modules/abc.cubin": len(CUBIN),
+    }
+    assert ar.read_bytes("modules/abc.cubin") == CUBIN
+    assert ar.read_bytes("empty.bin") == b""
+    assert ar.read_json("layout.json") == LAYOUT
+    m = ar.manifest
+    assert m["format"] == "foundry-archive" and m["format_version"] == FORMAT_VERSION
+    assert m["foundry_version"] == __version__
+    assert m["files"]["modules/abc.cubin"] == {
+        "size": len(CUBIN),
+        "sha256": hashlib.sha256(CUBIN).hexdigest(),
+    }
+    assert set(m["files"]) == set(files)
+    with pytest.raises(ArchiveError, match="has no file 'nope.bin'"):
+        ar.read_bytes("nope.bin")
+    with pytest.raises(ArchiveError, match="not valid JSON"):
+        ar.read_json("modules/abc.cubin")
+
+
+def test_layout_on_disk(arch):
+    path, digest = arch
+    assert path.is_symlink()
+    assert os.readlink(path) == f".rank0.{digest[:16]}"
+    assert entries(path.parent) == {"rank0", f".rank0.{digest[:16]}", ".rank0.lock"}
+    # The manifest lists every other file: nothing on disk is unaccounted for.
+    on_disk = {str(p.relative_to(real(path))) for p in real(path).rglob("*") if p.is_file()}
+    assert on_disk - {"manifest.json"} == set(manifest_of(path)["files"])
+
+
+def test_digest_is_sha256_of_manifest_and_stable(arch):
+    path, digest = arch
+    raw = (path / "manifest.json").read_bytes()
+    assert digest == hashlib.sha256(raw).hexdigest()
+    assert open_archive(path).digest == digest
+    assert open_archive(path).digest == digest
+    assert open_archive(path, expected_digest=digest).digest == digest
+    assert open_archive(path, expected_digest=digest.upper()).digest == digest
+    # The manifest is canonical: re-encoding the parsed manifest the same way gives the same bytes.
+    m = json.loads(raw)
+    assert json.dumps(m, sort_keys=True, indent=1, ensure_ascii=True).encode() + b"\n" == raw
+
+
+def test_dedup_with_has(tmp_path):
+    images = [b"kernel-a", b"kernel-b", b"kernel-a", b"kernel-a"]
+    with ArchiveWriter(tmp_path / "x") as w:
+        added = 0
+        for img in images:
+            rel = f"modules/{hashlib.sha256(img).hexdigest()}.cubin"
+            if not w.has(rel):
+                w.add_bytes(rel, img)
+                added += 1
+        assert added == 2
+        assert w.has(rel) and not w.has("modules/other.cubin")
+        with pytest.raises(ArchiveError, match="already added; check has"):
+            w.add_bytes(rel, b"kernel-a")
+        w.commit(fingerprint=fp(), meta={})
+    assert len(open_archive(tmp_path / "x").files) == 2
+
+
+def test_add_bytes_accepts_buffers(tmp_path):
+    import array
+
+    with ArchiveWriter(tmp_path / "x") as w:
+        w.add_bytes("a", bytearray(b"abc"))
+        w.add_bytes("b", memoryview(b"0123456789")[2:5])
+        w.add_bytes("c", array.array("i", [1, 2]))
+        with pytest.raises(ArchiveError, match="expected bytes"):
+            w.add_bytes("d", "text")
+        with pytest.raises(ArchiveError, match="contiguous"):
+            w.add_bytes("e", memoryview(b"0123456789")[::2])
+        w.commit(fingerprint=fp(), meta={})
+    ar = open_archive(tmp_path / "x")
+    assert ar.read_bytes("a") == b"abc" and ar.read_bytes("b") == b"234"
+    assert ar.read_bytes("c") == array.array("i", [1, 2]).tobytes()
+
+
+# ---------------------------------------------------------------------------------------------- damage
+
+
+@pytest.mark.parametrize("rel", ["modules/abc.cubin", "graphs/0003.bin", "layout.json"])
+@pytest.mark.parametrize("where", [0, "middle", -1])
+def test_flipped_byte_in_member_is_refused_naming_it(arch, rel, where):
+    path, _ = arch
+    f = real(path) / rel
+    data = bytearray(f.read_bytes())
+    i = len(data) // 2 if where == "middle" else where
+    data[i] ^= 0x01
+    f.write_bytes(bytes(data))
+    with pytest.raises(ArchiveError, match=f"file '{rel}' fails its sha256 check"):
+        open_archive(path)
+
+
+def test_every_flipped_manifest_byte_is_refused_with_a_pinned_digest(arch):
+    path, digest = arch
+    mpath = real(path) / "manifest.json"
+    raw = mpath.read_bytes()
+    for i in range(len(raw)):
+        bad = bytearray(raw)
+        bad[i] ^= 0x20 if i % 2 else 0x01
+        mpath.write_bytes(bytes(bad))
+        with pytest.raises(ArchiveError) as ei:
+            open_archive(path, expected_digest=digest)
+        assert "\n" not in str(ei.value)
+    mpath.write_bytes(raw)
+    assert open_archive(path, expected_digest=digest).digest == digest
+
+
+def test_flipped_manifest_byte_without_pin_never_changes_file_contents(arch):
+    path, _ = arch
+    original = open_archive(path)
+    mpath = real(path) / "manifest.json"
+    raw = mpath.read_bytes()
+    refused = 0
+    for i in range(len(raw)):
+        bad = bytearray(raw)
+        bad[i] ^= 0x01
+        mpath.write_bytes(bytes(bad))
+        try:
+            ar = open_archive(path)
+        except ArchiveError as e:
+            assert "\n" not in str(e)
+            refused += 1
+            continue
+        # Only unauthenticated manifest text (meta, timestamp...) can change; member bytes cannot.
+        for rel in ar.files:
+            assert hashlib.sha256(ar.read_bytes(rel)).hexdigest() == ar.manifest["files"][rel]["sha256"]
+            assert ar.read_bytes(rel) == original.read_bytes(rel)
+    assert refused > len(raw) // 2
+
+
+def test_flipped_structural_manifest_byte_names_the_manifest(arch):
+    path, _ = arch
+    mpath = real(path) / "manifest.json"
+    raw = mpath.read_bytes()
+    mpath.write_bytes(raw.replace(b'"files"', b'"fil\xe5s"', 1))
+    with pytest.raises(ArchiveError, match="manifest.json is not valid JSON"):
+        open_archive(path)
+    mpath.write_bytes(raw.replace(b'"files"', b'"filds"', 1))
+    with pytest.raises(ArchiveError, match="manifest.json has no 'files' field"):
+        open_archive(path)
+    sha = hashlib.sha256(CUBIN).hexdigest()
+    mpath.write_bytes(raw.replace(sha.encode(), (("0" if sha[0] != "0" else "1") + sha[1:]).encode()))
+    with pytest.raises(ArchiveError, match="'modules/abc.cubin' fails its sha256 check"):
+        open_archive(path)
+
+
+@pytest.mark.parametrize("keep", [0, 1, 10, 100, "half", -1])
+def test_truncated_manifest_is_refused(arch, keep):
+    path, _ = arch
+    mpath = real(path) / "manifest.json"
+    raw = mpath.read_bytes()
+    n = len(raw) // 2 if keep == "half" else (len(raw) - 2 if keep == -1 else keep)
+    mpath.write_bytes(raw[:n])
+    with pytest.raises(ArchiveError, match=r"manifest.json (is not valid JSON|must hold)"):
+        open_archive(path)
+
+
+def test_truncated_or_grown_member_is_refused(arch):
+    path, _ = arch
+    f = real(path) / "graphs/0003.bin"
+    f.write_bytes(GRAPH[:-1])
+    with pytest.raises(
+        ArchiveError, match=rf"'graphs/0003.bin' is {len(GRAPH) - 1} bytes, the manifest lists"
+    ):
+        open_archive(path)
+    f.write_bytes(GRAPH + b"!")
+    with pytest.raises(ArchiveError, match="'graphs/0003.bin' is .* bytes, the manifest lists"):
+        open_archive(path)
+
+
+def test_missing_manifest_is_refused(arch):
+    path, _ = arch
+    (real(path) / "manifest.json").unlink()
+    with pytest.raises(ArchiveError, match="manifest.json is missing"):
+        open_archive(path)
+
+
+def test_oversized_manifest_is_refused_without_reading_it(arch):
+    path, _ = arch
+    with open(real(path) / "manifest.json", "r+b") as f:
+        f.truncate(MAX_MANIFEST_BYTES + 1)  # sparse: cheap on disk
+    with pytest.raises(ArchiveError, match="over the 67108864-byte limit"):
+        open_archive(path)
+
+
+@pytest.mark.parametrize("rel", ["modules/abc.cubin", "layout.json"])
+def test_missing_member_is_refused(arch, rel):
+    path, _ = arch
+    (real(path) / rel).unlink()
+    with pytest.raises(ArchiveError, match=f"file '{rel}' listed in the manifest is missing"):
+        open_archive(path)
+
+
+@pytest.mark.parametrize("rel", ["extra.bin", "modules/extra.cubin", "new/dir/x"])
+def test_extra_file_is_refused(arch, rel):
+    path, _ = arch
+    f = real(path) / rel
+    f.parent.mkdir(parents=True, exist_ok=True)
+    f.write_bytes(b"sneaky")
+    with pytest.raises(ArchiveError, match=f"file '{rel}' is not listed in the manifest"):
+        open_archive(path)
+
+
+def test_empty_extra_directory_is_tolerated(arch):
+    path, digest = arch
+    (real(path) / "empty_dir").mkdir()
+    assert open_archive(path).digest == digest
+
+
+def test_symlinks_inside_are_refused(arch, tmp_path):
+    path, _ = arch
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(CUBIN)  # same bytes: the checksum alone would pass
+    f = real(path) / "modules/abc.cubin"
+    f.unlink()
+    f.symlink_to(outside)
+    with pytest.raises(ArchiveError, match="'modules/abc.cubin' is a symlink"):
+        open_archive(path)
+
+
+def test_symlinked_directory_inside_is_refused(arch, tmp_path):
+    path, _ = arch
+    moved = tmp_path / "elsewhere"
+    shutil.move(str(real(path) / "modules"), moved)
+    (real(path) / "modules").symlink_to(moved)
+    with pytest.raises(ArchiveError, match="'modules' is a symlink"):
+        open_archive(path)
+
+
+def test_fifo_inside_is_refused_without_hanging(arch):
+    path, _ = arch
+    f = real(path) / "graphs/0003.bin"
+    f.unlink()
+    os.mkfifo(f)
+    with pytest.raises(ArchiveError, match="'graphs/0003.bin' is not a regular file"):
+        open_archive(path)
+
+
+# ---------------------------------------------------------------------------------------------- schema
+
+
+def test_future_format_version_is_refused(arch):
+    path, _ = arch
+    m = manifest_of(path)
+    m["format_version"] = FORMAT_VERSION + 1
+    m["something_new"] = {"x": 1}  # a newer format may change the schema: the version message wins
+    del m["files"]
+    write_manifest(path, m)
+    with pytest.raises(ArchiveError) as ei:
+        open_archive(path)
+    assert str(ei.value).endswith(
+        f"archive format version {FORMAT_VERSION + 1} is newer than this Foundry reads ({FORMAT_VERSION}): "
+        "upgrade Foundry or SAVE again"
+    )
+
+
+def test_older_format_version_is_refused(arch):
+    path, _ = arch
+    m = manifest_of(path)
+    m["format_version"] = 0
+    write_manifest(path, m)
+    with pytest.raises(ArchiveError, match="archive format version 0 is older than this Foundry reads"):
+        open_archive(path)
+
+
+def _set(key, value):
+    def mutate(m):
+        m[key] = value
+
+    return mutate
+
+
+def _drop(key):
+    def mutate(m):
+        del m[key]
+
+    return mutate
+
+
+def _entry(key, value):
+    def mutate(m):
+        e = m["files"]["layout.json"]
+        if value is MISSING:
+            del e[key]
+        else:
+            e[key] = value
+
+    return mutate
+
+
+SCHEMA_CASES = {
+    "format-int": (_set("format", 1), "'format' is 1, expected 'foundry-archive'"),
+    "format-other": (_set("format", "tarball"), "'format' is 'tarball'"),
+    "format-missing": (_drop("format"), "no 'format' field"),
+    "version-str": (_set("format_version", "1"), "'format_version' must be an integer"),
+    "version-bool": (_set("format_version", True), "'format_version' must be an integer"),
+    "version-float": (_set("format_version", 1.0), "'format_version' must be an integer"),
+    "version-missing": (_drop("format_version"), "no 'format_version' field"),
+    "foundry-version-int": (_set("foundry_version", 1), "'foundry_version' must be a non-empty string"),
+    "foundry-version-empty": (_set("foundry_version", ""), "'foundry_version' must be a non-empty string"),
+    "created-int": (_set("created_utc", 5), "'created_utc' must be an ISO-8601 string"),
+    "created-garbage": (_set("created_utc", "yesterday"), "'created_utc' is not an ISO-8601 time"),
+    "created-naive": (_set("created_utc", "2026-01-01T00:00:00"), "'created_utc' must be in UTC"),
+    "created-missing": (_drop("created_utc"), "no 'created_utc' field"),
+    "fingerprint-list": (_set("fingerprint", []), "'fingerprint' must be an object"),
+    "meta-str": (_set("meta", "x"), "'meta' must be an object"),
+    "meta-null": (_set("meta", None), "'meta' must be an object"),
+    "meta-missing": (_drop("meta"), "no 'meta' field"),
+    "files-list": (_set("files", ["layout.json"]), "'files' must be an object"),
+    "unknown-field": (_set("extra", 1), "unknown field 'extra'"),
+    "size-str": (_entry("size", "3"), "entry for 'layout.json' has a bad size"),
+    "size-negative": (_entry("size", -1), "entry for 'layout.json' has a bad size"),
+    "size-bool": (_entry("size", True), "entry for 'layout.json' has a bad size"),
+    "size-float": (_entry("size", 11.0), "entry for 'layout.json' has a bad size"),
+    "size-missing": (_entry("size", MISSING), "must be an object with exactly 'size' and 'sha256'"),
+    "sha-upper": (lambda m: m["files"]["layout.json"].update(sha256="A" * 64), "bad sha256"),
+    "sha-short": (_entry("sha256", "ab"), "bad sha256"),
+    "sha-int": (_entry("sha256", 5), "bad sha256"),
+    "entry-extra-key": (_entry("mode", 0o644), "exactly 'size' and 'sha256'"),
+    "entry-list": (lambda m: m["files"].update({"layout.json": [1, "x"]}), "exactly 'size' and 'sha256'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SCHEMA_CASES))
+def test_wrong_manifest_types_are_refused(arch, case):
+    path, _ = arch
+    mutate, message = SCHEMA_CASES[case]
+    m = manifest_of(path)
+    mutate(m)
+    write_manifest(path, m)
+    with pytest.raises(ArchiveError, match=message.replace("(", r"\(").replace(")", r"\)")) as ei:
+        open_archive(path)
+    assert "\n" not in str(ei.value)
+
+
+@pytest.mark.parametrize("doc", [b"[]", b'"x"', b"null", b"1", b"{}"])
+def test_manifest_not_an_archive_object(arch, doc):
+    path, _ = arch
+    (real(path) / "manifest.json").write_bytes(doc)
+    with pytest.raises(ArchiveError, match="manifest.json (must hold a JSON object|has no 'format')"):
+        open_archive(path)
+
+
+@pytest.mark.parametrize(
+    "raw,message",
+    [
+        (b'{"format": "foundry-archive", "format": "foundry-archive"}', "duplicate key"),
+        (b'{"format": NaN}', "non-standard JSON constant NaN"),
+        (b"[" * 100000 + b"]" * 100000, "nested too deeply"),
+        (b'{"format": "\xff"}', "not valid JSON"),
+        (b'{"format": 1' + b"0" * 5000 + b"}", "not valid JSON"),
+    ],
+)
+def test_hostile_manifest_json(arch, raw, message):
+    path, _ = arch
+    (real(path) / "manifest.json").write_bytes(raw)
+    with pytest.raises(ArchiveError, match=message):
+        open_archive(path)
+
+
+BAD_NAMES = [
+    "../x",
+    "../../etc/passwd",
+    "/etc/passwd",
+    "a/../b",
+    "./a",
+    "a/./b",
+    "a//b",
+    "a/",
+    "",
+    ".",
+    "..",
+    "manifest.json",
+    "a\\b",
+    "a\x00b",
+    "a\nb",
+    "x" * 256,
+    "a/" * 600 + "b",
+    "\udcff",
+]
+
+
+@pytest.mark.parametrize("name", BAD_NAMES, ids=lambda n: repr(n)[:30])
+def test_path_traversal_entries_are_refused(arch, name):
+    path, _ = arch
+    m = manifest_of(path)
+    m["files"][name] = {"size": 3, "sha256": hashlib.sha256(b"abc").hexdigest()}
+    (real(path) / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(ArchiveError, match="manifest.json lists a bad file") as ei:
+        open_archive(path)
+    assert "\n" not in str(ei.value)
+
+
+@pytest.mark.parametrize("name", BAD_NAMES, ids=lambda n: repr(n)[:30])
+def test_writer_refuses_bad_names(tmp_path, name):
+    with ArchiveWriter(tmp_path / "x") as w:
+        with pytest.raises(ArchiveError, match="archive member name"):
+            w.add_bytes(name, b"abc")
+    assert not (tmp_path / "x").exists()
+    assert not (tmp_path / "etc").exists()
+
+
+def test_file_and_directory_with_one_name(tmp_path, arch):
+    with ArchiveWriter(tmp_path / "x") as w:
+        w.add_bytes("a/b", b"1")
+        with pytest.raises(ArchiveError, match="already used as a directory"):
+            w.add_bytes("a", b"2")
+        w.add_bytes("c", b"1")
+        with pytest.raises(ArchiveError, match="needs 'c' as a directory"):
+            w.add_bytes("c/d", b"2")
+    path, _ = arch
+    m = manifest_of(path)
+    m["files"]["layout.json/x"] = {"size": 0, "sha256": hashlib.sha256(b"").hexdigest()}
+    write_manifest(path, m)
+    with pytest.raises(ArchiveError, match="both as a file and a directory"):
+        open_archive(path)
+
+
+# ---------------------------------------------------------------------------------------------- fingerprint
+
+
+FIELD_CHANGES = {
+    "fingerprint_format": FINGERPRINT_FORMAT + 1,
+    "gpu_name": "NVIDIA H100 80GB HBM3",
+    "compute_capability": "10.0",
+    "sm_count": 114,
+    "driver_version": "12.8",
+    "cuda_version": "12.8",
+    "torch_version": "2.11.0",
+    "foundry_version": "0.0.2",
+    "rank": 1,
+    "world_size": 4,
+    "model": {"name": "Qwen3-8B", "capture_sizes": [1, 2, 4, 8], "dtype": "bfloat16"},
+}
+
+
+def test_field_changes_cover_every_field():
+    assert set(FIELD_CHANGES) == set(FINGERPRINT_FIELDS)
+
+
+@pytest.mark.parametrize("field", FINGERPRINT_FIELDS)
+def test_every_fingerprint_field_mismatch_is_named(arch, field):
+    path, _ = arch
+    current = dict(fp())
+    current[field] = FIELD_CHANGES[field]
+    if field == "rank":
+        current["world_size"] = 2  # keep the layout valid; rank is compared first
+    with pytest.raises(FingerprintMismatch) as ei:
+        open_archive(path, expected_fingerprint=current)
+    err = ei.value
+    want = "model.name" if field == "model" else field
+    assert err.field == want
+    assert f"archive was saved for {want}=" in str(err)
+    assert "\n" not in str(err)
+    assert isinstance(err, ArchiveError)
+
+
+def test_fingerprint_message_reads_well():
+    with pytest.raises(FingerprintMismatch) as ei:
+        compare_fingerprint(fp(gpu_name="NVIDIA H100 80GB HBM3"), fp())
+    assert str(ei.value).startswith(
+        "archive was saved for gpu_name='NVIDIA H100 80GB HBM3', this machine has 'NVIDIA H200'"
+    )
+    assert (ei.value.saved, ei.value.current) == ("NVIDIA H100 80GB HBM3", "NVIDIA H200")
+
+
+def test_fingerprint_first_field_in_order_wins():
+    saved = fp()
+    current = fp(gpu_name="other", sm_count=1, torch_version="0.1", model={"x": 1})
+    with pytest.raises(FingerprintMismatch) as ei:
+        compare_fingerprint(saved, current)
+    assert ei.value.field == "gpu_name"
+    current = fp(driver_version="1.0", cuda_version="1.0", model={"x": 1}, rank=1, world_size=2)
+    with pytest.raises(FingerprintMismatch) as ei:
+        compare_fingerprint(saved, current)
+    assert ei.value.field == "driver_version"
+    order = list(FINGERPRINT_FIELDS)
+    assert order[0] == "fingerprint_format" and order[-1] == "model"
+    assert order.index("gpu_name") < order.index("driver_version") < order.index("cuda_version")
+    assert order.index("cuda_version") < order.index("torch_version") < order.index("foundry_version")
+    assert order.index("foundry_version") < order.index("rank") < order.index("world_size")
+
+
+def test_model_keys_are_compared_one_by_one():
+    saved = fp(model={"name": "m", "capture_sizes": [1, 2, 4], "pools": {"kv": 10, "mamba": 3}})
+    with pytest.raises(
+        FingerprintMismatch, match=r"model.capture_sizes=\[1, 2, 4\], this machine has \[1, 2\]"
+    ):
+        compare_fingerprint(
+            saved, fp(model={"name": "m", "capture_sizes": [1, 2], "pools": {"kv": 10, "mamba": 3}})
+        )
+    with pytest.raises(FingerprintMismatch) as ei:
+        compare_fingerprint(
+            saved, fp(model={"name": "m", "capture_sizes": [1, 2, 4], "pools": {"kv": 10, "mamba": 4}})
+        )
+    assert ei.value.field == "model.pools.mamba"
+    # tuples equal lists (JSON), but a bool is not an int and an int is not a float
+    compare_fingerprint(
+        saved, dict(fp(), model={"name": "m", "capture_sizes": (1, 2, 4), "pools": {"mamba": 3, "kv": 10}})
+    )
+    with pytest.raises(FingerprintMismatch, match="model.flag"):
+        compare_fingerprint(fp(model={"flag": 1}), fp(model={"flag": True}))
+    with pytest.raises(FingerprintMismatch, match="model.scale"):
+        compare_fingerprint(fp(model={"scale": 1}), fp(model={"scale": 1.0}))
+
+
+def test_missing_keys_on_either_side_mismatch():
+    saved, current = fp(), fp()
+    del saved["torch_version"]
+    with pytest.raises(
+        FingerprintMismatch, match="archive was saved without torch_version, this machine has '2.13.0'"
+    ) as ei:
+        compare_fingerprint(saved, current)
+    assert ei.value.saved is MISSING
+    with pytest.raises(
+        FingerprintMismatch,
+        match="archive was saved for torch_version='2.13.0', this machine has no torch_version",
+    ) as ei:
+        compare_fingerprint(current, saved)
+    assert ei.value.current is MISSING
+    with pytest.raises(FingerprintMismatch, match="model.kv_pool"):
+        compare_fingerprint(fp(model={"kv_pool": 5}), fp(model={}))
+    with pytest.raises(FingerprintMismatch, match="model.kv_pool"):
+        compare_fingerprint(fp(model={}), fp(model={"kv_pool": 5}))
+    with pytest.raises(FingerprintMismatch) as ei:
+        compare_fingerprint(dict(fp(), hostname="a"), fp())
+    assert ei.value.field == "hostname"
+    with pytest.raises(FingerprintMismatch, match="saved for model="):
+        compare_fingerprint(fp(), dict(fp(), model="m"))
+    with pytest.raises(ArchiveError, match="must be dicts"):
+        compare_fingerprint(fp(), None)
+
+
+def test_equal_fingerprints_pass(arch):
+    path, _ = arch
+    compare_fingerprint(fp(), fp())
+    saved = open_archive(path).fingerprint
+    compare_fingerprint(saved, fp())
+    open_archive(path, expected_fingerprint=fp())
+
+
+def test_make_fingerprint():
+    f = fp(driver_version=12080)
+    assert list(f) == list(FINGERPRINT_FIELDS)
+    assert f["driver_version"] == "12.8" and f["foundry_version"] == __version__
+    assert f["fingerprint_format"] == FINGERPRINT_FORMAT and f["rank"] == 0 and f["world_size"] == 1
+    assert fp(model={"s": (1, 2)})["model"] == {"s": [1, 2]}
+    assert fp(cuda_version=None)["cuda_version"] is None
+    assert format_driver_version(13000) == "13.0" and format_driver_version(12090) == "12.9"
+    bad = [
+        ({"gpu_nmae": "x"}, "unknown fingerprint field 'gpu_nmae'"),
+        ({"sm_count": 0}, "'sm_count'"),
+        ({"sm_count": True}, "'sm_count'"),
+        ({"compute_capability": "sm90"}, "'compute_capability'"),
+        ({"gpu_name": ""}, "'gpu_name'"),
+        ({"rank": 2, "world_size": 2}, "outside world_size"),
+        ({"world_size": 0}, "'world_size'"),
+        ({"model": [1]}, "'model'"),
+        ({"model": {1: 2}}, "key 1 is not a string"),
+        ({"model": {"x": float("nan")}}, "non-finite"),
+        ({"model": {"x": {1, 2}}}, "type set"),
+        ({"driver_version": -5}, "driver_version"),
+    ]
+    for over, message in bad:
+        with pytest.raises(ValueError, match=message):
+            fp(**over)
+    with pytest.raises(ValueError, match="'gpu_name' is required"):
+        make_fingerprint(compute_capability="9.0")
+
+
+def test_current_fingerprint_with_stub_torch(monkeypatch):
+    import types
+
+    class Props:
+        name, major, minor, multi_processor_count = "NVIDIA H200", 9, 0, 132
+
+    torch = types.ModuleType("torch")
+    torch.__version__ = "2.13.0+cu130"
+    torch.version = types.SimpleNamespace(cuda="13.0")
+    torch.cuda = types.SimpleNamespace(is_available=lambda: True, get_device_properties=lambda d: Props)
+    cuda_pkg = types.ModuleType("cuda")
+    bindings = types.ModuleType("cuda.bindings")
+    driver = types.ModuleType("cuda.bindings.driver")
+    driver.CUresult = types.SimpleNamespace(CUDA_SUCCESS=0)
+    driver.cuDriverGetVersion = lambda: (0, 13000)
+    cuda_pkg.bindings, bindings.driver = bindings, driver
+    for name, mod in {
+        "torch": torch,
+        "cuda": cuda_pkg,
+        "cuda.bindings": bindings,
+        "cuda.bindings.driver": driver,
+    }.items():
+        monkeypatch.setitem(sys.modules, name, mod)
+    f = current_fingerprint(0, model={"name": "m"}, rank=1, world_size=2)
+    assert f == make_fingerprint(
+        gpu_name="NVIDIA H200",
+        compute_capability="9.0",
+        sm_count=132,
+        driver_version="13.0",
+        cuda_version="13.0",
+        torch_version="2.13.0+cu130",
+        rank=1,
+        world_size=2,
+        model={"name": "m"},
+    )
+    torch.cuda.is_available = lambda: False
+    with pytest.raises(RuntimeError, match="no CUDA device"):
+        current_fingerprint()
+
+
+def test_archive_imports_without_torch():
+    code = "import sys, foundry_core.archive, foundry_core.fingerprint; assert 'torch' not in sys.modules, 'torch'"
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)
+
+
+# ---------------------------------------------------------------------------------------------- digest pin
+
+
+def test_expected_digest_mismatch_is_refused(arch):
+    path, digest = arch
+    other = ("0" if digest[0] != "0" else "1") + digest[1:]
+    with pytest.raises(
+        ArchiveError, match=f"archive digest {digest} does not match the pinned trust.archive_digest {other}"
+    ):
+        open_archive(path, expected_digest=other)
+    for bad in ["abc", "g" * 64, 5]:
+        with pytest.raises(ArchiveError, match="64 hex characters"):
+            open_archive(path, expected_digest=bad)
+
+
+def test_digest_pin_survives_only_identical_resave(arch):
+    path, digest = arch
+    new = save(path)
+    assert new != digest  # created_utc differs: every SAVE is its own archive
+    with pytest.raises(ArchiveError, match="does not match the pinned"):
+        open_archive(path, expected_digest=digest)
+
+
+# ---------------------------------------------------------------------------------------------- publishing
+
+
+def test_replacing_an_existing_archive(arch):
+    path, old_digest = arch
+    new_digest = save(path, {"only.bin": b"new"}, meta={"v": 2})
+    ar = open_archive(path, expected_digest=new_digest)
+    assert ar.files == {"only.bin": 3} and ar.meta == {"v": 2}
+    assert entries(path.parent) == {"rank0", f".rank0.{new_digest[:16]}", ".rank0.lock"}
+    assert not (path.parent / f".rank0.{old_digest[:16]}").exists()
+
+
+def test_replacing_a_plain_directory_archive(arch, tmp_path):
+    path, digest = arch
+    plain = tmp_path / "plain"
+    shutil.copytree(real(path), plain)  # e.g. copied with cp -rL
+    assert open_archive(plain).digest == digest
+    new = save(plain, {"x": b"1"})
+    assert plain.is_symlink() and open_archive(plain).digest == new
+    assert entries(tmp_path) >= {"plain", f".plain.{new[:16]}", ".plain.lock"}
+    assert not any(
+        e.startswith(".plain.") and e not in (f".plain.{new[:16]}", ".plain.lock") for e in entries(tmp_path)
+    )
+
+
+def test_replacing_an_empty_directory(tmp_path):
+    (tmp_path / "x").mkdir()
+    digest = save(tmp_path / "x")
+    assert open_archive(tmp_path / "x").digest == digest
+
+
+def test_replacing_a_symlink_to_a_foreign_archive_keeps_it(arch, tmp_path):
+    path, digest = arch
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(real(path), elsewhere)
+    link = tmp_path / "link"
+    link.symlink_to(elsewhere)
+    new = save(link, {"x": b"1"})
+    assert open_archive(link).digest == new
+    assert open_archive(elsewhere).digest == digest  # not ours to delete
+
+
+def test_dangling_symlink_is_replaced(tmp_path):
+    link = tmp_path / "x"
+    link.symlink_to(tmp_path / "gone")
+    with pytest.raises(ArchiveError, match="dangling symlink"):
+        open_archive(link)
+    digest = save(link)
+    assert open_archive(link).digest == digest
+
+
+def test_refusing_to_clobber_a_non_archive_directory(tmp_path):
+    user = tmp_path / "data"
+    user.mkdir()
+    (user / "precious.txt").write_text("do not delete")
+    with pytest.raises(
+        ArchiveError,
+        match=f"refusing to replace {user}: it is a non-empty directory that is not a Foundry archive",
+    ):
+        save(user)
+    assert (user / "precious.txt").read_text() == "do not delete"
+    assert entries(tmp_path) == {"data", ".data.lock"}
+    with pytest.raises(ArchiveError, match="manifest.json is missing"):
+        open_archive(user)
+    with pytest.raises(ArchiveError, match="not a Foundry archive"):
+        remove_archive(user)
+    assert (user / "precious.txt").exists()
+
+
+def test_refusing_to_clobber_a_file_or_foreign_symlink(tmp_path):
+    f = tmp_path / "file"
+    f.write_text("x")
+    with pytest.raises(ArchiveError, match="it is a file"):
+        save(f)
+    with pytest.raises(ArchiveError, match="is not a directory"):
+        open_archive(f)
+    user = tmp_path / "data"
+    user.mkdir()
+    (user / "x").write_text("x")
+    link = tmp_path / "link"
+    link.symlink_to(user)
+    with pytest.raises(ArchiveError, match="is a symlink to .* which is not a Foundry archive"):
+        save(link)
+    assert f.read_text() == "x" and (user / "x").exists() and link.is_symlink()
+
+
+def test_directory_appearing_during_save_is_not_clobbered(tmp_path):
+    path = tmp_path / "x"
+    with pytest.raises(ArchiveError, match="refusing to replace"):
+        with ArchiveWriter(path) as w:
+            w.add_bytes("a", b"1")
+            path.mkdir()
+            (path / "user.txt").write_text("mine")
+            w.commit(fingerprint=fp(), meta={})
+    assert (path / "user.txt").read_text() == "mine"
+    assert entries(tmp_path) == {"x", ".x.lock"}
+
+
+@pytest.mark.parametrize("exc", [RuntimeError, KeyboardInterrupt])
+def test_leaving_with_block_by_exception_leaves_nothing(tmp_path, exc):
+    path = tmp_path / "x"
+    with pytest.raises(exc):
+        with ArchiveWriter(path) as w:
+            w.add_bytes("modules/a.cubin", CUBIN)
+            raise exc("boom")
+    assert not os.path.lexists(path)
+    assert entries(tmp_path) == {".x.lock"}
+
+
+def test_failed_resave_keeps_the_old_archive(arch):
+    path, digest = arch
+    before = entries(path.parent)
+    with pytest.raises(RuntimeError):
+        with ArchiveWriter(path) as w:
+            w.add_bytes("modules/other.cubin", b"1")
+            raise RuntimeError("capture failed")
+    assert open_archive(path).digest == digest
+    assert entries(path.parent) == before
+
+
+def test_leaving_without_commit_leaves_nothing(tmp_path):
+    with ArchiveWriter(tmp_path / "x") as w:
+        w.add_bytes("a", b"1")
+    assert entries(tmp_path) == {".x.lock"}
+
+
+def test_writer_misuse(tmp_path):
+    w = ArchiveWriter(tmp_path / "x")
+    with pytest.raises(ArchiveError, match="use ArchiveWriter as a context manager"):
+        w.add_bytes("a", b"1")
+    with w:
+        with pytest.raises(ArchiveError, match="meta.s: cannot store a value of type set"):
+            w.commit(fingerprint=fp(), meta={"s": {1}})
+        with pytest.raises(ArchiveError, match="non-finite"):
+            w.commit(fingerprint=fp(), meta={"x": float("inf")})
+        with pytest.raises(ArchiveError, match="key 3 is not a string"):
+            w.commit(fingerprint=fp(), meta={3: "x"})
+        with pytest.raises(ArchiveError, match="meta must be a dict"):
+            w.commit(fingerprint=fp(), meta=[])
+        with pytest.raises(ArchiveError, match="fingerprint must be a dict"):
+            w.commit(fingerprint=None, meta={})
+        with pytest.raises(ArchiveError, match="layout.json.x: cannot store"):
+            w.add_json("layout.json", {"x": object()})
+        digest = w.commit(fingerprint=fp(), meta={"ok": True})  # earlier refusals left it usable
+        assert w.digest == digest
+        with pytest.raises(ArchiveError, match="already committed"):
+            w.add_bytes("b", b"2")
+        with pytest.raises(ArchiveError, match="already committed"):
+            w.commit(fingerprint=fp(), meta={})
+    with pytest.raises(ArchiveError, match="cannot be entered twice"):
+        w.__enter__()
+    assert open_archive(tmp_path / "x").meta == {"ok": True}
+
+
+def test_stale_leftovers_are_cleaned_by_the_next_commit(arch):
+    path, digest = arch
+    parent = path.parent
+    stale = [".rank0.tmp-99999-deadbeef", ".rank0.link-1-00000000", ".rank0.0123456789abcdef"]
+    for name in stale[:1] + stale[2:]:
+        (parent / name).mkdir()
+        (parent / name / "junk").write_bytes(b"x")
+    (parent / stale[1]).symlink_to(".rank0.0123456789abcdef")
+    unrelated = [".rank00.0123456789abcdef", ".rank0.tmp-notours", "rank1", ".rank0.lock.bak"]
+    for name in unrelated:
+        (parent / name).mkdir()
+    new = save(path)
+    assert entries(parent) == {"rank0", f".rank0.{new[:16]}", ".rank0.lock", *unrelated}
+
+
+def test_remove_archive(arch):
+    path, digest = arch
+    remove_archive(path)
+    assert not os.path.lexists(path)
+    assert entries(path.parent) == {".rank0.lock"}
+    remove_archive(path)  # nothing there is fine
+    with pytest.raises(ArchiveNotFound, match="no Foundry archive at .*run SAVE first"):
+        open_archive(path)
+
+
+def test_ranks_do_not_interfere(tmp_path):
+    d0 = save(tmp_path / "rank1")
+    d1 = save(tmp_path / "rank10")
+    d2 = save(tmp_path / "rank1")
+    assert open_archive(tmp_path / "rank10").digest == d1
+    assert open_archive(tmp_path / "rank1").digest == d2 != d0
+
+
+# ---------------------------------------------------------------------------------------------- locking
+
+
+def test_second_writer_is_refused_naming_the_holder(tmp_path):
+    path = tmp_path / "x"
+    with ArchiveWriter(path) as w:
+        with pytest.raises(ArchiveError, match=rf"another SAVE \(pid {os.getpid()}\) holds .*\.x\.lock"):
+            with ArchiveWriter(path):
+                pass
+        with pytest.raises(ArchiveError, match="timed out after 0.2s"):
+            with ArchiveWriter(path, lock_timeout=0.2):
+                pass
+        with pytest.raises(ArchiveError, match="cannot remove"):
+            remove_archive(path)
+        w.add_bytes("a", b"1")
+        w.commit(fingerprint=fp(), meta={"by": "first"})
+    assert open_archive(path).meta == {"by": "first"}
+
+
+def test_second_writer_waits_with_a_timeout(tmp_path):
+    path = tmp_path / "x"
+    released = []
+
+    def first():
+        with ArchiveWriter(path) as w:
+            started.set()
+            time.sleep(0.3)
+            w.add_bytes("a", b"first")
+            w.commit(fingerprint=fp(), meta={"by": "first"})
+            released.append(time.monotonic())
+
+    started = threading.Event()
+    t = threading.Thread(target=first)
+    t.start()
+    started.wait()
+    with ArchiveWriter(path, lock_timeout=10) as w:
+        got = time.monotonic()
+        w.add_bytes("a", b"second")
+        w.commit(fingerprint=fp(), meta={"by": "second"})
+    t.join()
+    assert released and got >= released[0]
+    ar = open_archive(path)
+    assert ar.meta == {"by": "second"} and ar.read_bytes("a") == b"second"
+
+
+# ---------------------------------------------------------------------------------------------- docs
+
+
+def test_docs_match_the_code():
+    doc = (REPO / "docs" / "archive-format.md").read_text()
+    for key in ["format", "format_version", "foundry_version", "created_utc", "fingerprint", "files", "meta"]:
+        assert f"`{key}`" in doc, key
+    for field in FINGERPRINT_FIELDS:
+        assert f"`{field}`" in doc, field
+    assert f"`format_version` = {FORMAT_VERSION}" in doc or f"format_version = {FORMAT_VERSION}" in doc
+    for text in [
+        "is newer than this Foundry reads",
+        "does not match the pinned trust.archive_digest",
+        "is not listed in the manifest",
+        "fails its sha256 check",
+        "listed in the manifest is missing",
+        "refusing to replace",
+        "holds",
+        "64 MiB",
+    ]:
+        assert text in doc, text
