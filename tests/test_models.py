@@ -202,6 +202,21 @@ def test_decode_under_torch_compile_fullgraph():
     torch.testing.assert_close(model.kv_cache, eager_cache, atol=ATOL, rtol=RTOL)
 
 
+def test_bfloat16_path_runs_and_tracks_float32():
+    # Serving dtype: bf16 weights and cache, fp32 logits; same seed, so close to the fp32 model.
+    ref, model = _tiny(seed=9), build_model(TINY, seed=9, device="cpu", dtype=torch.bfloat16)
+    assert model.param_bytes() == TINY.param_count() * 2
+    ids = torch.randint(0, TINY.vocab_size, (3, 5), generator=torch.Generator().manual_seed(4))
+    step = (torch.tensor([3, 1, 4]), torch.tensor([5, 5, 5]))
+    with torch.no_grad():
+        for m in (ref, model):
+            m.allocate_kv_cache(max_batch=3, max_seq_len=16)
+            m.prefill(ids)
+        expected, logits = ref.decode(*step), model.decode(*step)
+    assert model.kv_cache.dtype == torch.bfloat16 and logits.dtype == torch.float32
+    torch.testing.assert_close(logits, expected, atol=5e-2, rtol=0)
+
+
 def test_cache_errors():
     model = _tiny(seed=0)
     with pytest.raises(RuntimeError):
