@@ -1,4 +1,4 @@
-"""Builds the one native library Foundry needs (``foundry_core._native``).
+"""Builds the one native library Foundry needs (``foundry_core._foundry_native``).
 
 It is a plain C shared library, loaded with ctypes and by torch's pluggable-allocator
 machinery; it links against nothing but libc/libdl and finds libcuda and libcupti at run time,
@@ -10,7 +10,7 @@ from setuptools import Extension, setup
 setup(
     ext_modules=[
         Extension(
-            "foundry_core._native",
+            "foundry_core._foundry_native",
             sources=["native/region.c", "native/modules.c"],
             include_dirs=["native"],
             extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-fvisibility=hidden"],

@@ -1,0 +1,80 @@
+"""ctypes view of the native library (native/*.c, built by ``pip install``).
+
+The library is also handed to torch by path (CUDAPluggableAllocator), so its location is public
+through :func:`library_path`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import glob
+import os
+from ctypes import POINTER, c_char_p, c_int, c_int32, c_size_t, c_uint64, c_void_p
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+class NativeLibraryMissing(RuntimeError):
+    """The compiled part of Foundry is not there (an install that skipped the build)."""
+
+
+def library_path() -> str:
+    override = os.environ.get("FOUNDRY_NATIVE_LIB")
+    if override:
+        return override
+    found = sorted(glob.glob(os.path.join(_HERE, "_foundry_native*.so")))
+    if not found:
+        raise NativeLibraryMissing(
+            f"foundry_core/_foundry_native*.so is missing in {_HERE}: reinstall with `pip install -e .` "
+            "(it builds the native library with the system C compiler)"
+        )
+    return found[0]
+
+
+@functools.cache
+def lib() -> ctypes.CDLL:
+    so = ctypes.CDLL(library_path(), mode=ctypes.RTLD_GLOBAL)
+    sig = {
+        "foundry_region_reserve": (c_int, [c_int, c_uint64, c_uint64]),
+        "foundry_region_map": (c_int, [c_int, c_uint64, c_uint64, c_int]),
+        "foundry_region_unmap": (c_int, [c_int, c_uint64]),
+        "foundry_region_advance": (c_int, [c_int, c_uint64]),
+        "foundry_region_cursor": (c_uint64, [c_int]),
+        "foundry_region_log_len": (c_size_t, [c_int]),
+        "foundry_region_log_read": (
+            c_size_t,
+            [
+                c_int,
+                c_size_t,
+                c_size_t,
+                POINTER(c_uint64),
+                POINTER(c_uint64),
+                POINTER(c_int32),
+                POINTER(c_int32),
+            ],
+        ),
+        "foundry_region_set_label": (None, [c_int]),
+        "foundry_region_error": (c_char_p, []),
+        "foundry_modules_start": (c_int, [c_char_p]),
+        "foundry_modules_count": (c_size_t, []),
+        "foundry_modules_get": (c_int, [c_size_t, POINTER(c_void_p), POINTER(c_size_t), POINTER(c_uint64)]),
+        "foundry_modules_dropped": (c_int, []),
+        "foundry_modules_started": (c_int, []),
+        "foundry_captures_driver": (c_uint64, []),
+        "foundry_captures_runtime": (c_uint64, []),
+        "foundry_modules_error": (c_char_p, []),
+    }
+    for name, (restype, argtypes) in sig.items():
+        fn = getattr(so, name)
+        fn.restype = restype
+        fn.argtypes = argtypes
+    return so
+
+
+def region_error() -> str:
+    return (lib().foundry_region_error() or b"").decode(errors="replace")
+
+
+def modules_error() -> str:
+    return (lib().foundry_modules_error() or b"").decode(errors="replace")

@@ -1,0 +1,372 @@
+"""save / load / verify: the public entry points.
+
+SAVE (in the process that captured)::
+
+    foundry_core.start_recording()                 # before the model's kernels first run
+    region = foundry_core.Region(base, size, device)
+    with region.routing():
+        model, static inputs, ...                  # built the same way at LOAD
+        g = torch.cuda.CUDAGraph(keep_graph=True)
+        with torch.cuda.graph(g, pool=region.graph_pool_id()):
+            out = model(inp)
+    foundry_core.save(path, graphs={"bs8": g}, tensors={"bs8.out": out}, region=region)
+
+LOAD (in a fresh process)::
+
+    region = foundry_core.Region(base, size, device)
+    with region.routing():
+        model, static inputs, ...                  # same allocations, same order
+    restored = foundry_core.load(path, region=region)
+    restored.graphs["bs8"].replay(); restored.tensors["bs8.out"]
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+
+from . import __version__
+from .archive import ArchiveError, ArchiveWriter, open_archive
+from .driver import call
+from .fingerprint import current_fingerprint
+from .graphs import GraphError, Rebuilt, Segments, count_nodes, rebuild, serialize
+from .modules import LoadedModules, ModuleError, Recorded, recording
+from .progress import Progress
+from .region import Region, RegionError, Segment
+
+ARCHIVE_KIND = "foundry-graphs"
+
+
+class SaveError(RuntimeError):
+    """SAVE refused: the captured state cannot be restored faithfully; nothing was written."""
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+def _signed64(value: int) -> int:
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _read_words(addrs: list[int]) -> list[int]:
+    word = ctypes.c_int64()
+    values = []
+    for addr in addrs:
+        call("cuMemcpyDtoH", ctypes.addressof(word), addr, 8)
+        values.append(word.value)
+    return values
+
+
+def _find_rng_state(graph, pointers: set[int], device: int) -> dict | None:
+    """Where a graph that draws Philox random numbers reads its seed and base offset.
+
+    Inside a captured graph, torch's Philox kernels read the seed and offset from two device words
+    that each replay fills from the generator, which then advances by the graph's increment. We
+    find the increment from the generator, and the two words by replaying with two distinct
+    (seed, offset) pairs and keeping the only pointers whose targets followed both.
+    """
+    torch = _torch()
+    gen = torch.cuda.default_generators[device]
+    state = gen.get_state()
+    try:
+        before = gen.get_offset()
+        graph.replay()
+        torch.cuda.synchronize(device)
+        increment = gen.get_offset() - before
+        if increment == 0:
+            return None
+        candidates = sorted(p for p in pointers if p % 8 == 0)
+        seed_ptrs: set[int] | None = None
+        offset_ptrs: set[int] | None = None
+        for seed, offset in ((0x5EED_F00D_0001, 4096 * 7), (0x0DDB_A11_0042, 4096 * 13)):
+            gen.manual_seed(seed)
+            gen.set_offset(offset)
+            graph.replay()
+            torch.cuda.synchronize(device)
+            values = _read_words(candidates)
+            s = {p for p, v in zip(candidates, values) if v == seed}
+            o = {p for p, v in zip(candidates, values) if v == offset}
+            seed_ptrs = s if seed_ptrs is None else seed_ptrs & s
+            offset_ptrs = o if offset_ptrs is None else offset_ptrs & o
+        if len(seed_ptrs) != 1 or len(offset_ptrs) != 1:
+            raise SaveError(
+                f"graph draws Philox random numbers (offset +{increment} per replay) but its seed/offset "
+                f"words were not identified ({len(seed_ptrs)} seed and {len(offset_ptrs)} offset candidates)"
+            )
+        return {"increment": increment, "seed_ptr": seed_ptrs.pop(), "offset_ptr": offset_ptrs.pop()}
+    finally:
+        gen.set_state(state)
+
+
+def _tensor_record(t) -> dict:
+    return {
+        "addr": int(t.data_ptr()),
+        "shape": list(t.shape),
+        "stride": list(t.stride()),
+        "dtype": str(t.dtype).replace("torch.", ""),
+    }
+
+
+class _DeviceSpan:
+    """An owner of nothing: presents [addr, addr + nbytes) to torch.as_tensor."""
+
+    def __init__(self, addr: int, nbytes: int):
+        self.__cuda_array_interface__ = {
+            "shape": (nbytes,),
+            "typestr": "|u1",
+            "data": (addr, False),
+            "version": 3,
+        }
+
+
+def tensor_at(addr: int, shape, stride, dtype, device: int):
+    """A tensor over memory Foundry mapped (it does not own it: keep the Restored object alive)."""
+    torch = _torch()
+    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    item = torch.empty((), dtype=dtype, device="meta").element_size()
+    extent = 1 + sum((n - 1) * s for n, s in zip(shape, stride)) if all(shape) else 0
+    nbytes = max(extent, 1) * item
+    flat = torch.as_tensor(_DeviceSpan(addr, nbytes), device=f"cuda:{device}")
+    return flat.view(dtype).as_strided(tuple(shape), tuple(stride))
+
+
+def save(
+    path: str | os.PathLike,
+    *,
+    graphs: dict,
+    region: Region,
+    tensors: dict | None = None,
+    fingerprint_model: dict | None = None,
+    slots: dict | None = None,
+    rank: int = 0,
+    world_size: int = 1,
+    progress: bool | None = None,
+    lock_timeout: float = 0.0,
+) -> str:
+    """Persist ``graphs`` (name -> ``torch.cuda.CUDAGraph(keep_graph=True)``) with their device context.
+
+    ``tensors`` names outputs (and inputs) to hand back at LOAD. ``fingerprint_model`` holds what
+    about the model/engine setup changes the graphs (shapes, dtypes, capture sizes...); LOAD
+    refuses an archive whose fingerprint differs. ``slots`` is free-form JSON an engine needs back
+    (e.g. memory-pool sizing). Returns the archive digest. On any refusal nothing is written.
+    """
+    torch = _torch()
+    if not recording():
+        raise SaveError("module recording is off: call foundry_core.start_recording() before the model runs")
+    if not graphs:
+        raise SaveError("nothing to save: no graphs given")
+    tensors = tensors or {}
+    t0 = time.perf_counter()
+    torch.cuda.synchronize(region.device)
+    fingerprint = current_fingerprint(
+        region.device, model=fingerprint_model or {}, rank=rank, world_size=world_size
+    )
+    recorded = Recorded()
+    seg_list = region.segments()
+    segments = Segments(region.base, region.size, [(s.addr, s.size) for s in seg_list if s.live])
+    kernels: dict = {}
+    described = []
+    try:
+        with Progress("foundry: walking graphs", len(graphs), progress) as bar:
+            for name, graph in graphs.items():
+                try:
+                    raw = graph.raw_cuda_graph()
+                except RuntimeError as e:
+                    raise SaveError(
+                        f"graph {name!r}: capture it with torch.cuda.CUDAGraph(keep_graph=True) ({e})"
+                    ) from None
+                from .driver import cu
+
+                desc, pointers = serialize(cu().CUgraph(init_value=raw), recorded, segments, kernels)
+                desc["rng"] = _find_rng_state(graph, pointers, region.device)
+                described.append((name, desc))
+                bar.advance()
+    except (GraphError, ModuleError) as e:
+        raise SaveError(f"graph {name!r}: {e}") from None
+    for tname, t in tensors.items():
+        if not t.is_cuda or not region.contains(int(t.data_ptr())) or not segments.live(int(t.data_ptr())):
+            raise SaveError(f"tensor {tname!r} is not in a live Foundry region allocation")
+    images = sorted({image for image, _ in kernels})
+    meta = {
+        "kind": ARCHIVE_KIND,
+        "device": region.device,
+        "layout": region.layout(),
+        "graphs": [],
+        "kernels": [[image, name, attrs] for (image, name), attrs in sorted(kernels.items())],
+        "images": images,
+        "tensors": {k: _tensor_record(t) for k, t in tensors.items()},
+        "slots": slots or {},
+        "saved_with": __version__,
+    }
+    with ArchiveWriter(path, lock_timeout=lock_timeout) as writer:
+        with Progress("foundry: writing archive", len(images) + len(described), progress) as bar:
+            for digest in images:
+                writer.add_bytes(f"modules/{digest}.cubin", recorded.images[digest].data)
+                bar.advance()
+            for i, (name, desc) in enumerate(described):
+                rel = f"graphs/{i:04d}.json"
+                writer.add_json(rel, desc)
+                meta["graphs"].append(
+                    {"name": name, "file": rel, "nodes": count_nodes(desc), "rng": desc["rng"] is not None}
+                )
+                bar.advance()
+        digest = writer.commit(fingerprint=fingerprint, meta=meta)
+    meta["save_s"] = time.perf_counter() - t0
+    return digest
+
+
+def verify(
+    path: str | os.PathLike,
+    *,
+    device: int = 0,
+    fingerprint_model: dict | None = None,
+    rank: int = 0,
+    world_size: int = 1,
+    expected_digest: str | None = None,
+):
+    """Check an archive against this machine without touching the GPU beyond reading its properties.
+
+    With ``fingerprint_model=None`` the saved model facts are not compared (only the machine's).
+    Returns the verified :class:`~foundry_core.archive.Archive`.
+    """
+    archive = open_archive(path, expected_digest=expected_digest)
+    saved_model = archive.fingerprint.get("model", {})
+    expected = current_fingerprint(
+        device,
+        model=saved_model if fingerprint_model is None else fingerprint_model,
+        rank=rank,
+        world_size=world_size,
+    )
+    from .archive import compare_fingerprint
+
+    compare_fingerprint(archive.fingerprint, expected)
+    if archive.meta.get("kind") != ARCHIVE_KIND:
+        raise ArchiveError(f"archive {path} holds {archive.meta.get('kind')!r}, not Foundry graphs")
+    return archive
+
+
+class RestoredGraph:
+    """A graph rebuilt from an archive; replays on the current torch stream like ``torch.cuda.CUDAGraph``."""
+
+    def __init__(self, name: str, rebuilt: Rebuilt, device: int, rng: dict | None, nodes: int):
+        self.name, self.device, self.nodes = name, device, nodes
+        self._rebuilt = rebuilt
+        self._rng = rng
+        if rng:
+            self._seed = tensor_at(rng["seed_ptr"], (1,), (1,), "int64", device)
+            self._offset = tensor_at(rng["offset_ptr"], (1,), (1,), "int64", device)
+
+    def replay(self) -> None:
+        torch = _torch()
+        if self._rng:
+            # What torch's own replay does before launching: publish seed and offset, then advance.
+            gen = torch.cuda.default_generators[self.device]
+            offset = gen.get_offset()
+            self._seed.fill_(_signed64(gen.initial_seed()))
+            self._offset.fill_(offset)
+            gen.set_offset(offset + self._rng["increment"])
+        self._rebuilt.launch(torch.cuda.current_stream(self.device).cuda_stream)
+
+    def __repr__(self) -> str:
+        return f"RestoredGraph({self.name!r}, nodes={self.nodes})"
+
+
+class Restored:
+    """What :func:`load` hands back: graphs, named tensors, engine slots, and timing."""
+
+    def __init__(
+        self, archive, region: Region, graphs, tensors, slots, mapped: list[Segment], modules, timings
+    ):
+        self.archive, self.region = archive, region
+        self.graphs: dict[str, RestoredGraph] = graphs
+        self.tensors: dict = tensors
+        self.slots: dict = slots
+        self.timings: dict[str, float] = timings
+        self._mapped, self._modules = mapped, modules
+
+    @property
+    def digest(self) -> str:
+        return self.archive.digest
+
+    def unload(self) -> None:
+        """Destroy the graphs, unload their modules and unmap the memory they owned."""
+        _torch().cuda.synchronize(self.region.device)
+        for g in self.graphs.values():
+            g._rebuilt.destroy()
+        self._modules.unload()
+        self.region.unmap(self._mapped)
+        self.graphs, self.tensors, self._mapped = {}, {}, []
+
+
+def load(
+    path: str | os.PathLike,
+    *,
+    region: Region,
+    fingerprint_model: dict | None = None,
+    rank: int = 0,
+    world_size: int = 1,
+    expected_digest: str | None = None,
+    progress: bool | None = None,
+) -> Restored:
+    """Rebuild the graphs of the archive at ``path`` in this process, without capture or warmup.
+
+    Everything is verified first (checksums, fingerprint, memory placement); a mismatch raises
+    with a one-line reason before any kernel is launched.
+    """
+    torch = _torch()
+    timings = {}
+    t0 = time.perf_counter()
+    expected = current_fingerprint(
+        region.device, model=fingerprint_model or {}, rank=rank, world_size=world_size
+    )
+    archive = open_archive(path, expected_fingerprint=expected, expected_digest=expected_digest)
+    meta = archive.meta
+    if meta.get("kind") != ARCHIVE_KIND:
+        raise ArchiveError(f"archive {path} holds {meta.get('kind')!r}, not Foundry graphs")
+    if meta["device"] != region.device:
+        raise RegionError(
+            f"archive was saved for cuda:{meta['device']}, the region is on cuda:{region.device}"
+        )
+    t1 = time.perf_counter()
+    timings["archive_read_s"] = t1 - t0
+    mapped = region.restore_layout(meta["layout"])
+    t2 = time.perf_counter()
+    timings["memory_s"] = t2 - t1
+    modules = LoadedModules()
+    try:
+        with Progress("foundry: loading modules", len(meta["images"]), progress) as bar:
+            for digest in meta["images"]:
+                modules.load(digest, archive.read_bytes(f"modules/{digest}.cubin"))
+                bar.advance()
+        kernel_attrs = {(image, name): attrs for image, name, attrs in meta["kernels"]}
+        for image, name, attrs in meta["kernels"]:
+            modules.function(image, name, attrs)
+        t3 = time.perf_counter()
+        timings["modules_s"] = t3 - t2
+        stream = torch.cuda.current_stream(region.device).cuda_stream
+        graphs = {}
+        with Progress("foundry: rebuilding graphs", len(meta["graphs"]), progress) as bar:
+            for entry in meta["graphs"]:
+                desc = archive.read_json(entry["file"])
+                rebuilt = rebuild(desc, modules, kernel_attrs, stream)
+                graphs[entry["name"]] = RestoredGraph(
+                    entry["name"], rebuilt, region.device, desc["rng"], entry["nodes"]
+                )
+                bar.advance()
+        torch.cuda.synchronize(region.device)
+        t4 = time.perf_counter()
+        timings["graphs_s"] = t4 - t3
+    except BaseException:
+        modules.unload()
+        region.unmap(mapped)
+        raise
+    tensors = {
+        name: tensor_at(rec["addr"], rec["shape"], rec["stride"], rec["dtype"], region.device)
+        for name, rec in meta["tensors"].items()
+    }
+    timings["total_s"] = time.perf_counter() - t0
+    return Restored(archive, region, graphs, tensors, meta["slots"], mapped, modules, timings)

@@ -1,0 +1,174 @@
+"""The ``foundry`` command: demo, inspect, verify."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from . import __version__
+
+
+def _human(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
+        n /= 1024
+    return str(n)
+
+
+def _table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    line = "  ".join(h.ljust(w) for h, w in zip(header, widths))
+    out = [line, "  ".join("-" * w for w in widths)]
+    out += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)) for r in rows]
+    return "\n".join(out)
+
+
+def cmd_inspect(args) -> int:
+    from .archive import ArchiveError, open_archive
+
+    try:
+        archive = open_archive(args.archive)
+    except ArchiveError as e:
+        print(f"foundry inspect: {e}", file=sys.stderr)
+        return 1
+    meta, fp = archive.meta, archive.fingerprint
+    print(f"archive   {archive.path}")
+    print(f"digest    {archive.digest}")
+    print(f"files     {len(archive.files)}, {_human(sum(archive.files.values()))}")
+    print("\nfingerprint")
+    for key, value in fp.items():
+        print(f"  {key:<20} {json.dumps(value) if isinstance(value, (dict, list)) else value}")
+    rows = []
+    for g in meta.get("graphs", []):
+        desc = archive.read_json(g["file"])
+        kernels = sum(1 for n in desc["nodes"] if n["type"] == "kernel")
+        rows.append([g["name"], g["nodes"], kernels, len(desc["edges"]), "yes" if g["rng"] else "no"])
+    print()
+    print(_table(rows, ["graph", "nodes", "kernels", "edges", "rng"]))
+    rows = []
+    by_image: dict[str, int] = {}
+    for image, _name, _attrs in meta.get("kernels", []):
+        by_image[image] = by_image.get(image, 0) + 1
+    for image in meta.get("images", []):
+        rows.append([image[:16], by_image.get(image, 0), _human(archive.files[f"modules/{image}.cubin"])])
+    print()
+    print(_table(rows, ["module", "kernels used", "bytes"]))
+    if args.kernels:
+        print()
+        print(
+            _table([[image[:16], name] for image, name, _ in meta.get("kernels", [])], ["module", "kernel"])
+        )
+    layout = meta.get("layout", {})
+    live = [s for s in layout.get("segments", []) if s[2]]
+    print(
+        f"\nregion    base {layout.get('base', 0):#x}, {len(layout.get('segments', []))} segments "
+        f"({len(live)} live, {_human(sum(s[1] for s in live))})"
+    )
+    return 0
+
+
+def cmd_verify(args) -> int:
+    from .api import verify
+    from .archive import ArchiveError
+
+    try:
+        archive = verify(args.archive, device=args.device, expected_digest=args.digest)
+    except ArchiveError as e:
+        print(f"foundry verify: REFUSED: {e}", file=sys.stderr)
+        return 1
+    except RuntimeError as e:
+        print(f"foundry verify: {e}", file=sys.stderr)
+        return 2
+    print(f"foundry verify: OK: {archive.path} ({len(archive.meta['graphs'])} graphs) matches this machine")
+    return 0
+
+
+def _git_commit() -> str:
+    if os.environ.get("FOUNDRY_COMMIT"):  # set where the tree travels without its .git (the GPU runs)
+        return os.environ["FOUNDRY_COMMIT"]
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).resolve().parent,
+            check=True,
+        )
+        return out.stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def cmd_demo(args) -> int:
+    from .demo import gpu_available, orchestrate, print_summary
+
+    if not gpu_available():
+        print(
+            "foundry demo: no NVIDIA GPU is visible on this machine (torch.cuda.is_available() is False). "
+            "The demo captures and restores CUDA graphs, so it needs one; nothing was run."
+        )
+        return 2
+    result = orchestrate(args)
+    print_summary(result)
+    if args.out:
+        import torch
+
+        result = {
+            "date": datetime.date.today().isoformat(),
+            "commit": _git_commit(),
+            "machine": torch.cuda.get_device_name(args.device),
+            "command": "foundry " + " ".join(sys.argv[1:]),
+            "foundry_version": __version__,
+            **result,
+        }
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+        print(f"  results written to {args.out}")
+    ok = (
+        result["bit_exact_all"]
+        and result["load_stream_captures"] == 0
+        and result["load_warmup_forwards"] == 0
+    )
+    return 0 if ok else 1
+
+
+def main(argv=None) -> int:
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    p = argparse.ArgumentParser(prog="foundry", description="CUDA-graph persistence for LLM serving engines")
+    p.add_argument("--version", action="version", version=f"foundry {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    d = sub.add_parser(
+        "demo", help="SAVE the embedded model's decode graphs, LOAD them in a fresh process, compare"
+    )
+    from .demo import add_arguments
+
+    add_arguments(d)
+    d.set_defaults(preset="1.7b")
+    d.add_argument("--workdir", default=None, help="where the archive and reference outputs go")
+    d.add_argument("--out", default=None, help="write the results as JSON here")
+    d.set_defaults(func=cmd_demo)
+
+    i = sub.add_parser("inspect", help="show an archive's graphs, kernels, modules, bytes and fingerprint")
+    i.add_argument("archive")
+    i.add_argument("--kernels", action="store_true", help="also list every kernel by name")
+    i.set_defaults(func=cmd_inspect)
+
+    v = sub.add_parser("verify", help="check an archive's integrity and fingerprint against this machine")
+    v.add_argument("archive")
+    v.add_argument("--device", type=int, default=0)
+    v.add_argument("--digest", default=None, help="also require this archive digest (sha256)")
+    v.set_defaults(func=cmd_verify)
+
+    args = p.parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

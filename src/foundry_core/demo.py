@@ -1,0 +1,299 @@
+"""``foundry demo``: SAVE in one process, LOAD in a fresh one, compare, print times.
+
+The parent never touches the GPU; each phase runs in its own ``python -m foundry_core.demo``
+subprocess so that the LOAD process has provably never captured anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from .config import DEFAULT_REGION_BASE, DEFAULT_REGION_SIZE
+
+# SGLang's default decode capture list starts 1, 2, 4, 8, then steps of 8 (and 16 further up).
+DEFAULT_BATCH_SIZES = (
+    1,
+    2,
+    4,
+    8,
+    12,
+    16,
+    24,
+    32,
+    40,
+    48,
+    56,
+    64,
+    72,
+    80,
+    88,
+    96,
+    104,
+    112,
+    120,
+    128,
+    144,
+    160,
+)
+ROUNDS = 2  # replays per graph compared, each with different inputs
+
+
+def _spec_from_args(args):
+    from .workloads import Spec
+
+    return Spec(
+        variant=args.variant,
+        preset=args.preset,
+        batch_sizes=tuple(args.batch_sizes),
+        max_seq_len=args.max_seq_len,
+        seed=args.seed,
+        device=args.device,
+    )
+
+
+def _replay_all(workload, replay, out_tensors) -> dict:
+    """Replay every batch size ROUNDS times from a fixed generator state; collect outputs on the CPU."""
+    import torch
+
+    torch.cuda.manual_seed(4321)
+    results = {}
+    for bs in workload.spec.batch_sizes:
+        for r in range(ROUNDS):
+            workload.set_inputs(bs, r)
+            replay(bs)
+            torch.cuda.synchronize()
+            for key in ("logits", "tokens"):
+                results[f"bs{bs}.r{r}.{key}"] = out_tensors(bs, key).detach().cpu().clone()
+    return results
+
+
+def run_save(args) -> dict:
+    import torch
+
+    import foundry_core as fc
+
+    from .workloads import Workload
+
+    fc.start_recording()
+    spec = _spec_from_args(args)
+    region = fc.Region(args.region_base, args.region_size, spec.device)
+    workload = Workload(spec)
+    with region.routing():
+        workload.build(region)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    with region.routing(), region.label("warmup"):
+        workload.compile()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for bs in spec.batch_sizes:
+                workload.set_inputs(bs)
+                for _ in range(2):
+                    workload.step(bs)
+        torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    t1 = time.perf_counter()
+    graphs, outputs = {}, {}
+    # Under routing too: torch allocates the generator's graph-side seed/offset words at capture
+    # start, outside the capture pool, and graphs that sample read them.
+    with region.routing(), region.label("capture"):
+        for bs in sorted(spec.batch_sizes, reverse=True):
+            g = torch.cuda.CUDAGraph(keep_graph=True)
+            with torch.cuda.graph(g, pool=region.graph_pool_id()):
+                outputs[bs] = workload.step(bs)
+            g.instantiate()
+            graphs[f"bs{bs}"] = g
+    torch.cuda.synchronize()
+    t2 = time.perf_counter()
+    tensors = {f"bs{bs}.{k}": v for bs, out in outputs.items() for k, v in out.items()}
+    digest = fc.save(
+        args.archive, graphs=graphs, region=region, tensors=tensors, fingerprint_model=spec.fingerprint()
+    )
+    t3 = time.perf_counter()
+    reference = _replay_all(workload, lambda bs: graphs[f"bs{bs}"].replay(), lambda bs, k: outputs[bs][k])
+    torch.save(reference, args.reference)
+    return {
+        "phase": "save",
+        "graphs": len(graphs),
+        "warmup_s": t1 - t0,
+        "capture_only_s": t2 - t1,
+        "capture_s": t2 - t0,
+        "save_s": t3 - t2,
+        "digest": digest,
+        "stream_captures": fc.stream_captures(),
+    }
+
+
+def run_load(args) -> dict:
+    import torch
+
+    import foundry_core as fc
+
+    from .workloads import Workload
+
+    fc.start_recording()  # here only to count stream captures: a LOAD must begin none
+    spec = _spec_from_args(args)
+    region = fc.Region(args.region_base, args.region_size, spec.device)
+    workload = Workload(spec)
+    with region.routing():
+        workload.build(region)
+    torch.cuda.synchronize()
+    captures_before = fc.stream_captures()
+    t0 = time.perf_counter()
+    restored = fc.load(args.archive, region=region, fingerprint_model=spec.fingerprint())
+    torch.cuda.synchronize()
+    restore_s = time.perf_counter() - t0
+    results = _replay_all(
+        workload,
+        lambda bs: restored.graphs[f"bs{bs}"].replay(),
+        lambda bs, k: restored.tensors[f"bs{bs}.{k}"],
+    )
+    reference = torch.load(args.reference)
+    per_bs = {}
+    for bs in spec.batch_sizes:
+        keys = [k for k in reference if k.startswith(f"bs{bs}.")]
+        per_bs[str(bs)] = all(torch.equal(reference[k], results[k]) for k in keys)
+    captures_after = fc.stream_captures()
+    return {
+        "phase": "load",
+        "graphs": len(restored.graphs),
+        "restore_s": restore_s,
+        "restore_breakdown": restored.timings,
+        "load_stream_captures": sum(captures_after.values()),
+        "stream_captures_during_load": {k: captures_after[k] - captures_before[k] for k in captures_after},
+        "load_warmup_forwards": workload.forward_calls,
+        "bit_exact": per_bs,
+        "bit_exact_all": all(per_bs.values()),
+    }
+
+
+def _worker_args(args, phase: str, archive: str, reference: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "foundry_core.demo",
+        phase,
+        "--archive",
+        archive,
+        "--reference",
+        reference,
+        "--variant",
+        args.variant,
+        "--preset",
+        args.preset,
+        "--max-seq-len",
+        str(args.max_seq_len),
+        "--seed",
+        str(args.seed),
+        "--device",
+        str(args.device),
+        "--region-base",
+        hex(args.region_base),
+        "--region-size",
+        str(args.region_size),
+        "--batch-sizes",
+        *map(str, args.batch_sizes),
+    ]
+
+
+def _run_worker(cmd: list[str]) -> dict:
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("FOUNDRY_RESULT ")]
+    if proc.returncode != 0 or not lines:
+        raise SystemExit(
+            f"foundry demo: the {cmd[3]} process failed (exit {proc.returncode}); see its output above"
+        )
+    return json.loads(lines[-1][len("FOUNDRY_RESULT ") :])
+
+
+def orchestrate(args) -> dict:
+    """SAVE then LOAD in two fresh processes; returns the combined result."""
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="foundry-demo-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    archive = str(Path(args.archive) if args.archive else workdir / "archive")
+    reference = str(workdir / "reference.pt")
+    save = _run_worker(_worker_args(args, "save", archive, reference))
+    load = _run_worker(_worker_args(args, "load", archive, reference))
+    return {
+        "variant": args.variant,
+        "preset": args.preset,
+        "batch_sizes": list(args.batch_sizes),
+        "graphs": load["graphs"],
+        "capture_s": save["capture_s"],
+        "warmup_s": save["warmup_s"],
+        "capture_only_s": save["capture_only_s"],
+        "save_s": save["save_s"],
+        "restore_s": load["restore_s"],
+        "restore_breakdown": load["restore_breakdown"],
+        "speedup": save["capture_s"] / load["restore_s"] if load["restore_s"] else None,
+        "load_stream_captures": load["load_stream_captures"],
+        "load_warmup_forwards": load["load_warmup_forwards"],
+        "save_stream_captures": save["stream_captures"],
+        "bit_exact": load["bit_exact"],
+        "bit_exact_all": load["bit_exact_all"],
+        "archive": archive,
+        "digest": save["digest"],
+    }
+
+
+def print_summary(result: dict) -> None:
+    ok = (
+        result["bit_exact_all"]
+        and result["load_stream_captures"] == 0
+        and result["load_warmup_forwards"] == 0
+    )
+    print(f"foundry demo: {result['variant']} ({result['preset']}), {result['graphs']} decode graphs")
+    print(f"  SAVE  warmup + capture   {result['capture_s']:8.3f} s")
+    print(f"  LOAD  restore            {result['restore_s']:8.3f} s   ({result['speedup']:.1f}x faster)")
+    print(f"  LOAD  stream captures    {result['load_stream_captures']:8d}")
+    print(f"  LOAD  warmup forwards    {result['load_warmup_forwards']:8d}")
+    exact = sum(result["bit_exact"].values())
+    print(f"  bit-exact batch sizes    {exact:8d} / {len(result['bit_exact'])}")
+    print("  result: " + ("OK, restored graphs are bit-exact" if ok else "FAILED"))
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from .workloads import VARIANTS
+
+    p.add_argument("--variant", default="qwen3", choices=VARIANTS)
+    p.add_argument("--preset", default="small", help="model size: tiny, small, 0.6b, 1.7b")
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=list(DEFAULT_BATCH_SIZES))
+    p.add_argument("--max-seq-len", type=int, default=512)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--device", type=int, default=0)
+    p.add_argument("--region-base", type=lambda s: int(s, 0), default=DEFAULT_REGION_BASE)
+    p.add_argument("--region-size", type=int, default=DEFAULT_REGION_SIZE)
+    p.add_argument("--archive", default=None, help="archive directory (default: a temporary one)")
+
+
+def gpu_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m foundry_core.demo")
+    p.add_argument("phase", choices=("save", "load"))
+    p.add_argument("--reference", required=True)
+    add_arguments(p)
+    args = p.parse_args(argv)
+    result = run_save(args) if args.phase == "save" else run_load(args)
+    sys.stdout.flush()
+    print("FOUNDRY_RESULT " + json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("FOUNDRY_NO_PROGRESS", "1")
+    sys.exit(main())

@@ -1,0 +1,39 @@
+"""Thin helpers over ``cuda.bindings.driver``: results become exceptions named after the driver error."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class CudaError(RuntimeError):
+    """A CUDA driver call failed; ``.name`` is the driver's error name (e.g. CUDA_ERROR_INVALID_VALUE)."""
+
+    def __init__(self, call: str, result: Any):
+        self.call = call
+        self.name = getattr(result, "name", str(result))
+        self.code = int(result)
+        super().__init__(f"{call} failed: {self.name}")
+
+
+def cu():
+    from cuda.bindings import driver
+
+    return driver
+
+
+def check(result: tuple | Any, call: str = "CUDA driver call"):
+    """Unpack a cuda.bindings result tuple ``(CUresult, *values)``; raise :class:`CudaError` on failure."""
+    if isinstance(result, tuple):
+        err, values = result[0], result[1:]
+    else:
+        err, values = result, ()
+    if int(err) != 0:
+        raise CudaError(call, err)
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else values
+
+
+def call(name: str, *args):
+    """``call("cuGraphCreate", 0)`` runs the driver function and unpacks its result."""
+    return check(getattr(cu(), name)(*args), name)

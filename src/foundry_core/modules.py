@@ -1,0 +1,237 @@
+"""Code capture and reload: the module images that saved graphs' kernels live in.
+
+SAVE: the native recorder (native/modules.c) keeps every image the driver loads. Each kernel of a
+saved graph is matched to its image by CUmodule handle where the load went through the public
+driver API, otherwise by its mangled name in the image's ELF symbol table. Only matched images
+are stored, content-addressed by sha256.
+
+LOAD: images are loaded with cuModuleLoadData, kernels resolved by name, forced to load (lazy
+loading would otherwise defer it past instantiate), and given back the function attributes SAVE
+saw (dynamic shared memory, carveout, cluster settings).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import glob
+import hashlib
+import os
+import struct
+import sys
+
+from . import _native
+from .driver import call, cu
+
+# Function attributes a kernel's launch depends on that a library may have set at run time.
+SETTABLE_FUNC_ATTRIBUTES = {
+    "max_dynamic_shared": 8,  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    "preferred_carveout": 9,  # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
+    "cluster_width": 11,  # CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH
+    "cluster_height": 12,
+    "cluster_depth": 13,
+    "non_portable_cluster": 14,  # CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
+    "cluster_scheduling": 15,  # CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE
+}
+NUM_REGS = 4
+
+
+class ModuleError(RuntimeError):
+    """A kernel's code could not be captured or reloaded; the message names the kernel."""
+
+
+def _cupti_candidates() -> list[str]:
+    found = []
+    env = os.environ.get("FOUNDRY_CUPTI")
+    if env:
+        found.append(env)
+    for entry in sys.path:
+        found += sorted(glob.glob(os.path.join(entry, "nvidia", "**", "libcupti.so*"), recursive=True))
+    for root in ("/usr/local/cuda", *sorted(glob.glob("/usr/local/cuda-*"), reverse=True)):
+        found += sorted(glob.glob(os.path.join(root, "extras", "CUPTI", "lib64", "libcupti.so*")))
+        found += sorted(glob.glob(os.path.join(root, "targets", "*", "lib", "libcupti.so*")))
+    found.append("libcupti.so")
+    return found
+
+
+def start_recording() -> None:
+    """Start keeping every CUDA module image this process loads. Idempotent.
+
+    Call it before the kernels a SAVE needs are first used: images loaded earlier are not seen,
+    and a SAVE that needs one refuses, naming the kernel.
+    """
+    lib = _native.lib()
+    if lib.foundry_modules_started():
+        return
+    errors = []
+    for path in _cupti_candidates():
+        if lib.foundry_modules_start(path.encode()) == 0:
+            return
+        errors.append(_native.modules_error())
+    raise ModuleError(f"cannot start CUPTI module recording: {errors[-1] if errors else 'no CUPTI found'}")
+
+
+def recording() -> bool:
+    return bool(_native.lib().foundry_modules_started())
+
+
+def stream_captures() -> dict[str, int]:
+    """Stream captures begun in this process since recording started (runtime and driver API)."""
+    lib = _native.lib()
+    return {"runtime": int(lib.foundry_captures_runtime()), "driver": int(lib.foundry_captures_driver())}
+
+
+@dataclasses.dataclass
+class Image:
+    digest: str
+    data: bytes
+    functions: dict[str, int]  # mangled name -> register count (-1 where unknown)
+
+
+def elf_functions(data: bytes) -> dict[str, int]:
+    """Kernel names defined in a cubin (ELF64) and their register counts.
+
+    nvcc keeps each kernel's code in a ``.text.<name>`` section whose ``sh_info`` carries the
+    register count in its top byte; the symbol table names the kernel. Non-ELF images give {}.
+    """
+    if len(data) < 64 or data[:4] != b"\x7fELF" or data[4] != 2:
+        return {}
+    try:
+        (shoff,) = struct.unpack_from("<Q", data, 0x28)
+        shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
+        sections = []
+        for i in range(shnum):
+            name, typ, _flags, _addr, off, size, link, info, _align, _entsize = struct.unpack_from(
+                "<IIQQQQIIQQ", data, shoff + i * shentsize
+            )
+            sections.append((name, typ, off, size, link, info))
+        shstr_off = sections[shstrndx][2]
+
+        def cstr(base: int, at: int) -> str:
+            end = data.index(b"\0", base + at)
+            return data[base + at : end].decode("latin-1")
+
+        regs_by_section = {}
+        for idx, (name, _typ, _off, _size, _link, info) in enumerate(sections):
+            sec_name = cstr(shstr_off, name)
+            if sec_name.startswith(".text."):
+                regs_by_section[idx] = info >> 24
+        functions = {}
+        for _name, typ, off, size, link, _info in sections:
+            if typ != 2:  # SHT_SYMTAB
+                continue
+            str_off = sections[link][2]
+            for j in range(size // 24):
+                st_name, st_info, _other, st_shndx, _value, _size = struct.unpack_from(
+                    "<IBBHQQ", data, off + 24 * j
+                )
+                if st_info & 0xF == 2 and st_shndx in regs_by_section:  # STT_FUNC in a .text section
+                    functions[cstr(str_off, st_name)] = regs_by_section[st_shndx]
+        return functions
+    except (struct.error, IndexError, ValueError):
+        return {}
+
+
+class Recorded:
+    """The images recorded so far, indexed for matching kernels to code."""
+
+    def __init__(self):
+        lib = _native.lib()
+        if lib.foundry_modules_dropped():
+            raise ModuleError("module images were lost to host memory exhaustion during recording")
+        self.images: dict[str, Image] = {}
+        self._by_handle: dict[int, str] = {}
+        self._by_name: dict[str, list[str]] = {}
+        data_p, size, handle = ctypes.c_void_p(), ctypes.c_size_t(), ctypes.c_uint64()
+        for i in range(int(lib.foundry_modules_count())):
+            if lib.foundry_modules_get(i, ctypes.byref(data_p), ctypes.byref(size), ctypes.byref(handle)):
+                continue
+            data = ctypes.string_at(data_p.value, size.value)
+            digest = hashlib.sha256(data).hexdigest()
+            if digest not in self.images:
+                image = Image(digest, data, elf_functions(data))
+                self.images[digest] = image
+                for name in image.functions:
+                    self._by_name.setdefault(name, []).append(digest)
+            if handle.value:
+                self._by_handle[handle.value] = digest
+
+    def match(self, func, name: str) -> str:
+        """The digest of the image that holds kernel ``func`` (mangled ``name``)."""
+        try:
+            module = call("cuFuncGetModule", func)
+            digest = self._by_handle.get(int(module))
+        except RuntimeError:
+            digest = None
+        if digest is not None:
+            return digest
+        candidates = self._by_name.get(name, [])
+        if not candidates:
+            for digest, image in self.images.items():  # images without an ELF symbol table
+                if not image.functions and name.encode() in image.data:
+                    candidates.append(digest)
+        if not candidates:
+            raise ModuleError(
+                f"kernel {name}: no recorded module image holds it (was it loaded before "
+                f"foundry_core.start_recording()?)"
+            )
+        if len(candidates) > 1:
+            regs = int(call("cuFuncGetAttribute", cu().CUfunction_attribute(NUM_REGS), func))
+            same = [d for d in candidates if self.images[d].functions.get(name, -1) == regs]
+            candidates = same or candidates
+        # Several images holding one symbol with the same register count are copies of one
+        # template instantiation compiled into several translation units; any of them will do.
+        return candidates[0]
+
+
+def function_attributes(func) -> dict[str, int]:
+    attrs = {}
+    for key, attr in SETTABLE_FUNC_ATTRIBUTES.items():
+        try:
+            attrs[key] = int(call("cuFuncGetAttribute", cu().CUfunction_attribute(attr), func))
+        except RuntimeError:
+            pass
+    return attrs
+
+
+class LoadedModules:
+    """Modules loaded from an archive's images in this process, and the kernels resolved in them."""
+
+    def __init__(self):
+        self._modules: dict[str, object] = {}
+        self._functions: dict[tuple[str, str], object] = {}
+
+    def load(self, digest: str, data: bytes) -> None:
+        if digest in self._modules:
+            return
+        # The driver may read the image after the call returns for lazily loaded kernels; keep it.
+        buf = ctypes.create_string_buffer(data, len(data))
+        module = call("cuModuleLoadData", ctypes.addressof(buf))
+        self._modules[digest] = (module, buf)
+
+    def function(self, digest: str, name: str, attrs: dict[str, int]):
+        key = (digest, name)
+        func = self._functions.get(key)
+        if func is not None:
+            return func
+        module, _ = self._modules[digest]
+        try:
+            func = call("cuModuleGetFunction", module, name.encode())
+        except RuntimeError as e:
+            raise ModuleError(f"kernel {name} not found in module {digest[:12]}: {e}") from None
+        call("cuFuncLoad", func)
+        for attr_name, value in attrs.items():
+            attr = cu().CUfunction_attribute(SETTABLE_FUNC_ATTRIBUTES[attr_name])
+            if int(call("cuFuncGetAttribute", attr, func)) != value:
+                try:
+                    call("cuFuncSetAttribute", func, attr, value)
+                except RuntimeError as e:
+                    raise ModuleError(f"kernel {name}: cannot set {attr_name}={value}: {e}") from None
+        self._functions[key] = func
+        return func
+
+    def unload(self) -> None:
+        for module, _buf in self._modules.values():
+            call("cuModuleUnload", module)
+        self._modules.clear()
+        self._functions.clear()

@@ -1,0 +1,228 @@
+"""A device-memory region at a fixed virtual address, through which PyTorch allocates.
+
+Every buffer a captured graph touches (weights, static inputs and outputs, graph-pool
+intermediates, library workspaces) must sit at the same address when the graph is rebuilt in
+another process. The region makes that so without replaying warmups: torch's caching allocator
+gets its segments from the native allocator (native/region.c), which places them back to back
+from a fixed base and never reuses an address. Two processes that allocate the same sequence of
+segments therefore see the same addresses, and a LOAD can prove it by comparing segment logs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import dataclasses
+import threading
+
+from . import _native
+
+_labels: list[str] = ["unlabelled"]
+_label_lock = threading.Lock()
+RESTORED_LABEL = "restored"
+
+
+class RegionError(RuntimeError):
+    """The region could not be set up or used; the message says why in one line."""
+
+
+class PlacementError(RegionError):
+    """A LOAD's allocations do not retrace the SAVE's, so recorded addresses cannot be trusted."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Segment:
+    index: int
+    addr: int
+    size: int
+    live: bool
+    label: str
+
+    @property
+    def end(self) -> int:
+        return self.addr + self.size
+
+    def to_json(self) -> list:
+        return [self.addr, self.size, int(self.live), self.label]
+
+    @classmethod
+    def from_json(cls, index: int, row: list) -> Segment:
+        addr, size, live, label = row
+        return cls(index, int(addr), int(size), bool(live), str(label))
+
+
+def _label_index(name: str) -> int:
+    with _label_lock:
+        if name not in _labels:
+            _labels.append(name)
+        return _labels.index(name)
+
+
+class Region:
+    """A fixed-address virtual region on one device, and the torch memory pools drawing from it.
+
+    ``base`` must be free in this process's address space (the default, 0x600000000000, lies far
+    above what the CUDA driver hands out by itself); construction fails loudly if the driver does
+    not honour it. Only virtual space is reserved: physical memory is mapped per segment.
+    """
+
+    def __init__(self, base: int, size: int, device: int = 0):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise RegionError("no CUDA device is available: a Foundry region needs an NVIDIA GPU")
+        self.base = int(base)
+        self.size = int(size)
+        self.device = int(device)
+        torch.cuda.init()
+        with torch.cuda.device(self.device):
+            torch.cuda.current_stream()  # makes the primary context current on this thread
+        lib = _native.lib()
+        rc = lib.foundry_region_reserve(self.device, self.base, self.size)
+        if rc != 0:
+            raise RegionError(
+                f"cannot reserve the Foundry region at {self.base:#x} (+{self.size} bytes) on "
+                f"cuda:{self.device}: {_native.region_error()}"
+            )
+        allocator = torch.cuda.memory.CUDAPluggableAllocator(
+            _native.library_path(), "foundry_alloc", "foundry_free"
+        )
+        self._allocator = allocator
+        # Two pools: torch refuses to capture into a pool that eager code is allocating from, and
+        # keeping graph memory apart means eager frees never hand graph scratch to other tensors.
+        self.pool = torch.cuda.MemPool(allocator.allocator())
+        self.graph_pool = torch.cuda.MemPool(allocator.allocator())
+
+    def __repr__(self) -> str:
+        return f"Region(base={self.base:#x}, size={self.size}, device={self.device})"
+
+    def contains(self, addr: int) -> bool:
+        return self.base <= addr < self.base + self.size
+
+    @contextlib.contextmanager
+    def routing(self):
+        """Allocations made by this thread inside the block come from the region."""
+        import torch
+
+        with torch.cuda.device(self.device), torch.cuda.use_mem_pool(self.pool, self.device):
+            yield self
+
+    def graph_pool_id(self) -> tuple[int, int]:
+        """Pass as ``pool=`` to ``torch.cuda.graph`` so capture allocations come from the region."""
+        return self.graph_pool.id
+
+    @contextlib.contextmanager
+    def label(self, name: str):
+        """Tag the segments allocated inside the block; LOAD names divergences by these labels."""
+        lib = _native.lib()
+        new = _label_index(name)
+        previous = _current_label[0]
+        lib.foundry_region_set_label(new)
+        _current_label[0] = new
+        try:
+            yield
+        finally:
+            lib.foundry_region_set_label(previous)
+            _current_label[0] = previous
+
+    @property
+    def cursor(self) -> int:
+        """Offset from the base at which the next segment will be placed."""
+        return int(_native.lib().foundry_region_cursor(self.device))
+
+    def segments(self) -> list[Segment]:
+        lib = _native.lib()
+        n = int(lib.foundry_region_log_len(self.device))
+        addr = (ctypes.c_uint64 * max(n, 1))()
+        size = (ctypes.c_uint64 * max(n, 1))()
+        live = (ctypes.c_int32 * max(n, 1))()
+        label = (ctypes.c_int32 * max(n, 1))()
+        got = int(lib.foundry_region_log_read(self.device, 0, n, addr, size, live, label))
+        with _label_lock:
+            names = list(_labels)
+        return [
+            Segment(
+                i,
+                int(addr[i]),
+                int(size[i]),
+                bool(live[i]),
+                names[label[i]] if label[i] < len(names) else "?",
+            )
+            for i in range(got)
+        ]
+
+    def layout(self) -> dict:
+        """The placement record an archive keeps."""
+        return {
+            "base": self.base,
+            "size": self.size,
+            "device": self.device,
+            "cursor": self.cursor,
+            "segments": [s.to_json() for s in self.segments()],
+        }
+
+    def restore_layout(self, layout: dict) -> list[Segment]:
+        """Check that this process's segments retrace the saved ones, then map the rest.
+
+        The segments allocated so far in this process (model weights, KV cache, static buffers,
+        built exactly as at SAVE) must be a prefix of the saved log: same addresses, same sizes,
+        same labels. Saved segments past that prefix that were live at SAVE (graph pools,
+        workspaces) are mapped at their recorded addresses and zero-filled. Returns those.
+        """
+        if layout["base"] != self.base or layout["size"] != self.size:
+            raise PlacementError(
+                f"archive was saved with region base {layout['base']:#x} (+{layout['size']} bytes), "
+                f"this region is {self.base:#x} (+{self.size} bytes): use the same [region] settings"
+            )
+        saved = [Segment.from_json(i, row) for i, row in enumerate(layout["segments"])]
+        current = self.segments()
+        for seg in current:
+            if seg.index >= len(saved):
+                raise PlacementError(
+                    f"allocation #{seg.index} ({seg.size} bytes, label {seg.label!r}) has no counterpart at "
+                    f"SAVE, which made only {len(saved)}: LOAD allocated more before restoring than SAVE did"
+                )
+            ref = saved[seg.index]
+            if (seg.addr, seg.size, seg.label) != (ref.addr, ref.size, ref.label):
+                raise PlacementError(
+                    f"allocation #{seg.index} diverged: LOAD placed {seg.size} bytes ({seg.label!r}) at "
+                    f"{seg.addr:#x}, SAVE placed {ref.size} bytes ({ref.label!r}) at {ref.addr:#x}"
+                )
+            if ref.live and not seg.live:
+                raise PlacementError(
+                    f"allocation #{seg.index} ({ref.label!r}, {ref.size} bytes at {ref.addr:#x}) was live at "
+                    f"SAVE but has been freed in this process"
+                )
+        lib = _native.lib()
+        label = _label_index(RESTORED_LABEL)
+        mapped = []
+        try:
+            for ref in saved[len(current) :]:
+                if not ref.live:
+                    continue
+                if lib.foundry_region_map(self.device, ref.addr, ref.size, label) != 0:
+                    raise RegionError(f"cannot map saved segment #{ref.index}: {_native.region_error()}")
+                mapped.append(ref)
+            if lib.foundry_region_advance(self.device, int(layout["cursor"])) != 0:
+                raise RegionError(f"cannot move the region cursor to the SAVE's end ({layout['cursor']:#x})")
+        except BaseException:
+            self.unmap(mapped)
+            raise
+        _zero_fill(mapped)
+        return mapped
+
+    def unmap(self, segments: list[Segment]) -> None:
+        lib = _native.lib()
+        for seg in segments:
+            lib.foundry_region_unmap(self.device, seg.addr)
+
+
+_current_label = [0]
+
+
+def _zero_fill(segments: list[Segment]) -> None:
+    """Freshly mapped memory has no defined content; make it the same in every process."""
+    from .driver import call
+
+    for seg in segments:
+        call("cuMemsetD8", seg.addr, 0, seg.size)

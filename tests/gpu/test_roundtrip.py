@@ -1,0 +1,47 @@
+"""SAVE in one process, LOAD in a fresh one, compare bit for bit (needs a GPU)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+
+def _demo(tmp_path, *extra):
+    out = tmp_path / "result.json"
+    cmd = [sys.executable, "-m", "foundry_core.cli", "demo", "--workdir", str(tmp_path), "--out", str(out), *extra]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert out.exists(), f"demo wrote no result\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-4000:]}"
+    return json.loads(out.read_text()), proc
+
+
+@pytest.mark.parametrize(
+    "variant,preset,sizes",
+    [
+        ("qwen3", "tiny", ["1", "2", "3", "8"]),
+        ("qwen3-compiled", "tiny", ["1", "4"]),
+        ("hf-qwen3", "tiny", ["1", "2"]),
+    ],
+)
+def test_save_load_bit_exact(tmp_path, variant, preset, sizes):
+    result, proc = _demo(tmp_path, "--variant", variant, "--preset", preset, "--batch-sizes", *sizes)
+    assert result["graphs"] == len(sizes)
+    assert result["load_stream_captures"] == 0, result
+    assert result["load_warmup_forwards"] == 0, result
+    assert result["bit_exact"] == {s: True for s in sizes}, result
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+def test_load_refuses_other_model(tmp_path):
+    """An archive saved for one model configuration is refused for another before any kernel runs."""
+    result, _ = _demo(tmp_path, "--preset", "tiny", "--batch-sizes", "1", "2")
+    assert result["bit_exact_all"]
+    cmd = [
+        sys.executable, "-m", "foundry_core.demo", "load", "--archive", result["archive"],
+        "--reference", str(tmp_path / "reference.pt"), "--preset", "tiny", "--batch-sizes", "1", "2", "4",
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode != 0
+    assert "model.batch_sizes" in proc.stderr, proc.stderr[-2000:]
