@@ -150,11 +150,17 @@ def config_from_dict(data: dict, source: Path | None = None, base_dir: Path | No
         raise ConfigError(f"region.size: {size} must be a multiple of 2 MiB")
     if size > RANK_STRIDE:
         raise ConfigError(f"region.size: {size} exceeds the per-rank stride of {RANK_STRIDE} bytes")
+    if base + size > 1 << 47:
+        raise ConfigError(
+            f"region: base {base:#x} + size {size:#x} ends past the 47-bit user address space; lower region.base"
+        )
     trust = data.get("trust", {})
     if not isinstance(trust, dict):
         raise ConfigError(f"{where}: [trust] must be a table")
     _check_keys(trust, _TRUST_KEYS, f"{where} [trust]")
-    digest = trust.get("archive_digest") or None
+    digest = trust.get("archive_digest", "")
+    if digest == "":
+        digest = None  # empty means "not pinned"; other falsy values (false, 0) are errors, not "unset"
     if digest is not None and (not isinstance(digest, str) or not re.fullmatch(r"[0-9a-f]{64}", digest)):
         raise ConfigError("trust.archive_digest: expected 64 lowercase hex characters (sha256)")
     return FoundryConfig(
@@ -195,7 +201,8 @@ def config_from_env(environ: dict[str, str] | None = None) -> FoundryConfig | No
         "archive_dir": env.get("FOUNDRY_ARCHIVE_DIR", ""),
         "region": {
             "base": env.get("FOUNDRY_REGION_BASE", hex(DEFAULT_REGION_BASE)),
-            "size": int(env.get("FOUNDRY_REGION_SIZE", DEFAULT_REGION_SIZE)),
+            # parse_size reads both "137438953472" and "128GiB" and reports bad text as a ConfigError
+            "size": env.get("FOUNDRY_REGION_SIZE", str(DEFAULT_REGION_SIZE)),
         },
     }
     if env.get("FOUNDRY_ARCHIVE_DIGEST"):
