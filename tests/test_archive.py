@@ -1011,3 +1011,70 @@ def test_docs_match_the_code():
         "64 MiB",
     ]:
         assert text in doc, text
+
+
+# ---------------------------------------------------------------------------------------------- bounded reads
+
+
+def test_verified_bytes_are_kept_no_reread(arch):
+    path, _ = arch
+    ar = open_archive(path)
+    (real(path) / "modules/abc.cubin").write_bytes(b"swapped after verification")
+    shutil.rmtree(real(path) / "graphs")
+    assert ar.read_bytes("modules/abc.cubin") == CUBIN
+    assert ar.read_bytes("graphs/0003.bin") == GRAPH
+
+
+def test_reads_are_bounded_by_the_declared_size(tmp_path, monkeypatch):
+    from foundry_core import archive
+
+    requested = []
+    real_read = os.read
+
+    def spy(fd, n):
+        data = real_read(fd, n)
+        requested.append((n, len(data)))
+        return data
+
+    monkeypatch.setattr(archive.os, "read", spy)
+    f = tmp_path / "f"
+    for content, declared, ok in [
+        (b"abcd", 4, True),
+        (b"abcd", 3, False),
+        (b"abcd", 5, False),
+        (b"", 0, True),
+    ]:
+        f.write_bytes(content)
+        requested.clear()
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            if ok:
+                assert archive._read_exact(fd, declared, "f") == content
+            else:
+                with pytest.raises(ArchiveError, match="(shorter|longer) than the expected"):
+                    archive._read_exact(fd, declared, "f")
+        finally:
+            os.close(fd)
+        # no single allocation above declared + 1, and no more than declared + 1 bytes taken in all
+        assert max(n for n, _ in requested) <= declared + 1
+        assert sum(got for _, got in requested) <= declared + 1
+
+
+def test_open_reads_each_member_once_within_bounds(arch, monkeypatch):
+    from foundry_core import archive
+
+    path, _ = arch
+    requested = []
+    real_read = os.read
+
+    def spy(fd, n):
+        data = real_read(fd, n)
+        requested.append((n, len(data)))
+        return data
+
+    monkeypatch.setattr(archive.os, "read", spy)
+    ar = open_archive(path)
+    manifest_size = (real(path) / "manifest.json").stat().st_size
+    sizes = [manifest_size, *ar.files.values()]
+    assert sum(got for _, got in requested) == sum(sizes)  # each file read exactly once
+    assert max(n for n, _ in requested) <= max(sizes) + 1
