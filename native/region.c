@@ -28,6 +28,7 @@ typedef struct {
   CUmemGenericAllocationHandle handle;
   int live;
   int label;
+  int kind; /* 0: eager pool, 1: graph pool, 2: mapped by a LOAD */
 } segment;
 
 typedef struct {
@@ -100,7 +101,7 @@ static CUmemAllocationProp device_prop(int device) {
   return prop;
 }
 
-static int log_append(region *r, CUdeviceptr addr, size_t size, CUmemGenericAllocationHandle handle) {
+static int log_append(region *r, CUdeviceptr addr, size_t size, CUmemGenericAllocationHandle handle, int kind) {
   if (r->log_len == r->log_cap) {
     size_t cap = r->log_cap ? 2 * r->log_cap : 256;
     segment *grown = realloc(r->log, cap * sizeof *grown);
@@ -108,7 +109,7 @@ static int log_append(region *r, CUdeviceptr addr, size_t size, CUmemGenericAllo
     r->log = grown;
     r->log_cap = cap;
   }
-  segment s = {addr, size, handle, 1, current_label};
+  segment s = {addr, size, handle, 1, current_label, kind};
   r->log[r->log_len++] = s;
   return 0;
 }
@@ -196,9 +197,7 @@ out:
   return result;
 }
 
-/* torch CUDAPluggableAllocator entry points. */
-EXPORT void *foundry_alloc(ssize_t size, int device, void *stream) {
-  (void)stream;
+static void *region_alloc(ssize_t size, int device, int kind) {
   if (device < 0 || device >= MAX_DEVICES || size <= 0) return NULL;
   pthread_mutex_lock(&lock);
   region *r = &regions[device];
@@ -217,7 +216,7 @@ EXPORT void *foundry_alloc(ssize_t size, int device, void *stream) {
   CUdeviceptr addr = r->base + r->cursor;
   CUmemGenericAllocationHandle handle;
   if (map_physical(device, addr, rounded, &handle)) goto out;
-  if (log_append(r, addr, rounded, handle)) {
+  if (log_append(r, addr, rounded, handle, kind)) {
     cu.unmap(addr, rounded);
     cu.release(handle);
     snprintf(last_error, sizeof last_error, "out of host memory for the segment log");
@@ -228,6 +227,17 @@ EXPORT void *foundry_alloc(ssize_t size, int device, void *stream) {
 out:
   pthread_mutex_unlock(&lock);
   return result;
+}
+
+/* torch CUDAPluggableAllocator entry points: one per pool, so the log knows which pool asked. */
+EXPORT void *foundry_alloc(ssize_t size, int device, void *stream) {
+  (void)stream;
+  return region_alloc(size, device, 0);
+}
+
+EXPORT void *foundry_alloc_graph(ssize_t size, int device, void *stream) {
+  (void)stream;
+  return region_alloc(size, device, 1);
 }
 
 static segment *find_live(region *r, CUdeviceptr addr) {
@@ -282,7 +292,7 @@ EXPORT int foundry_region_map(int device, uint64_t addr, uint64_t size, int labe
   if (map_physical(device, addr, size, &handle)) goto out;
   int saved = current_label;
   current_label = label;
-  int failed = log_append(r, addr, size, handle);
+  int failed = log_append(r, addr, size, handle, 2);
   current_label = saved;
   if (failed) {
     cu.unmap(addr, size);
@@ -329,7 +339,7 @@ EXPORT size_t foundry_region_log_len(int device) {
 
 /* Copy up to `n` log entries from index `start` into parallel arrays; returns the count copied. */
 EXPORT size_t foundry_region_log_read(int device, size_t start, size_t n, uint64_t *addr, uint64_t *size,
-                                      int32_t *live, int32_t *label) {
+                                      int32_t *live, int32_t *label, int32_t *kind) {
   if (device < 0 || device >= MAX_DEVICES) return 0;
   pthread_mutex_lock(&lock);
   region *r = &regions[device];
@@ -339,6 +349,7 @@ EXPORT size_t foundry_region_log_read(int device, size_t start, size_t n, uint64
     size[count] = r->log[i].size;
     live[count] = r->log[i].live;
     label[count] = r->log[i].label;
+    kind[count] = r->log[i].kind;
   }
   pthread_mutex_unlock(&lock);
   return count;

@@ -52,6 +52,7 @@ def lib() -> ctypes.CDLL:
                 POINTER(c_uint64),
                 POINTER(c_int32),
                 POINTER(c_int32),
+                POINTER(c_int32),
             ],
         ),
         "foundry_region_set_label": (None, [c_int]),

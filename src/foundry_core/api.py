@@ -33,7 +33,7 @@ from .fingerprint import current_fingerprint
 from .graphs import GraphError, Rebuilt, Segments, count_nodes, rebuild, serialize
 from .modules import LoadedModules, ModuleError, Recorded, recording
 from .progress import Progress
-from .region import Region, RegionError, Segment
+from .region import Region, RegionError, Segment, restore_snapshot, snapshot
 
 ARCHIVE_KIND = "foundry-graphs"
 
@@ -159,6 +159,10 @@ def save(
         raise SaveError("module recording is off: call foundry_core.start_recording() before the model runs")
     if not graphs:
         raise SaveError("nothing to save: no graphs given")
+    if region.setup_segments is None:
+        raise SaveError(
+            "call region.end_setup() after building the model and static buffers, before warmup/capture"
+        )
     tensors = tensors or {}
     t0 = time.perf_counter()
     torch.cuda.synchronize(region.device)
@@ -191,6 +195,7 @@ def save(
         if not t.is_cuda or not region.contains(int(t.data_ptr())) or not segments.live(int(t.data_ptr())):
             raise SaveError(f"tensor {tname!r} is not in a live Foundry region allocation")
     images = sorted({image for image, _ in kernels})
+    snapshots = [(seg, *snapshot(seg)) for seg in region.snapshot_candidates()]
     meta = {
         "kind": ARCHIVE_KIND,
         "device": region.device,
@@ -200,6 +205,7 @@ def save(
         "images": images,
         "tensors": {k: _tensor_record(t) for k, t in tensors.items()},
         "slots": slots or {},
+        "snapshots": [[seg.index, chunks] for seg, chunks, _ in snapshots],
         "saved_with": __version__,
     }
     with ArchiveWriter(path, lock_timeout=lock_timeout) as writer:
@@ -207,6 +213,8 @@ def save(
             for digest in images:
                 writer.add_bytes(f"modules/{digest}.cubin", recorded.images[digest].data)
                 bar.advance()
+            for seg, _chunks, data in snapshots:
+                writer.add_bytes(f"memory/{seg.index:05d}.bin", data)
             for i, (name, desc) in enumerate(described):
                 rel = f"graphs/{i:04d}.json"
                 writer.add_json(rel, desc)
@@ -334,6 +342,14 @@ def load(
     t1 = time.perf_counter()
     timings["archive_read_s"] = t1 - t0
     mapped = region.restore_layout(meta["layout"])
+    try:
+        saved = meta["layout"]["segments"]
+        for index, chunks in meta["snapshots"]:
+            seg = Segment.from_json(index, saved[index])
+            restore_snapshot(seg, chunks, archive.read_bytes(f"memory/{index:05d}.bin"))
+    except BaseException:
+        region.unmap(mapped)
+        raise
     t2 = time.perf_counter()
     timings["memory_s"] = t2 - t1
     modules = LoadedModules()

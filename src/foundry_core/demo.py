@@ -74,6 +74,17 @@ def _replay_all(workload, replay, out_tensors) -> dict:
     return results
 
 
+def _state_digest(workload) -> str:
+    """A digest of every parameter and buffer, to tell weight differences from replay differences."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name, t in list(workload.model.named_parameters()) + list(workload.model.named_buffers()):
+        h.update(name.encode())
+        h.update(t.detach().float().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
 def run_save(args) -> dict:
     import torch
 
@@ -87,6 +98,7 @@ def run_save(args) -> dict:
     workload = Workload(spec)
     with region.routing():
         workload.build(region)
+    region.end_setup()
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     with region.routing(), region.label("warmup"):
@@ -129,6 +141,8 @@ def run_save(args) -> dict:
         "save_s": t3 - t2,
         "digest": digest,
         "stream_captures": fc.stream_captures(),
+        "state_digest": _state_digest(workload),
+        "live_segments": [[s.index, s.size, s.label] for s in region.segments() if s.live],
     }
 
 
@@ -157,10 +171,12 @@ def run_load(args) -> dict:
         lambda bs, k: restored.tensors[f"bs{bs}.{k}"],
     )
     reference = torch.load(args.reference)
-    per_bs = {}
+    per_bs, mismatched = {}, []
     for bs in spec.batch_sizes:
         keys = [k for k in reference if k.startswith(f"bs{bs}.")]
-        per_bs[str(bs)] = all(torch.equal(reference[k], results[k]) for k in keys)
+        bad = [k for k in keys if not torch.equal(reference[k], results[k])]
+        per_bs[str(bs)] = not bad
+        mismatched += bad
     captures_after = fc.stream_captures()
     return {
         "phase": "load",
@@ -172,6 +188,8 @@ def run_load(args) -> dict:
         "load_warmup_forwards": workload.forward_calls,
         "bit_exact": per_bs,
         "bit_exact_all": all(per_bs.values()),
+        "mismatched": mismatched,
+        "state_digest": _state_digest(workload),
     }
 
 
@@ -241,6 +259,10 @@ def orchestrate(args) -> dict:
         "bit_exact_all": load["bit_exact_all"],
         "archive": archive,
         "digest": save["digest"],
+        "mismatched": load["mismatched"],
+        "state_digest_save": save["state_digest"],
+        "state_digest_load": load["state_digest"],
+        "live_segments_at_save": save["live_segments"],
     }
 
 

@@ -30,6 +30,10 @@ class PlacementError(RegionError):
     """A LOAD's allocations do not retrace the SAVE's, so recorded addresses cannot be trusted."""
 
 
+KINDS = ("eager", "graph", "restored")
+SNAPSHOT_CHUNK = 64 << 10
+
+
 @dataclasses.dataclass(frozen=True)
 class Segment:
     index: int
@@ -37,18 +41,19 @@ class Segment:
     size: int
     live: bool
     label: str
+    kind: str = "eager"  # which pool asked for it: eager (routing), graph (capture), restored (LOAD)
 
     @property
     def end(self) -> int:
         return self.addr + self.size
 
     def to_json(self) -> list:
-        return [self.addr, self.size, int(self.live), self.label]
+        return [self.addr, self.size, int(self.live), self.label, self.kind]
 
     @classmethod
     def from_json(cls, index: int, row: list) -> Segment:
-        addr, size, live, label = row
-        return cls(index, int(addr), int(size), bool(live), str(label))
+        addr, size, live, label, kind = row
+        return cls(index, int(addr), int(size), bool(live), str(label), str(kind))
 
 
 def _label_index(name: str) -> int:
@@ -84,14 +89,15 @@ class Region:
                 f"cannot reserve the Foundry region at {self.base:#x} (+{self.size} bytes) on "
                 f"cuda:{self.device}: {_native.region_error()}"
             )
-        allocator = torch.cuda.memory.CUDAPluggableAllocator(
-            _native.library_path(), "foundry_alloc", "foundry_free"
-        )
-        self._allocator = allocator
+        path = _native.library_path()
+        eager = torch.cuda.memory.CUDAPluggableAllocator(path, "foundry_alloc", "foundry_free")
+        graph = torch.cuda.memory.CUDAPluggableAllocator(path, "foundry_alloc_graph", "foundry_free")
+        self._allocators = (eager, graph)
         # Two pools: torch refuses to capture into a pool that eager code is allocating from, and
         # keeping graph memory apart means eager frees never hand graph scratch to other tensors.
-        self.pool = torch.cuda.MemPool(allocator.allocator())
-        self.graph_pool = torch.cuda.MemPool(allocator.allocator())
+        self.pool = torch.cuda.MemPool(eager.allocator())
+        self.graph_pool = torch.cuda.MemPool(graph.allocator())
+        self.setup_segments: int | None = None
 
     def __repr__(self) -> str:
         return f"Region(base={self.base:#x}, size={self.size}, device={self.device})"
@@ -125,6 +131,15 @@ class Region:
             lib.foundry_region_set_label(previous)
             _current_label[0] = previous
 
+    def end_setup(self) -> None:
+        """Mark the end of the setup a LOAD repeats (model, caches, static buffers).
+
+        Call it at SAVE right before warmup and capture. A LOAD must then have made exactly as
+        many segments when it restores, and the contents of eager segments created after this
+        point (state that warmups create lazily, library workspaces) are saved with the archive.
+        """
+        self.setup_segments = len(self.segments())
+
     @property
     def cursor(self) -> int:
         """Offset from the base at which the next segment will be placed."""
@@ -137,7 +152,8 @@ class Region:
         size = (ctypes.c_uint64 * max(n, 1))()
         live = (ctypes.c_int32 * max(n, 1))()
         label = (ctypes.c_int32 * max(n, 1))()
-        got = int(lib.foundry_region_log_read(self.device, 0, n, addr, size, live, label))
+        kind = (ctypes.c_int32 * max(n, 1))()
+        got = int(lib.foundry_region_log_read(self.device, 0, n, addr, size, live, label, kind))
         with _label_lock:
             names = list(_labels)
         return [
@@ -147,6 +163,7 @@ class Region:
                 int(size[i]),
                 bool(live[i]),
                 names[label[i]] if label[i] < len(names) else "?",
+                KINDS[kind[i]],
             )
             for i in range(got)
         ]
@@ -158,8 +175,15 @@ class Region:
             "size": self.size,
             "device": self.device,
             "cursor": self.cursor,
+            "setup_segments": self.setup_segments,
             "segments": [s.to_json() for s in self.segments()],
         }
+
+    def snapshot_candidates(self) -> list[Segment]:
+        """Eager segments made after setup and still live: their contents travel with the archive."""
+        if self.setup_segments is None:
+            raise RegionError("call region.end_setup() after building the model and before warmup/capture")
+        return [s for s in self.segments()[self.setup_segments :] if s.live and s.kind == "eager"]
 
     def restore_layout(self, layout: dict) -> list[Segment]:
         """Check that this process's segments retrace the saved ones, then map the rest.
@@ -176,6 +200,12 @@ class Region:
             )
         saved = [Segment.from_json(i, row) for i, row in enumerate(layout["segments"])]
         current = self.segments()
+        setup = layout.get("setup_segments")
+        if setup is not None and len(current) != setup:
+            raise PlacementError(
+                f"this process made {len(current)} allocations before restoring, the SAVE's setup made {setup}: "
+                "build the model, caches and static buffers exactly as at SAVE, and nothing else, before load()"
+            )
         for seg in current:
             if seg.index >= len(saved):
                 raise PlacementError(
@@ -226,3 +256,37 @@ def _zero_fill(segments: list[Segment]) -> None:
 
     for seg in segments:
         call("cuMemsetD8", seg.addr, 0, seg.size)
+
+
+def snapshot(seg: Segment) -> tuple[list[int], bytes]:
+    """The non-zero 64 KiB chunks of a segment: (chunk indices, their bytes concatenated)."""
+    import torch
+
+    from .driver import call
+
+    host = torch.empty(seg.size, dtype=torch.uint8).pin_memory()
+    call("cuMemcpyDtoH", host.data_ptr(), seg.addr, seg.size)
+    chunks = host.view(torch.int64).view(-1, SNAPSHOT_CHUNK // 8)
+    keep = chunks.ne(0).any(dim=1).nonzero().flatten().tolist()
+    data = host.view(-1, SNAPSHOT_CHUNK)[keep].numpy().tobytes() if keep else b""
+    return keep, data
+
+
+def restore_snapshot(seg: Segment, chunks: list[int], data: bytes) -> None:
+    """Write back what :func:`snapshot` kept (after the segment was mapped and zero-filled)."""
+    from .driver import call
+
+    if len(data) != len(chunks) * SNAPSHOT_CHUNK or any(
+        not 0 <= c < seg.size // SNAPSHOT_CHUNK for c in chunks
+    ):
+        raise RegionError(f"memory snapshot of segment #{seg.index} does not fit it")
+    buf = ctypes.create_string_buffer(data, len(data)) if data else None
+    base = ctypes.addressof(buf) if buf is not None else 0
+    i = 0
+    while i < len(chunks):  # one copy per run of consecutive chunks
+        j = i
+        while j + 1 < len(chunks) and chunks[j + 1] == chunks[j] + 1:
+            j += 1
+        n = (j - i + 1) * SNAPSHOT_CHUNK
+        call("cuMemcpyHtoD", seg.addr + chunks[i] * SNAPSHOT_CHUNK, base + i * SNAPSHOT_CHUNK, n)
+        i = j + 1

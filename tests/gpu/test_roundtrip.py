@@ -11,7 +11,17 @@ pytestmark = pytest.mark.gpu
 
 def _demo(tmp_path, *extra):
     out = tmp_path / "result.json"
-    cmd = [sys.executable, "-m", "foundry_core.cli", "demo", "--workdir", str(tmp_path), "--out", str(out), *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "foundry_core.cli",
+        "demo",
+        "--workdir",
+        str(tmp_path),
+        "--out",
+        str(out),
+        *extra,
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert out.exists(), f"demo wrote no result\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-4000:]}"
     return json.loads(out.read_text()), proc
@@ -39,8 +49,20 @@ def test_load_refuses_other_model(tmp_path):
     result, _ = _demo(tmp_path, "--preset", "tiny", "--batch-sizes", "1", "2")
     assert result["bit_exact_all"]
     cmd = [
-        sys.executable, "-m", "foundry_core.demo", "load", "--archive", result["archive"],
-        "--reference", str(tmp_path / "reference.pt"), "--preset", "tiny", "--batch-sizes", "1", "2", "4",
+        sys.executable,
+        "-m",
+        "foundry_core.demo",
+        "load",
+        "--archive",
+        result["archive"],
+        "--reference",
+        str(tmp_path / "reference.pt"),
+        "--preset",
+        "tiny",
+        "--batch-sizes",
+        "1",
+        "2",
+        "4",
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode != 0
