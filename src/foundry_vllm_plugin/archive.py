@@ -1,0 +1,154 @@
+"""Where a vLLM rank keeps its archive, what identifies "exactly this configuration", and auto mode.
+
+Per rank ``r`` (the data-parallel rank; TP and PP are refused), under the configured ``archive_dir``:
+
+* ``rank{r}/``           the Foundry core archive (``foundry_core.save`` / ``foundry_core.load``);
+* ``rank{r}.vllm.json``  this plugin's manifest: the engine fingerprint, the KV-cache sizing that LOAD
+  reuses instead of profiling memory, and the list of persisted graphs.  It is written last, after the
+  core archive is complete, so its presence with a matching fingerprint is what "a valid archive for
+  exactly this configuration" means in ``auto`` mode.
+
+Nothing here touches the GPU; the worker supplies the device description.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from foundry_core.config import ConfigError, FoundryConfig
+
+MANIFEST_SCHEMA = 1
+MANIFEST_KIND = "foundry-vllm"
+
+
+class ArchiveStateError(ConfigError):
+    """``mode = "load"`` but no usable archive for this configuration; one line."""
+
+
+def core_archive_dir(cfg: FoundryConfig, rank: int) -> Path:
+    return cfg.rank_archive_dir(rank)
+
+
+def manifest_path(cfg: FoundryConfig, rank: int) -> Path:
+    return cfg.archive_dir / f"rank{rank}.vllm.json"
+
+
+def _mode_name(mode: Any) -> str:
+    return getattr(mode, "name", None) or str(mode)
+
+
+def engine_fingerprint(vllm_config: Any, device: dict | None = None) -> dict:
+    """Everything that decides what the decode graphs contain and where their memory lies.
+
+    ``VllmConfig.compute_hash()`` covers model, cache, parallel, scheduler, compilation and
+    ``additional_config`` (which holds only the Foundry TOML path).  The readable fields are repeated
+    so that a mismatch can be explained, and a few that the hash leaves out but that change the memory
+    layout (memory utilisation, explicit KV size, seed, load format) are added.
+    """
+    import vllm
+
+    mc, cc, sc = vllm_config.model_config, vllm_config.cache_config, vllm_config.scheduler_config
+    comp, pc = vllm_config.compilation_config, vllm_config.parallel_config
+    fp: dict[str, Any] = {
+        "vllm": getattr(vllm, "__version__", "unknown"),
+        "config_hash": vllm_config.compute_hash(),
+        "model": str(mc.model),
+        "revision": getattr(mc, "revision", None),
+        "dtype": str(mc.dtype),
+        "quantization": getattr(mc, "quantization", None),
+        "max_model_len": int(mc.max_model_len),
+        "seed": getattr(mc, "seed", None),
+        "load_format": str(getattr(vllm_config.load_config, "load_format", "")),
+        "block_size": getattr(cc, "block_size", None),
+        "kv_cache_dtype": str(getattr(cc, "cache_dtype", "")),
+        "gpu_memory_utilization": getattr(cc, "gpu_memory_utilization", None),
+        "kv_cache_memory_bytes": getattr(cc, "kv_cache_memory_bytes", None),
+        "max_num_seqs": getattr(sc, "max_num_seqs", None),
+        "max_num_batched_tokens": getattr(sc, "max_num_batched_tokens", None),
+        "cudagraph_mode": _mode_name(comp.cudagraph_mode),
+        "cudagraph_capture_sizes": list(comp.cudagraph_capture_sizes or []),
+        "compilation_mode": _mode_name(getattr(comp, "mode", None)),
+        "data_parallel_size": getattr(pc, "data_parallel_size", 1),
+        "data_parallel_rank": getattr(pc, "data_parallel_rank", 0),
+        "v2_model_runner": bool(getattr(vllm_config, "use_v2_model_runner", False)),
+    }
+    if device:
+        fp["device"] = dict(device)
+    return json.loads(json.dumps(fp, default=str))
+
+
+def read_manifest(path: Path) -> dict | None:
+    """The manifest at ``path``, or ``None`` when it is missing or not a manifest of this schema."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if (
+        not isinstance(data, dict)
+        or data.get("kind") != MANIFEST_KIND
+        or data.get("schema") != MANIFEST_SCHEMA
+    ):
+        return None
+    return data
+
+
+def write_manifest(path: Path, fingerprint: dict, sizing: dict, graphs: list[dict]) -> dict:
+    """Write the manifest atomically (rename over any older one) and return what was written."""
+    data = {
+        "kind": MANIFEST_KIND,
+        "schema": MANIFEST_SCHEMA,
+        "fingerprint": fingerprint,
+        "sizing": sizing,
+        "graphs": graphs,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return data
+
+
+def fingerprint_mismatch(saved: dict, current: dict) -> str | None:
+    """A short description of the first differing key, or ``None`` when the fingerprints agree."""
+    for key in sorted(set(saved) | set(current)):
+        if saved.get(key) != current.get(key):
+            return f"{key}: archive has {saved.get(key)!r}, engine has {current.get(key)!r}"
+    return None
+
+
+def resolve_mode(cfg: FoundryConfig, rank: int, fingerprint: dict) -> tuple[str, dict | None, str]:
+    """Decide SAVE or LOAD for one rank: ``(mode, manifest or None, reason)``.
+
+    ``save`` always saves (and replaces the archive); ``load`` refuses, with one line, unless a manifest
+    with this exact fingerprint and its core archive exist; ``auto`` loads in that case and saves
+    otherwise.
+    """
+    mpath = manifest_path(cfg, rank)
+    if cfg.mode == "save":
+        return "save", None, "mode = save"
+    manifest = read_manifest(mpath)
+    problem = None
+    if manifest is None:
+        problem = f"no archive manifest at {mpath}"
+    elif not core_archive_dir(cfg, rank).is_dir():
+        problem = f"archive manifest {mpath} has no core archive at {core_archive_dir(cfg, rank)}"
+    else:
+        diff = fingerprint_mismatch(manifest.get("fingerprint", {}), fingerprint)
+        if diff is not None:
+            problem = f"archive {mpath} was saved for another configuration ({diff})"
+    if problem is None:
+        return "load", manifest, f"valid archive for this configuration at {mpath}"
+    if cfg.mode == "load":
+        raise ArchiveStateError(f"foundry mode = load, but {problem}")
+    return "save", None, problem

@@ -1,0 +1,154 @@
+"""The Foundry flags on vLLM's own argument parser, and the step from flags to engine configuration.
+
+Three methods of ``vllm.engine.arg_utils.EngineArgs`` are wrapped (once per process, by
+:func:`foundry_vllm_plugin.register`); with Foundry off each wrapper calls straight through:
+
+* ``add_cli_args``: appends a ``Foundry`` argument group (``--enable-foundry``, ``--foundry-config``).
+  ``vllm serve`` builds its parser through ``AsyncEngineArgs.add_cli_args``, which loads the general
+  plugins first for exactly this purpose, so the flags are on the parser it uses.
+* ``from_cli_args``: turns the two flags into the ``additional_config`` entry (see ``settings``).
+* ``create_engine_config``: when the entry is present, asks vLLM for ``FULL_DECODE_ONLY`` graphs,
+  builds the config as usual, refuses unsupported configurations (``check_supported``) before any GPU
+  work, and points vLLM at the Foundry worker class.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import logging
+from typing import Any
+
+from foundry_vllm_plugin import settings
+from foundry_vllm_plugin.support import (
+    FOUNDRY_CUDAGRAPH_MODE,
+    FOUNDRY_WORKER,
+    VLLM_GPU_WORKER,
+    FoundryUnsupportedError,
+    check_supported,
+)
+
+logger = logging.getLogger("foundry_vllm_plugin")
+
+_MARK = "__foundry_wrapped__"
+GROUP_TITLE = "Foundry"
+
+
+def add_foundry_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the Foundry flags to a parser (a no-op when they are already there)."""
+    if "--enable-foundry" in getattr(parser, "_option_string_actions", {}):
+        return parser
+    group = parser.add_argument_group(
+        title=GROUP_TITLE,
+        description="Persist full decode CUDA graphs once (SAVE) and restore them at later starts (LOAD).",
+    )
+    group.add_argument(
+        "--enable-foundry",
+        action="store_true",
+        default=False,
+        help="Save or restore CUDA graphs with Foundry (mode save|load|auto from the Foundry config).",
+    )
+    group.add_argument(
+        "--foundry-config",
+        type=str,
+        default=None,
+        metavar="PATH",
+        help="Foundry TOML file (mode, archive_dir, [region]); defaults to $FOUNDRY_CONFIG.",
+    )
+    return parser
+
+
+def prepare_engine_args(engine_args: Any) -> None:
+    """Before vLLM builds the config: request FULL_DECODE_ONLY graphs unless the user chose a mode."""
+    cc = engine_args.compilation_config
+    if isinstance(cc, dict):
+        cc.setdefault("cudagraph_mode", FOUNDRY_CUDAGRAPH_MODE)
+        return
+    if getattr(cc, "cudagraph_mode", None) is None:
+        from vllm.config.compilation import CUDAGraphMode
+
+        cc.cudagraph_mode = CUDAGraphMode[FOUNDRY_CUDAGRAPH_MODE]
+
+
+def finalize_engine_config(vllm_config: Any) -> Any:
+    """After vLLM built the config: refuse what Foundry cannot persist, then install the Foundry worker."""
+    cfg = settings.foundry_config(vllm_config.additional_config)
+    check_supported(vllm_config)
+    pc = vllm_config.parallel_config
+    if pc.worker_cls in ("auto", VLLM_GPU_WORKER):
+        pc.worker_cls = FOUNDRY_WORKER
+    elif pc.worker_cls != FOUNDRY_WORKER:  # pragma: no cover - check_supported refuses it first
+        raise FoundryUnsupportedError(f"worker_cls={pc.worker_cls}", "a custom worker cannot be hooked")
+    logger.info(
+        "Foundry enabled: config %s, mode %s, archive %s (auto is resolved per rank in the worker)",
+        cfg.source,
+        cfg.mode,
+        cfg.archive_dir,
+    )
+    return vllm_config
+
+
+def _wrap_add_cli_args(orig):
+    @functools.wraps(orig)
+    def add_cli_args(parser, *args, **kwargs):
+        parser = orig(parser, *args, **kwargs)
+        return add_foundry_args(parser)
+
+    setattr(add_cli_args, _MARK, True)
+    return add_cli_args
+
+
+def _wrap_from_cli_args(orig):
+    @functools.wraps(orig)
+    def from_cli_args(cls, args: argparse.Namespace):
+        engine_args = orig(cls, args)
+        entry = settings.entry_from_flags(
+            bool(getattr(args, "enable_foundry", False)), getattr(args, "foundry_config", None)
+        )
+        if entry is not None:
+            extra = engine_args.additional_config
+            if extra is None:
+                extra = {}
+            if not isinstance(extra, dict):
+                raise settings.ConfigError("--enable-foundry needs additional_config to be a JSON object")
+            engine_args.additional_config = {**extra, settings.ADDITIONAL_CONFIG_KEY: entry}
+        return engine_args
+
+    setattr(from_cli_args, _MARK, True)
+    return from_cli_args
+
+
+def _wrap_create_engine_config(orig):
+    @functools.wraps(orig)
+    def create_engine_config(self, *args, **kwargs):
+        entry = settings.foundry_entry(self.additional_config)
+        if entry is None:
+            return orig(self, *args, **kwargs)
+        # Validate the TOML before any work and pin its absolute path (stable across SAVE and LOAD).
+        self.additional_config = {
+            **self.additional_config,
+            settings.ADDITIONAL_CONFIG_KEY: settings.make_entry(entry["config"]),
+        }
+        prepare_engine_args(self)
+        return finalize_engine_config(orig(self, *args, **kwargs))
+
+    setattr(create_engine_config, _MARK, True)
+    return create_engine_config
+
+
+def install(arg_utils: Any) -> bool:
+    """Wrap ``EngineArgs`` in an imported ``vllm.engine.arg_utils``; returns False if already done."""
+    cls = arg_utils.EngineArgs
+    if getattr(cls.__dict__.get("create_engine_config"), _MARK, False):
+        return False
+    add = cls.__dict__["add_cli_args"]
+    add_fn = add.__func__ if isinstance(add, staticmethod) else add
+    cls.add_cli_args = staticmethod(_wrap_add_cli_args(add_fn))
+    from_cli = cls.__dict__["from_cli_args"]
+    cls.from_cli_args = classmethod(_wrap_from_cli_args(from_cli.__func__))
+    cls.create_engine_config = _wrap_create_engine_config(cls.__dict__["create_engine_config"])
+    return True
+
+
+def installed(arg_utils: Any) -> bool:
+    return bool(getattr(arg_utils.EngineArgs.__dict__.get("create_engine_config"), _MARK, False))

@@ -1,0 +1,189 @@
+"""Which vLLM engine configurations Foundry can persist, decided before any GPU work.
+
+A restored graph replays the exact kernels, launch parameters and device addresses that were captured.
+It is only right when every pointer it holds lies in memory that Foundry lays out again at the same
+address (the fixed-VA region) and when the engine would dispatch a batch to the same graph.  Anything
+that puts graph-visible state elsewhere (communicators, cuMem pools, draft models, adapters, encoders)
+or that captures graphs Foundry does not persist is refused here, with one line that says why.
+
+Fields are read with ``getattr`` and a neutral default: a field missing from an older or newer release
+means the feature does not exist there (feature detection rather than version compares).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+FOUNDRY_CUDAGRAPH_MODE = "FULL_DECODE_ONLY"
+# The worker classes Foundry knows how to extend; anything else replaces the code Foundry hooks.
+VLLM_GPU_WORKER = "vllm.v1.worker.gpu_worker.Worker"
+FOUNDRY_WORKER = "foundry_vllm_plugin.worker.FoundryWorker"
+
+
+class FoundryUnsupportedError(ValueError):
+    """The engine configuration would make a restored CUDA graph wrong; the message is one line."""
+
+    def __init__(self, feature: str, reason: str):
+        self.feature = feature
+        self.reason = reason
+        super().__init__(f"Foundry cannot persist CUDA graphs with {feature}: {reason}")
+
+
+def _get(obj: Any, *path: str, default: Any = None) -> Any:
+    for name in path:
+        if obj is None:
+            return default
+        obj = getattr(obj, name, None)
+    return default if obj is None else obj
+
+
+def _mode_name(mode: Any) -> str:
+    return getattr(mode, "name", None) or str(mode)
+
+
+def _check_graph_mode(vllm_config: Any) -> None:
+    model_config = vllm_config.model_config
+    if _get(model_config, "enforce_eager", default=False):
+        raise FoundryUnsupportedError(
+            "enforce_eager", "it turns CUDA graphs off, so there is nothing to persist"
+        )
+    mode = _get(vllm_config, "compilation_config", "cudagraph_mode")
+    name = _mode_name(mode) if mode is not None else "unset"
+    if name == FOUNDRY_CUDAGRAPH_MODE:
+        return
+    if name in ("PIECEWISE", "FULL_AND_PIECEWISE"):
+        raise FoundryUnsupportedError(
+            f"cudagraph_mode={name}",
+            "piecewise graphs are split around attention and are not persisted; use FULL_DECODE_ONLY",
+        )
+    if name == "FULL":
+        raise FoundryUnsupportedError(
+            "cudagraph_mode=FULL", "only pure-decode full graphs are persisted; use FULL_DECODE_ONLY"
+        )
+    raise FoundryUnsupportedError(f"cudagraph_mode={name}", "Foundry needs FULL_DECODE_ONLY decode graphs")
+
+
+def _check_parallelism(vllm_config: Any) -> None:
+    pc = vllm_config.parallel_config
+    if _get(pc, "pipeline_parallel_size", default=1) > 1:
+        raise FoundryUnsupportedError(
+            "pipeline parallelism",
+            "stage-to-stage transfers run through NCCL state that a fresh process rebuilds elsewhere",
+        )
+    tp = _get(pc, "tensor_parallel_size", default=1)
+    if tp > 1 and not _get(pc, "disable_custom_all_reduce", default=False):
+        raise FoundryUnsupportedError(
+            "custom all-reduce",
+            "its IPC buffers are mapped outside the Foundry region (and TP is not supported either)",
+        )
+    if tp > 1:
+        raise FoundryUnsupportedError(
+            "tensor parallelism",
+            "captured NCCL collectives point at communicator buffers outside the Foundry region",
+        )
+    if (
+        _get(pc, "decode_context_parallel_size", default=1) > 1
+        or _get(pc, "prefill_context_parallel_size", default=1) > 1
+    ):
+        raise FoundryUnsupportedError("context parallelism", "its collectives run inside the decode graph")
+    if _get(pc, "enable_expert_parallel", default=False):
+        raise FoundryUnsupportedError(
+            "expert parallelism", "all-to-all kernels use communication buffers outside the Foundry region"
+        )
+    if _get(pc, "enable_eplb", default=False) or _get(pc, "enable_elastic_ep", default=False):
+        raise FoundryUnsupportedError(
+            "expert load balancing", "it moves expert weights at run time, behind the captured addresses"
+        )
+    if _get(pc, "enable_dbo", default=False):
+        raise FoundryUnsupportedError(
+            "dual-batch overlap (enable_dbo)", "micro-batched graphs run on helper threads and streams"
+        )
+    num_experts = 0
+    get_experts = getattr(vllm_config.model_config, "get_num_experts", None)
+    if callable(get_experts):
+        try:
+            num_experts = int(get_experts() or 0)
+        except Exception:  # an architecture without the notion has no experts
+            num_experts = 0
+    if _get(pc, "data_parallel_size", default=1) > 1 and num_experts > 0:
+        raise FoundryUnsupportedError(
+            "data-parallel MoE", "MoE layers exchange tokens across DP ranks inside the decode graph"
+        )
+
+
+def _check_model(vllm_config: Any) -> None:
+    mc = vllm_config.model_config
+    if _get(mc, "runner_type", default="generate") != "generate":
+        raise FoundryUnsupportedError(
+            f"runner_type={_get(mc, 'runner_type')}", "only text generation decode graphs are persisted"
+        )
+    if _get(mc, "is_encoder_decoder", default=False):
+        raise FoundryUnsupportedError("encoder-decoder models", "encoder outputs feed the decode graph")
+    if _get(mc, "is_multimodal_model", default=False):
+        raise FoundryUnsupportedError(
+            "multimodal models", "encoder graphs and multimodal embeddings are not persisted"
+        )
+    if _get(vllm_config, "compilation_config", "cudagraph_mm_encoder", default=False):
+        raise FoundryUnsupportedError("encoder CUDA graphs (cudagraph_mm_encoder)", "they are not persisted")
+    if _get(mc, "is_hybrid", default=False):
+        raise FoundryUnsupportedError(
+            "hybrid (Mamba/linear-attention) models", "state-cache graphs are not validated with Foundry yet"
+        )
+
+
+def _check_features(vllm_config: Any) -> None:
+    if _get(vllm_config, "speculative_config") is not None:
+        raise FoundryUnsupportedError(
+            "speculative decoding", "draft and verify graphs have their own buffers that are not persisted"
+        )
+    if _get(vllm_config, "lora_config") is not None:
+        raise FoundryUnsupportedError("LoRA", "adapter slots and punica buffers are swapped behind the graph")
+    if _get(vllm_config, "model_config", "enable_sleep_mode", default=False):
+        raise FoundryUnsupportedError(
+            "sleep mode", "the cuMem allocator places weights and graphs outside the Foundry region"
+        )
+    if _get(vllm_config, "kv_transfer_config") is not None:
+        raise FoundryUnsupportedError(
+            "KV transfer (disaggregated prefill)", "connectors register and move KV memory outside the engine"
+        )
+    if _get(vllm_config, "ec_transfer_config") is not None:
+        raise FoundryUnsupportedError("encoder-cache transfer", "it is a multimodal disaggregation feature")
+    if _get(vllm_config, "weight_transfer_config") is not None:
+        raise FoundryUnsupportedError("weight transfer", "weights replaced at run time may move")
+    offload = _get(vllm_config, "offload_config")
+    if (
+        _get(offload, "uva", "cpu_offload_gb", default=0) > 0
+        or _get(offload, "prefetch", "offload_group_size", default=0) > 0
+    ):
+        raise FoundryUnsupportedError("CPU weight offloading", "offloaded weights live outside device memory")
+    if _get(vllm_config, "cache_config", "kv_offloading_size") is not None:
+        raise FoundryUnsupportedError("KV cache offloading", "it runs a KV connector beside the engine")
+    if _get(vllm_config, "attention_config", "hisparse_config") is not None:
+        raise FoundryUnsupportedError("HiSparse attention", "its caches are not validated with Foundry")
+    for field, what in (("watermark_config", "watermarking"), ("diffusion_config", "diffusion decoding")):
+        if _get(vllm_config, field) is not None:
+            raise FoundryUnsupportedError(what, "it changes the decode step that the graphs capture")
+
+
+def _check_platform(vllm_config: Any) -> None:
+    device_type = _get(vllm_config, "device_config", "device_type", default="")
+    if device_type and device_type != "cuda":
+        raise FoundryUnsupportedError(f"device {device_type!r}", "Foundry persists CUDA graphs only")
+    worker_cls = _get(vllm_config, "parallel_config", "worker_cls", default="auto")
+    if isinstance(worker_cls, str) and worker_cls not in ("auto", VLLM_GPU_WORKER, FOUNDRY_WORKER):
+        raise FoundryUnsupportedError(
+            f"worker_cls={worker_cls}", "Foundry extends vLLM's GPU worker and cannot hook a custom one"
+        )
+
+
+def check_supported(vllm_config: Any) -> None:
+    """Raise :class:`FoundryUnsupportedError` (one line) unless Foundry can persist this engine's graphs.
+
+    Runs on the engine configuration alone, before any GPU work: in the front-end process right after
+    vLLM builds the config, and again in each worker before CUDA is touched.
+    """
+    _check_platform(vllm_config)
+    _check_graph_mode(vllm_config)
+    _check_features(vllm_config)
+    _check_parallelism(vllm_config)
+    _check_model(vllm_config)
