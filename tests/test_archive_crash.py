@@ -79,13 +79,18 @@ def siblings(path: Path) -> set[str]:
     return {e for e in os.listdir(path.parent) if e == path.name or e.startswith(f".{path.name}.")}
 
 
-def kill_at(path: Path, tag: str, delay: float, *extra: str) -> tuple[str, dict]:
-    proc = spawn(path, tag, "--slow-commit", "--delay", "0.002", *extra)
+def kill_at(path: Path, tag: str, after: str, delay: float) -> tuple[str, dict]:
+    """Start a slowed SAVE and SIGKILL it ``delay`` seconds after its ``after`` event."""
+    proc = spawn(path, tag, "--slow-commit", "--delay", "0.002")
     wait_event(proc, "entered")
+    if after == "committing":
+        wait_event(proc, "committing")
     time.sleep(delay)
     proc.send_signal(signal.SIGKILL)
     out, _ = proc.communicate(timeout=30)
     ev = events(out)
+    if after == "committing":
+        ev["committing"] = []  # consumed above
     phase = "done" if "committed" in ev else "commit" if "committing" in ev else "writing"
     return phase, ev
 
@@ -94,18 +99,30 @@ def test_sigkill_during_save_never_leaves_a_partial_archive(tmp_path):
     rng = random.Random(SEED)
     path = tmp_path / "rank0"
 
-    # How long does a whole slowed SAVE take, from "entered" to "exited"?
+    # How long do the two phases of a slowed SAVE take here?
     ev = run_to_end(path, "calibrate", "--slow-commit", "--delay", "0.002")
-    span = float(ev["exited"][0]) - float(ev["entered"][0])
+    write_span = float(ev["committing"][0]) - float(ev["entered"][0])
+    commit_span = float(ev["exited"][0]) - float(ev["committing"][0])
+
+    def kill_point(k: int, n: int) -> tuple[str, float]:
+        """Stratified: even k spread over the writing phase, odd k over the commit protocol
+        (timed from the helper's own "committing" event, so machine load cannot skew the mix)."""
+        half = (n + 1) // 2 if k % 2 == 0 else n // 2
+        frac = (k // 2 + rng.random()) / max(half, 1)
+        if k % 2 == 0:
+            return "entered", frac * write_span
+        return "committing", frac * commit_span * 1.1
+
     check_complete(path, {"calibrate"})
 
     # First SAVE (nothing there yet): after a kill, the path is absent or complete.
     first_phases = []
     for k in range(5):
-        os.unlink(path) if path.is_symlink() else None
+        if path.is_symlink():
+            os.unlink(path)
         assert not os.path.lexists(path)
         tag = f"first-{k}"
-        phase, _ = kill_at(path, tag, (k + rng.random()) / 5 * span * 1.05)
+        phase, _ = kill_at(path, tag, *kill_point(k, 5))
         first_phases.append(phase)
         try:
             check_complete(path, {tag})
@@ -120,21 +137,25 @@ def test_sigkill_during_save_never_leaves_a_partial_archive(tmp_path):
     kills = 26
     phases = []
     saw_leftovers = 0
+    swapped = 0
     for k in range(kills):
         tag = f"gen-{k}"
-        phase, ev = kill_at(path, tag, (k + rng.random()) / kills * span * 1.05)
+        phase, ev = kill_at(path, tag, *kill_point(k, kills))
         phases.append(phase)
         got = check_complete(path, {previous, tag})
         if phase == "writing":
             assert got == previous
         if phase == "done":
             assert got == tag
+        swapped += phase == "commit" and got == tag
         previous = got
         saw_leftovers += len(siblings(path) - {path.name, f".{path.name}.lock", os.readlink(path)}) > 0
 
     # The kills must have landed both in the writing and in the commit protocol, or the test proves little.
-    assert phases.count("writing") >= 5, phases
-    assert phases.count("commit") >= 5, phases
+    assert phases.count("writing") >= 8, phases
+    assert phases.count("commit") >= 8, phases
+    # ...and some commit-phase kills landed before the atomic swap, some after it.
+    assert 1 <= swapped < phases.count("commit"), (swapped, phases)
     assert saw_leftovers >= 5, "no kill left a temporary directory behind"
 
     # A later SAVE succeeds and removes every leftover of the killed ones.
