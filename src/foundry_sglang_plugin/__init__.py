@@ -1,0 +1,56 @@
+"""Foundry for SGLang: persist decode CUDA graphs once, restore them at every later start.
+
+SGLang loads this package through the ``sglang.srt.plugins`` entry point and calls :func:`register`
+in every process that loads plugins (launcher, scheduler, detokenizer, DP controller). ``register``
+only queues hooks in SGLang's ``HookRegistry``; SGLang applies them right after. It imports nothing
+beyond the registry module SGLang has already imported, and is a no-op on repeated calls.
+
+Public API: :func:`register`, :func:`enable` (attach the settings to a ``ServerArgs`` built in
+Python), :func:`check_supported` and :class:`FoundryUnsupportedError`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+__all__ = ["FoundryUnsupportedError", "check_supported", "enable", "register"]
+
+_registered: set[str] = set()
+
+
+def register() -> None:
+    """Queue Foundry's hooks with SGLang's HookRegistry (idempotent, cheap)."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    from foundry_sglang_plugin import hooks, settings
+
+    wanted = list(hooks.LAUNCHER_HOOKS)
+    # Engine(..., enable_foundry=...) needs the Engine hook; only where SGLang has imported the
+    # Engine already (it has whenever an Engine is being built), so other processes import nothing.
+    if "sglang.srt.entrypoints.engine" in sys.modules:
+        wanted.append(hooks.ENGINE_HOOK)
+    if settings.worker_enabled():
+        wanted.extend(hooks.WORKER_HOOKS)
+    for target, fn, kind in wanted:
+        if target in _registered:
+            continue
+        HookRegistry.register(target, fn, HookType[kind])
+        _registered.add(target)
+
+
+def enable(server_args: Any, config_path: str | os.PathLike) -> Any:
+    """Turn Foundry on for a ``ServerArgs`` built in Python, e.g. for ``sglang.Engine(server_args=...)``."""
+    from foundry_sglang_plugin import settings
+
+    settings.attach(server_args, True, config_path)
+    return server_args
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("check_supported", "FoundryUnsupportedError"):
+        from foundry_sglang_plugin import support
+
+        return getattr(support, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

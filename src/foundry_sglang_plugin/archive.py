@@ -1,0 +1,173 @@
+"""Which configuration an archive belongs to, and whether one exists for this launch.
+
+Each rank keeps its Foundry archive in ``archive_dir/rank<r>``. Beside the core archive the plugin
+writes ``sglang.json`` (last, so its presence marks a finished SAVE): the configuration fingerprint,
+the memory-pool sizing and the decode shapes with their output layouts. ``auto`` mode loads only when
+every rank of this launch has that file with exactly this launch's fingerprint; the core's own
+``fc.load`` checks the same fingerprint again when the graphs are restored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from foundry_sglang_plugin._view import reader
+
+SIDECAR = "sglang.json"
+FORMAT = 1
+
+# Server arguments that decide what the decode graphs contain or how memory is laid out under them.
+# Ports, hosts, logging and other serving-only settings are left out on purpose: they differ from
+# launch to launch and would make ``auto`` recapture every time.
+FINGERPRINT_FIELDS = (
+    "model_path",
+    "revision",
+    "load_format",
+    "dtype",
+    "kv_cache_dtype",
+    "quantization",
+    "json_model_override_args",
+    "context_length",
+    "device",
+    "base_gpu_id",
+    "gpu_id_step",
+    "tp_size",
+    "pp_size",
+    "dp_size",
+    "attn_dp_size",
+    "ep_size",
+    "moe_a2a_backend",
+    "moe_runner_backend",
+    "attention_backend",
+    "prefill_attention_backend",
+    "decode_attention_backend",
+    "sampling_backend",
+    "page_size",
+    "mem_fraction_static",
+    "max_total_tokens",
+    "max_running_requests",
+    "max_mamba_cache_size",
+    "mamba_ssm_dtype",
+    "chunked_prefill_size",
+    "max_prefill_tokens",
+    "cuda_graph_config",
+    "cuda_graph_bs_decode",
+    "cuda_graph_max_bs_decode",
+    "cuda_graph_bs",
+    "cuda_graph_max_bs",
+    "disable_cuda_graph_padding",
+    "enable_torch_compile",
+    "torch_compile_max_bs",
+    "enable_torch_symm_mem",
+    "disable_custom_all_reduce",
+    "enable_deterministic_inference",
+    "disable_radix_cache",
+    "random_seed",
+)
+
+
+def _plain(value: Any) -> Any:
+    """A JSON-stable rendering of a server-argument value."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return repr(value)
+
+
+def _decode_only(value: Any) -> Any:
+    # Only the decode phase of the graph configuration is persisted; prefill graphs are refused.
+    return value.get("decode") if isinstance(value, dict) else value
+
+
+def _package_version(name: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def _model_config_digest(model_path: Any) -> str | None:
+    if not isinstance(model_path, str):
+        return None
+    config = Path(model_path) / "config.json"
+    try:
+        return hashlib.sha256(config.read_bytes()).hexdigest()
+    except OSError:
+        return None  # a hub id: the path and revision stand for it
+
+
+def fingerprint(server_args: Any, cfg: Any) -> dict[str, Any]:
+    """The configuration an archive is valid for; identical in the launcher and in each scheduler."""
+    read = reader(server_args)
+    args = {name: _plain(read(name)) for name in FINGERPRINT_FIELDS}
+    args["cuda_graph_config"] = _decode_only(args["cuda_graph_config"])
+    return {
+        "format": FORMAT,
+        "engine": "sglang",
+        "sglang": _package_version("sglang"),
+        "torch": _package_version("torch"),
+        "foundry": _package_version("foundry-graphs"),
+        "python": f"{sys.version_info.major}.{sys.version_info.minor}",
+        "model_config_sha256": _model_config_digest(read("model_path")),
+        "region": {"base": cfg.region_base, "size": cfg.region_size},
+        "server_args": args,
+    }
+
+
+def world_size(server_args: Any) -> int:
+    """Scheduler processes (one archive each) of this launch."""
+    read = reader(server_args)
+    return max(1, int(read("dp_size", 1) or 1)) * max(1, int(read("tp_size", 1) or 1))
+
+
+def sidecar_path(cfg: Any, rank: int) -> Path:
+    return Path(cfg.rank_archive_dir(rank)) / SIDECAR
+
+
+def read_sidecar(cfg: Any, rank: int) -> dict[str, Any] | None:
+    try:
+        return json.loads(sidecar_path(cfg, rank).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def write_sidecar(cfg: Any, rank: int, data: dict[str, Any]) -> None:
+    path = sidecar_path(cfg, rank)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def drop_sidecar(cfg: Any, rank: int) -> None:
+    """Invalidate a rank's archive before it is overwritten, so a crashed SAVE never looks complete."""
+    try:
+        sidecar_path(cfg, rank).unlink()
+    except FileNotFoundError:
+        pass
+
+
+def decide_mode(server_args: Any, cfg: Any) -> str:
+    """``save`` or ``load`` for this launch: ``auto`` loads only when every rank's archive is complete
+    and was saved for exactly this configuration."""
+    if cfg.mode != "auto":
+        return cfg.mode
+    want = fingerprint(server_args, cfg)
+    for rank in range(world_size(server_args)):
+        side = read_sidecar(cfg, rank)
+        if side is None or side.get("fingerprint") != want:
+            return "save"
+    return "load"

@@ -1,0 +1,186 @@
+"""The hook functions :func:`foundry_sglang_plugin.register` installs through SGLang's HookRegistry.
+
+Two groups:
+
+* launcher hooks (every process that loads plugins): add the two flags to SGLang's parser, carry
+  them onto ``ServerArgs`` (CLI and ``sglang.Engine(...)``), and, at SGLang's own
+  ``check_server_args`` step, refuse unsupported configurations and settle ``auto`` before any
+  subprocess or GPU work starts. With the flag off each of them returns SGLang's result untouched.
+* worker hooks (only in processes a Foundry-enabled launch spawned, see ``settings.ENV_MARKER``):
+  drive the :class:`~foundry_sglang_plugin.session.Session` of a scheduler process.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from foundry_sglang_plugin import settings
+
+# --- launcher hooks ----------------------------------------------------------------------------
+
+
+def after_add_cli_args(result: Any, parser: Any, *args: Any, **kwargs: Any) -> None:
+    settings.add_cli_args(parser)
+
+
+def after_from_cli_args(server_args: Any, cls: Any, namespace: Any, *args: Any, **kwargs: Any) -> None:
+    settings.attach(
+        server_args,
+        getattr(namespace, "enable_foundry", False),
+        getattr(namespace, "foundry_config", None),
+    )
+
+
+def around_engine_init(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
+    """``sglang.Engine(..., enable_foundry=True, foundry_config=PATH)``."""
+    enable = kwargs.pop("enable_foundry", False)
+    config_path = kwargs.pop("foundry_config", None)
+    if not enable and config_path is None:
+        return original(self, *args, **kwargs)
+    if "server_args" in kwargs:
+        settings.attach(kwargs["server_args"], enable, config_path)
+        return original(self, *args, **kwargs)
+    build = type(self).server_args_class
+
+    def build_with_foundry(**fields: Any) -> Any:
+        server_args = build(**fields)
+        settings.attach(server_args, enable, config_path)
+        return server_args
+
+    # Engine builds its record with ``self.server_args_class(**kwargs)``; an instance attribute
+    # shadows the class attribute for exactly this construction.
+    self.server_args_class = build_with_foundry
+    try:
+        return original(self, *args, **kwargs)
+    finally:
+        self.__dict__.pop("server_args_class", None)
+
+
+def after_check_server_args(result: Any, server_args: Any, *args: Any, **kwargs: Any) -> None:
+    """Runs in the launching process after resolution, before SGLang spawns any subprocess."""
+    req = settings.requested(server_args)
+    if not req.enabled and req.config_path is None:
+        settings.clear_env()
+        return
+    from foundry_sglang_plugin import archive
+    from foundry_sglang_plugin.support import check_supported
+
+    cfg = settings.load(server_args)
+    check_supported(server_args)
+    mode = archive.decide_mode(server_args, cfg)
+    settings.set_mode(server_args, mode)
+    settings.export_env(cfg, mode)
+
+
+# --- worker hooks ------------------------------------------------------------------------------
+
+_session = None
+
+
+def current_session():
+    return _session
+
+
+def _bound(original: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+    try:
+        return inspect.signature(original).bind_partial(*args, **kwargs).arguments
+    except (TypeError, ValueError):
+        return dict(kwargs)
+
+
+def around_scheduler_init(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
+    global _session
+    from foundry_sglang_plugin.session import Session
+
+    bound = _bound(original, self, *args, **kwargs)
+    server_args = bound.get("server_args")
+    if server_args is not None and _session is None:
+        hint = {name: bound.get(name) for name in ("gpu_id", "tp_rank", "dp_rank")}
+        _session = Session.begin(server_args, hint)
+    return original(self, *args, **kwargs)
+
+
+def around_model_runner_init(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
+    bound = _bound(original, self, *args, **kwargs)
+    if _session is None or bound.get("is_draft_worker", False):
+        return original(self, *args, **kwargs)
+    _session.enter_region(bound.get("gpu_id"))
+    try:
+        return original(self, *args, **kwargs)
+    except BaseException:
+        _session.abort()
+        raise
+
+
+def around_resolve_memory_pool_config(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
+    if _session is None or getattr(self, "is_draft_worker", False):
+        return original(self, *args, **kwargs)
+    from sglang.srt.model_executor.pool_configurator import MemoryPoolConfig
+
+    return _session.pool_config(lambda: original(self, *args, **kwargs), MemoryPoolConfig)
+
+
+def around_resolve_decode_backend(original: Any, runner: Any, *args: Any, **kwargs: Any) -> Any:
+    backend = original(runner, *args, **kwargs)
+    model_runner = getattr(runner, "model_runner", None)
+    if _session is None or getattr(model_runner, "is_draft_worker", False):
+        return backend
+    from foundry_sglang_plugin.backend import install
+
+    return install(backend, _session)
+
+
+def _target_runner(runner: Any) -> bool:
+    return _session is not None and not getattr(getattr(runner, "model_runner", None), "is_draft_worker", False)
+
+
+def around_decode_capture(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
+    if _target_runner(self):
+        _session.capture_begins()
+    return original(self, *args, **kwargs)
+
+
+def around_runner_warmup(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
+    if _target_runner(self) and _session.mode == "load":
+        return None  # LOAD: no warmup forward; what warmups create lazily came back with the archive
+    return original(self, *args, **kwargs)
+
+
+def around_init_cuda_graphs(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
+    if _session is None or getattr(self, "is_draft_worker", False):
+        return original(self, *args, **kwargs)
+    try:
+        result = original(self, *args, **kwargs)
+    except BaseException:
+        _session.abort()
+        raise
+    _session.finish()
+    return result
+
+
+LAUNCHER_HOOKS = (
+    ("sglang.srt.server_args.ServerArgs.add_cli_args", after_add_cli_args, "AFTER"),
+    ("sglang.srt.server_args.ServerArgs.from_cli_args", after_from_cli_args, "AFTER"),
+    ("sglang.srt.server_args.ServerArgs.check_server_args", after_check_server_args, "AFTER"),
+)
+ENGINE_HOOK = ("sglang.srt.entrypoints.engine.Engine.__init__", around_engine_init, "AROUND")
+WORKER_HOOKS = (
+    ("sglang.srt.managers.scheduler.Scheduler.__init__", around_scheduler_init, "AROUND"),
+    ("sglang.srt.model_executor.model_runner.ModelRunner.__init__", around_model_runner_init, "AROUND"),
+    (
+        "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._resolve_memory_pool_config",
+        around_resolve_memory_pool_config,
+        "AROUND",
+    ),
+    (
+        "sglang.srt.model_executor.runner_backend.utils.resolve_decode_backend",
+        around_resolve_decode_backend,
+        "AROUND",
+    ),
+    (
+        "sglang.srt.model_executor.model_runner.ModelRunner.init_cuda_graphs",
+        around_init_cuda_graphs,
+        "AROUND",
+    ),
+)

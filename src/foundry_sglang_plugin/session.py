@@ -1,0 +1,276 @@
+"""One scheduler process's Foundry state, from startup to the end of graph initialization.
+
+Order of events in a scheduler process (each step is called from a hook in :mod:`.hooks`):
+
+1. ``begin`` (``Scheduler.__init__``, before any CUDA work): settings, refusal rules, mode,
+   fingerprint; ``fc.start_module_recording()``.
+2. ``enter_region`` (``ModelRunner.__init__`` of the target model): reserve the fixed-VA region and
+   route this thread's torch allocations into it; model, KV pools and static graph buffers follow.
+3. ``pool_config`` (``KVCacheConfigurator._resolve_memory_pool_config``): SAVE records the profiled
+   pool sizing (KV, and the Mamba/hybrid state pool); LOAD returns the saved sizing without profiling.
+4. ``capture_begins`` (``DecodeCudaGraphRunner.capture``): the setup a LOAD repeats ends here.
+   SAVE calls ``region.end_setup()``; LOAD restores the archive (``fc.load``) and skips
+   ``BaseRunner.warmup`` (the state warmups create lazily is restored with the archive).
+5. decode backend (``resolve_decode_backend``): SAVE captures as usual, keeping each graph;
+   LOAD installs the restored graph and outputs for each shape instead of warming up and capturing.
+6. ``finish`` (end of ``ModelRunner.init_cuda_graphs``): SAVE persists (``fc.save`` then the
+   sidecar); LOAD checks that every archived shape was installed; routing ends.
+
+GPU VALIDATION PENDING: none of steps 2-6 has run on a GPU yet.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+from typing import Any
+
+from foundry_sglang_plugin import archive, settings
+from foundry_sglang_plugin._view import reader
+from foundry_sglang_plugin.outputs import flatten, unflatten
+from foundry_sglang_plugin.support import check_supported
+
+logger = logging.getLogger("foundry.sglang")
+
+
+class FoundrySessionError(RuntimeError):
+    """A SAVE or LOAD that cannot go on; the message is one line."""
+
+
+def _shape_name(shape_key: Any) -> str:
+    """A stable archive name for one decode graph shape (``ShapeKey`` in 0.5.2x, an int before)."""
+    if dataclasses.is_dataclass(shape_key):
+        parts = [
+            f"{f.name}={getattr(shape_key, f.name)}"
+            for f in dataclasses.fields(shape_key)
+            if getattr(shape_key, f.name) is not None
+        ]
+        return "decode/" + ",".join(parts)
+    return f"decode/size={shape_key}"
+
+
+def _placement(hint: dict[str, Any]) -> tuple[int, int | None, int | None]:
+    """(tp_rank, dp_rank, gpu_id) of this scheduler process."""
+    tp_rank, dp_rank, gpu_id = hint.get("tp_rank"), hint.get("dp_rank"), hint.get("gpu_id")
+    try:  # 0.5.2x: placement is published in the runtime context before the scheduler is built
+        from sglang.srt.runtime_context import get_device, get_parallel
+
+        parallel = get_parallel()
+        tp_rank = tp_rank if tp_rank is not None else getattr(parallel, "tp_rank", None)
+        dp_rank = dp_rank if dp_rank is not None else getattr(parallel, "dp_rank", None)
+        gpu_id = gpu_id if gpu_id is not None else get_device().gpu_id
+    except Exception:  # older releases pass placement as Scheduler arguments (the hint)
+        pass
+    return int(tp_rank or 0), dp_rank, gpu_id
+
+
+class Session:
+    def __init__(self, server_args: Any, cfg: Any, mode: str, rank: int, gpu_id: int | None):
+        self.server_args = server_args
+        self.cfg = cfg
+        self.mode = mode
+        self.rank = rank
+        self.gpu_id = gpu_id
+        self.path = cfg.rank_archive_dir(rank)
+        self.world_size = 1
+        self.fingerprint = archive.fingerprint(server_args, cfg)
+        self.region = None
+        self._routing = contextlib.ExitStack()
+        self.slots: dict[str, Any] | None = None
+        self.graphs: dict[str, Any] = {}
+        self.tensors: dict[str, Any] = {}
+        self.layouts: dict[str, Any] = {}
+        self.restored = None
+        self.installed: set[str] = set()
+        self.sidecar: dict[str, Any] | None = None
+        if mode == "load":
+            self.sidecar = archive.read_sidecar(cfg, rank)
+            if self.sidecar is None or self.sidecar.get("fingerprint") != self.fingerprint:
+                raise FoundrySessionError(
+                    f"no Foundry archive for this configuration at {self.path} (mode=load); run once with mode=save"
+                )
+        else:
+            archive.drop_sidecar(cfg, rank)
+
+    # -- step 1 -------------------------------------------------------------------------------
+    @classmethod
+    def begin(cls, server_args: Any, hint: dict[str, Any]) -> Session | None:
+        cfg = settings.load(server_args)
+        if cfg is None:
+            return None
+        check_supported(server_args)
+        mode = settings.requested(server_args).mode or _env_mode() or cfg.mode
+        if mode == "auto":
+            mode = archive.decide_mode(server_args, cfg)
+        tp_rank, dp_rank, gpu_id = _placement(hint)
+        dp_size = max(1, int(archive.reader(server_args)("dp_size", 1) or 1))
+        if dp_size > 1 and dp_rank is None:
+            raise FoundrySessionError(
+                "data-parallel rank of this scheduler is unknown; cannot pick its archive"
+            )
+        tp_size = max(1, int(archive.reader(server_args)("tp_size", 1) or 1))
+        rank = int(dp_rank or 0) * tp_size + tp_rank
+        session = cls(server_args, cfg, mode, rank, gpu_id)
+        session.world_size = archive.world_size(server_args)
+        import foundry_core as fc
+
+        # Named start_module_recording in the plugin contract, start_recording in foundry_core.
+        start = getattr(fc, "start_module_recording", None) or fc.start_recording
+        start()
+        logger.info("Foundry %s: rank %d, archive %s", mode.upper(), rank, session.path)
+        return session
+
+    # -- step 2 -------------------------------------------------------------------------------
+    def enter_region(self, gpu_id: int | None) -> None:
+        if self.region is not None:
+            return
+        import foundry_core as fc
+
+        device = gpu_id if gpu_id is not None else self.gpu_id
+        self.region = fc.Region(
+            base=self.cfg.rank_region_base(self.rank), size=self.cfg.region_size, device=device
+        )
+        self._routing.enter_context(self.region.routing())
+
+    # -- step 3 -------------------------------------------------------------------------------
+    def pool_config(self, resolve: Any, config_cls: Any) -> Any:
+        """SAVE: run SGLang's profiling ``resolve()`` and record the result. LOAD: rebuild it."""
+        if self.mode == "save":
+            config = resolve()
+            self.slots = {
+                "memory_pool_config": dataclasses.asdict(config),
+                "max_mamba_cache_size": _schedule_value("max_mamba_cache_size"),
+            }
+            return config
+        slots = self.sidecar["slots"]
+        if slots.get("max_mamba_cache_size") is not None:
+            _override_schedule("foundry.load", max_mamba_cache_size=slots["max_mamba_cache_size"])
+        self.slots = slots
+        return config_cls(**slots["memory_pool_config"])
+
+    # -- step 4 -------------------------------------------------------------------------------
+    def capture_begins(self) -> None:
+        """Start of the decode runner's capture: everything built so far (model, pools, static
+        graph buffers, attention graph state) is the setup a LOAD repeats. SAVE marks that point;
+        LOAD restores the archive there, before any warmup."""
+        if self.mode == "save":
+            self.region.end_setup()
+        else:
+            self.restore()
+
+    def graph_pool(self) -> Any:
+        return self.region.graph_pool_id()
+
+    def restore(self) -> None:
+        if self.restored is not None:
+            return
+        import foundry_core as fc
+
+        self.restored = _call(
+            fc.load,
+            str(self.path),
+            region=self.region,
+            fingerprint_model=self.fingerprint,
+            rank=self.rank,
+            world_size=self.world_size,
+            expected_digest=self.cfg.archive_digest,
+        )
+        if self.restored.slots != self.sidecar["slots"]:
+            raise FoundrySessionError(
+                f"archive {self.path}: pool sizing differs between core archive and sglang.json"
+            )
+
+    def restored_graph(self, shape_key: Any) -> tuple[Any, Any]:
+        name = _shape_name(shape_key)
+        layouts = self.sidecar["outputs"]
+        if name not in layouts or name not in self.restored.graphs:
+            raise FoundrySessionError(
+                f"archive {self.path} has no decode graph {name}; the capture shapes changed"
+            )
+        self.installed.add(name)
+        return self.restored.graphs[name], unflatten(layouts[name], self.restored.tensors)
+
+    def record(self, shape_key: Any, graph: Any, output: Any) -> None:
+        name = _shape_name(shape_key)
+        layout, tensors = flatten(output, f"out/{name}")
+        self.graphs[name] = graph
+        self.layouts[name] = layout
+        self.tensors.update(tensors)
+
+    # -- step 5 -------------------------------------------------------------------------------
+    def finish(self) -> None:
+        try:
+            if self.mode == "save":
+                self._persist()
+            else:
+                missing = sorted(set(self.sidecar["outputs"]) - self.installed)
+                if missing:
+                    raise FoundrySessionError(f"decode graphs {missing} were archived but not installed")
+        finally:
+            self._routing.close()
+
+    def _persist(self) -> None:
+        if self.slots is None:
+            raise FoundrySessionError(
+                "memory-pool sizing was not recorded (this SGLang release lacks the sizing hook); nothing saved"
+            )
+        if not self.graphs:
+            raise FoundrySessionError(
+                "no decode graph was captured through the Foundry backend; nothing saved"
+            )
+        import foundry_core as fc
+
+        _call(
+            fc.save,
+            str(self.path),
+            graphs=self.graphs,
+            tensors=self.tensors,
+            region=self.region,
+            fingerprint_model=self.fingerprint,
+            slots=self.slots,
+            rank=self.rank,
+            world_size=self.world_size,
+        )
+        archive.write_sidecar(
+            self.cfg,
+            self.rank,
+            {"fingerprint": self.fingerprint, "slots": self.slots, "outputs": self.layouts},
+        )
+        logger.info("Foundry SAVE: %d decode graphs persisted to %s", len(self.graphs), self.path)
+
+    def abort(self) -> None:
+        self._routing.close()
+
+
+def _call(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """Call a foundry_core function with the keyword arguments it accepts (the plugin contract
+    names path/graphs/tensors/region/fingerprint_model/slots; rank, world_size and
+    expected_digest are passed where the core takes them)."""
+    import inspect
+
+    accepted = inspect.signature(fn).parameters
+    if not any(p.kind is p.VAR_KEYWORD for p in accepted.values()):
+        kwargs = {k: v for k, v in kwargs.items() if k in accepted}
+    return fn(*args, **kwargs)
+
+
+def _env_mode() -> str | None:
+    import os
+
+    mode = os.environ.get("FOUNDRY_MODE") if settings.worker_enabled() else None
+    return mode if mode in ("save", "load") else None
+
+
+def _schedule_value(name: str) -> Any:
+    try:
+        from sglang.srt.runtime_context import get_schedule
+    except ImportError:
+        return None
+    return getattr(get_schedule(), name, None)
+
+
+def _override_schedule(source: str, **values: Any) -> None:
+    from sglang.srt.runtime_context import get_context
+
+    get_context().override(source, **values)
