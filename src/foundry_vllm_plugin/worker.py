@@ -4,21 +4,26 @@ vLLM imports this module only in a worker process of an engine with Foundry on (
 ``parallel_config.worker_cls`` to :class:`FoundryWorker`).  Sequence in one worker, for both modes:
 
 1. ``__init__``: ``check_supported`` again (no CUDA yet); parse the Foundry TOML.
-2. ``init_device``: ``foundry_core.start_module_recording()`` first (before any kernel loads), then vLLM's
-   own device setup; right after the device is set, the rank's fingerprint decides SAVE or LOAD (auto),
-   the fixed-VA region is reserved and made vLLM's global CUDA-graph pool, and the model runner is built
-   with allocations routed into the region.
-3. ``load_model`` and the runner's ``profile_run`` (torch.compile happens there): routed into the region.
-4. ``determine_available_memory``: LOAD sets ``kv_cache_memory_bytes`` from the manifest, which makes vLLM
-   skip memory profiling and the throwaway CUDA-graph memory capture (it still runs ``profile_run`` once,
-   which compiles or loads the torch.compile cache; prefill still runs through the compiled model).
-5. ``initialize_from_config``: the KV cache is allocated, routed; LOAD checks the block count.
-6. ``compile_or_warm_up_model``, routed: vLLM's warmups run as usual; ``capture_model`` is replaced on the
-   runner instance: SAVE captures as usual with ``keep_graph`` and then persists graphs, output buffers
-   and sizing; LOAD restores the graphs into the runner with no warmup and no capture.
+2. ``init_device``: module recording starts first (before any kernel loads), then vLLM's own device
+   setup; right after the device is set, the rank's fingerprint decides SAVE or LOAD (auto), the
+   fixed-VA region is reserved and made vLLM's global CUDA-graph pool, and the model runner (its
+   persistent input buffers) is built with allocations routed into the region.
+3. ``load_model``: weights routed into the region.
+4. ``determine_available_memory`` (not routed): LOAD sets ``kv_cache_memory_bytes`` from the manifest,
+   which makes vLLM skip memory profiling and the throwaway CUDA-graph memory capture.  vLLM still runs
+   ``profile_run`` once, which compiles the model or loads the torch.compile cache: prefill and mixed
+   batches still run through the compiled model, so compilation is kept on LOAD.
+5. ``initialize_from_config``: the KV cache (and attention metadata buffers) routed into the region;
+   LOAD checks the block count.  This ends the *setup*, which SAVE and LOAD repeat identically; SAVE
+   marks it with ``region.end_setup()``.
+6. ``compile_or_warm_up_model``: ``capture_model`` is replaced on the runner instance.  SAVE runs vLLM's
+   warmups and capture routed into the region (``keep_graph``), then persists graphs, the graph output
+   buffers and the sizing; the core also snapshots eager state that warmups created after the setup.
+   LOAD runs vLLM's kernel warmups outside the region (so the region holds exactly the setup when the
+   core checks it), and in place of the capture restores the graphs: no per-graph warmup, no capture.
 
-Memory that the throwaway profiling capture (SAVE only) allocates is deliberately not routed, so that
-the sequence of region allocations is the same in SAVE and LOAD.
+Nothing that only SAVE does (memory profiling, the throwaway profiling capture) is routed, so the
+sequence of setup allocations in the region is the same at SAVE and at LOAD.
 """
 
 from __future__ import annotations
@@ -37,6 +42,14 @@ from foundry_vllm_plugin.support import check_supported
 logger = logging.getLogger("foundry_vllm_plugin")
 
 
+def start_module_recording() -> None:
+    """Start the core's CUDA module recorder (idempotent); the name differs between core revisions."""
+    import foundry_core as fc
+
+    start = getattr(fc, "start_module_recording", None) or fc.start_recording
+    start()
+
+
 class FoundrySession:
     """Foundry state of one worker: config, mode, region, fingerprint, sizing."""
 
@@ -47,6 +60,7 @@ class FoundrySession:
         self.cfg = cfg
         self.vllm_config = vllm_config
         self.rank = int(getattr(vllm_config.parallel_config, "data_parallel_rank", 0) or 0)
+        self.world_size = int(getattr(vllm_config.parallel_config, "data_parallel_size", 1) or 1)
         self.region = None
         self.mode: str | None = None
         self.manifest: dict | None = None
@@ -79,22 +93,16 @@ class FoundrySession:
         type(current_platform)._global_graph_pool = self.region.graph_pool_id()
 
     @contextlib.contextmanager
-    def routing(self):
-        if self.region is None:
+    def routing(self, label: str):
+        """Allocations of this thread inside the block land in the region, tagged with ``label``."""
+        if self.region is None:  # pragma: no cover - open() runs first
+            raise RuntimeError("Foundry region used before it was opened")
+        with self.region.routing(), self.region.label(label):
             yield
-            return
-        with self.region.routing():
-            yield
 
-    def route_method(self, obj: Any, name: str) -> None:
-        """Route allocations of ``obj.name(...)`` into the region (instance attribute, this object only)."""
-        inner = getattr(obj, name)
-
-        def routed(*args, **kwargs):
-            with self.routing():
-                return inner(*args, **kwargs)
-
-        setattr(obj, name, routed)
+    def end_setup(self) -> None:
+        if self.mode == "save":
+            self.region.end_setup()
 
     def save(self, adapter: Any) -> None:
         import foundry_core as fc
@@ -115,6 +123,8 @@ class FoundrySession:
             region=self.region,
             fingerprint_model=self.fingerprint,
             slots=dict(sizing),
+            rank=self.rank,
+            world_size=self.world_size,
         )
         archive.write_manifest(mpath, self.fingerprint, sizing, listing)
         logger.info(
@@ -133,6 +143,9 @@ class FoundrySession:
             archive.core_archive_dir(self.cfg, self.rank),
             region=self.region,
             fingerprint_model=self.fingerprint,
+            rank=self.rank,
+            world_size=self.world_size,
+            expected_digest=self.cfg.archive_digest,
         )
         sizing = (self.manifest or {}).get("sizing", {})
         slots = dict(getattr(restored, "slots", {}) or {})
@@ -165,9 +178,7 @@ class FoundryWorker(_VllmGpuWorker):
 
     # -- 2. device, region, model runner -------------------------------------------------------
     def init_device(self) -> None:
-        import foundry_core as fc
-
-        fc.start_module_recording()
+        start_module_recording()
         if hasattr(_VllmGpuWorker, "_init_workspace_and_model_runner"):
             super().init_device()  # calls our _init_workspace_and_model_runner at its end
             return
@@ -177,19 +188,17 @@ class FoundryWorker(_VllmGpuWorker):
         runner_cls = type(self.model_runner)
         self.model_runner = None
         gc.collect()
-        with self._foundry.routing():
+        with self._foundry.routing("vllm.runner"):
             self.model_runner = runner_cls(self.vllm_config, self.device)
-        self._foundry.route_method(self.model_runner, "profile_run")
 
     def _init_workspace_and_model_runner(self) -> None:
         self._foundry.open(self.device)
-        with self._foundry.routing():
+        with self._foundry.routing("vllm.runner"):
             super()._init_workspace_and_model_runner()
-        self._foundry.route_method(self.model_runner, "profile_run")
 
     # -- 3. weights -----------------------------------------------------------------------------
     def load_model(self, *args: Any, **kwargs: Any) -> None:
-        with self._foundry.routing():
+        with self._foundry.routing("vllm.weights"):
             super().load_model(*args, **kwargs)
 
     # -- 4. KV-cache sizing ---------------------------------------------------------------------
@@ -214,10 +223,11 @@ class FoundryWorker(_VllmGpuWorker):
                 raise graphs.FoundryRestoreError(
                     f"KV cache has {kv_cache_config.num_blocks} blocks, the archive was saved with {saved}"
                 )
-        with s.routing():
+        with s.routing("vllm.kv_cache"):
             super().initialize_from_config(kv_cache_config)
         s.num_gpu_blocks = int(kv_cache_config.num_blocks)
         graphs.adapter_for(self.model_runner).check()  # before any capture or restore
+        s.end_setup()
 
     # -- 6. warmup, then capture+save or restore -------------------------------------------------
     def compile_or_warm_up_model(self, *args: Any, **kwargs: Any):
@@ -239,7 +249,9 @@ class FoundryWorker(_VllmGpuWorker):
 
         runner.capture_model = capture_model
         try:
-            with s.routing():
-                return super().compile_or_warm_up_model(*args, **kwargs)
+            if s.mode == "save":
+                with s.routing("vllm.capture"):
+                    return super().compile_or_warm_up_model(*args, **kwargs)
+            return super().compile_or_warm_up_model(*args, **kwargs)
         finally:
             del runner.capture_model
