@@ -1,0 +1,73 @@
+"""Fixtures for the vLLM plugin tests: the real vLLM package, a tiny local Qwen3 config, Foundry TOMLs.
+
+On a machine without a GPU, vLLM resolves no platform (its CUDA platform module needs libcuda), so
+``EngineArgs.create_engine_config`` cannot run.  There, and only there, a small stand-in platform
+describing an H200 is installed as ``vllm.platforms.current_platform`` before any vLLM config module
+is imported.  Everything else (argument parser, EngineArgs, VllmConfig, the plugin loader) is vLLM's
+own code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+vllm = pytest.importorskip("vllm", reason="the real vLLM package is needed (see .ci/vllm.sh)")
+
+from foundry_vllm_testutil import QWEN3_CONFIG, has_gpu, install_cpu_stand_in_platform, write_toml  # noqa: E402
+
+if not has_gpu():
+    install_cpu_stand_in_platform()
+
+
+@pytest.fixture(scope="session")
+def qwen3_dir(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("qwen3-tiny")
+    (d / "config.json").write_text(json.dumps(QWEN3_CONFIG))
+    return d
+
+
+@pytest.fixture
+def foundry_toml(tmp_path) -> Path:
+    return write_toml(tmp_path / "foundry.toml")
+
+
+@pytest.fixture
+def engine_args_factory(qwen3_dir):
+    from vllm.engine.arg_utils import EngineArgs
+
+    def make(**kwargs):
+        base = dict(
+            model=str(qwen3_dir),
+            load_format="dummy",
+            skip_tokenizer_init=True,
+            max_model_len=1024,
+            seed=0,
+        )
+        base.update(kwargs)
+        return EngineArgs(**base)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def base_vllm_config(tmp_path_factory, qwen3_dir):
+    """One real VllmConfig with Foundry on, built by vLLM (the tests copy it before changing it)."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    toml = write_toml(tmp_path_factory.mktemp("foundry") / "foundry.toml")
+    args = EngineArgs(
+        model=str(qwen3_dir),
+        load_format="dummy",
+        skip_tokenizer_init=True,
+        max_model_len=1024,
+        seed=0,
+        additional_config={"foundry": {"config": str(toml)}},
+    )
+    return args.create_engine_config()
