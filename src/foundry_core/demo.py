@@ -62,6 +62,7 @@ def _replay_all(workload, replay, out_tensors) -> dict:
     """Replay every batch size ROUNDS times from a fixed generator state; collect outputs on the CPU."""
     import torch
 
+    workload.reset_state()
     torch.cuda.manual_seed(4321)
     results = {}
     for bs in workload.spec.batch_sizes:

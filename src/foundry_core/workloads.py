@@ -65,12 +65,30 @@ class Workload:
         with region.label("kv_cache"):
             if spec.variant != "hf-qwen3":
                 self.model.allocate_kv_cache(max_bs, spec.max_seq_len)
-                gen = torch.Generator(device=self.device).manual_seed(spec.seed + 1)
-                self.model.kv_cache.normal_(0.0, 1.0, generator=gen)
         with region.label("static"):
             self.input_ids = torch.zeros(max_bs, dtype=torch.long, device=self.device)
             self.positions = torch.zeros(max_bs, dtype=torch.long, device=self.device)
         self._decode = self.model.decode if spec.variant != "hf-qwen3" else None
+        self.reset_state()
+
+    @torch.no_grad()
+    def reset_state(self) -> None:
+        """Put every piece of state the steps mutate back to its built value (no allocation).
+
+        Warmups and replays write KV entries and, in HF's static cache, advance a device-side
+        write counter; comparing two processes means starting both from the same state.
+        """
+        gen = torch.Generator(device=self.device).manual_seed(self.spec.seed + 1)
+        if self.spec.variant != "hf-qwen3":
+            self.model.kv_cache.normal_(0.0, 1.0, generator=gen)
+            return
+        for bs in self.spec.batch_sizes:
+            for layer in self.caches[bs].layers:
+                layer.keys.normal_(0.0, 1.0, generator=gen)
+                layer.values.normal_(0.0, 1.0, generator=gen)
+                counter = getattr(layer, "cumulative_length", None)
+                if isinstance(counter, torch.Tensor):
+                    counter.zero_()
 
     def _build_hf(self, max_bs: int) -> None:
         from transformers import Qwen3Config as HFConfig
@@ -89,13 +107,9 @@ class Workload:
         # One static cache per batch size (HF's cache has a fixed batch dimension), initialised
         # eagerly so the cache tensors are part of the build, not of the first forward.
         self.caches = {}
-        gen = torch.Generator(device=self.device).manual_seed(spec.seed + 1)
         for bs in spec.batch_sizes:
             cache = StaticCache(config=hf_cfg, max_cache_len=spec.max_seq_len)
             cache.early_initialization(bs, cfg.num_kv_heads, cfg.head_dim, torch.bfloat16, self.device)
-            for layer in cache.layers:
-                layer.keys.normal_(0.0, 1.0, generator=gen)
-                layer.values.normal_(0.0, 1.0, generator=gen)
             self.caches[bs] = cache
         self.cache_position = {
             bs: torch.zeros(1, dtype=torch.long, device=self.device) for bs in spec.batch_sizes
