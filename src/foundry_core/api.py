@@ -195,7 +195,7 @@ def save(
         if not t.is_cuda or not region.contains(int(t.data_ptr())) or not segments.live(int(t.data_ptr())):
             raise SaveError(f"tensor {tname!r} is not in a live Foundry region allocation")
     images = sorted({image for image, _ in kernels})
-    snapshots = [(seg, *snapshot(seg)) for seg in region.snapshot_candidates()]
+    snapshots = [(seg, *snapshot(seg, ranges)) for seg, ranges in region.snapshot_candidates()]
     meta = {
         "kind": ARCHIVE_KIND,
         "device": region.device,

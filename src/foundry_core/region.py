@@ -179,11 +179,26 @@ class Region:
             "segments": [s.to_json() for s in self.segments()],
         }
 
-    def snapshot_candidates(self) -> list[Segment]:
-        """Eager segments made after setup and still live: their contents travel with the archive."""
+    def snapshot_candidates(self) -> list[tuple[Segment, list[tuple[int, int]]]]:
+        """Eager segments made after setup and still live, with the byte ranges torch has in use.
+
+        Their in-use contents (state created lazily during warmup, library workspaces) travel with
+        the archive; blocks the caching allocator merely keeps cached are left out.
+        """
         if self.setup_segments is None:
             raise RegionError("call region.end_setup() after building the model and before warmup/capture")
-        return [s for s in self.segments()[self.setup_segments :] if s.live and s.kind == "eager"]
+        segs = [s for s in self.segments()[self.setup_segments :] if s.live and s.kind == "eager"]
+        if not segs:
+            return []
+        active = _active_blocks(self.device)
+        out = []
+        for seg in segs:
+            ranges = [
+                (a - seg.addr, min(a + n, seg.end) - seg.addr) for a, n in active if seg.addr <= a < seg.end
+            ]
+            if ranges:
+                out.append((seg, ranges))
+        return out
 
     def restore_layout(self, layout: dict) -> list[Segment]:
         """Check that this process's segments retrace the saved ones, then map the rest.
@@ -258,16 +273,39 @@ def _zero_fill(segments: list[Segment]) -> None:
         call("cuMemsetD8", seg.addr, 0, seg.size)
 
 
-def snapshot(seg: Segment) -> tuple[list[int], bytes]:
-    """The non-zero 64 KiB chunks of a segment: (chunk indices, their bytes concatenated)."""
+def _active_blocks(device: int) -> list[tuple[int, int]]:
+    """(address, size) of every block torch's caching allocator has handed out and not taken back."""
+    import torch
+
+    try:
+        segments = torch.cuda.memory_snapshot(include_traces=False)
+    except TypeError:  # torch releases without the keyword
+        segments = torch.cuda.memory_snapshot()
+    return [
+        (int(b["address"]), int(b["size"]))
+        for seg in segments
+        if seg.get("device", device) == device
+        for b in seg["blocks"]
+        if b["state"] != "inactive"
+    ]
+
+
+def snapshot(seg: Segment, ranges: list[tuple[int, int]]) -> tuple[list[int], bytes]:
+    """The non-zero 64 KiB chunks of a segment that overlap ``ranges`` (offsets into it).
+
+    Returns (chunk indices, their bytes concatenated).
+    """
     import torch
 
     from .driver import call
 
     host = torch.empty(seg.size, dtype=torch.uint8).pin_memory()
     call("cuMemcpyDtoH", host.data_ptr(), seg.addr, seg.size)
+    wanted = torch.zeros(seg.size // SNAPSHOT_CHUNK, dtype=torch.bool)
+    for start, end in ranges:
+        wanted[start // SNAPSHOT_CHUNK : (end + SNAPSHOT_CHUNK - 1) // SNAPSHOT_CHUNK] = True
     chunks = host.view(torch.int64).view(-1, SNAPSHOT_CHUNK // 8)
-    keep = chunks.ne(0).any(dim=1).nonzero().flatten().tolist()
+    keep = (chunks.ne(0).any(dim=1) & wanted).nonzero().flatten().tolist()
     data = host.view(-1, SNAPSHOT_CHUNK)[keep].numpy().tobytes() if keep else b""
     return keep, data
 
