@@ -3,7 +3,7 @@
 Two groups:
 
 * launcher hooks (every process that loads plugins): add the two flags to SGLang's parser, carry
-  them onto ``ServerArgs`` (CLI and ``sglang.Engine(...)``), and, at SGLang's own
+  them onto ``ServerArgs`` (CLI and ``sglang.Engine(...)``), and, just before SGLang's own
   ``check_server_args`` step, refuse unsupported configurations and settle ``auto`` before any
   subprocess or GPU work starts. With the flag off each of them returns SGLang's result untouched.
 * worker hooks (only in processes a Foundry-enabled launch spawned, see ``settings.ENV_MARKER``):
@@ -57,8 +57,9 @@ def around_engine_init(original: Any, self: Any, *args: Any, **kwargs: Any) -> A
         self.__dict__.pop("server_args_class", None)
 
 
-def after_check_server_args(result: Any, server_args: Any, *args: Any, **kwargs: Any) -> None:
-    """Runs in the launching process after resolution, before SGLang spawns any subprocess."""
+def before_check_server_args(server_args: Any, *args: Any, **kwargs: Any) -> None:
+    """Runs in the launching process after resolution, ahead of SGLang's own checks and before
+    SGLang spawns any subprocess: Foundry's refusal is the first thing a Foundry user sees."""
     req = settings.requested(server_args)
     if not req.enabled and req.config_path is None:
         settings.clear_env()
@@ -132,7 +133,9 @@ def around_resolve_decode_backend(original: Any, runner: Any, *args: Any, **kwar
 
 
 def _target_runner(runner: Any) -> bool:
-    return _session is not None and not getattr(getattr(runner, "model_runner", None), "is_draft_worker", False)
+    return _session is not None and not getattr(
+        getattr(runner, "model_runner", None), "is_draft_worker", False
+    )
 
 
 def around_decode_capture(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -162,7 +165,7 @@ def around_init_cuda_graphs(original: Any, self: Any, *args: Any, **kwargs: Any)
 LAUNCHER_HOOKS = (
     ("sglang.srt.server_args.ServerArgs.add_cli_args", after_add_cli_args, "AFTER"),
     ("sglang.srt.server_args.ServerArgs.from_cli_args", after_from_cli_args, "AFTER"),
-    ("sglang.srt.server_args.ServerArgs.check_server_args", after_check_server_args, "AFTER"),
+    ("sglang.srt.server_args.ServerArgs.check_server_args", before_check_server_args, "BEFORE"),
 )
 ENGINE_HOOK = ("sglang.srt.entrypoints.engine.Engine.__init__", around_engine_init, "AROUND")
 WORKER_HOOKS = (

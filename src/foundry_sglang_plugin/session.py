@@ -104,12 +104,13 @@ class Session:
         if mode == "auto":
             mode = archive.decide_mode(server_args, cfg)
         tp_rank, dp_rank, gpu_id = _placement(hint)
-        dp_size = max(1, int(archive.reader(server_args)("dp_size", 1) or 1))
+        read = reader(server_args)
+        dp_size = max(1, int(read("dp_size", 1) or 1))
         if dp_size > 1 and dp_rank is None:
             raise FoundrySessionError(
                 "data-parallel rank of this scheduler is unknown; cannot pick its archive"
             )
-        tp_size = max(1, int(archive.reader(server_args)("tp_size", 1) or 1))
+        tp_size = max(1, int(read("tp_size", 1) or 1))
         rank = int(dp_rank or 0) * tp_size + tp_rank
         session = cls(server_args, cfg, mode, rank, gpu_id)
         session.world_size = archive.world_size(server_args)

@@ -1,0 +1,107 @@
+"""Shared fixtures for the SGLang plugin tests: the real SGLang package, no GPU.
+
+Tests that need a fresh process (SGLang loads plugins once per process) run a snippet with this
+interpreter in a subprocess; the rest share one process in which SGLang's own ``load_plugins()``
+ran once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("sglang.srt.plugins", reason="the real SGLang package is not installed")
+
+QWEN3_CONFIG = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "hidden_size": 1024,
+    "intermediate_size": 3072,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 32000,
+    "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "hidden_act": "silu",
+    "attention_bias": False,
+}
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("qwen3")
+    (d / "config.json").write_text(json.dumps(QWEN3_CONFIG))
+    return d
+
+
+@pytest.fixture(scope="session")
+def foundry_toml(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("foundry")
+    path = d / "foundry.toml"
+    path.write_text(f'mode = "auto"\narchive_dir = "{d / "archive"}"\n')
+    return path
+
+
+@pytest.fixture(scope="session")
+def plugins_loaded():
+    """SGLang's own plugin loader, run once in this process (as ``sglang.Engine`` does)."""
+    import sglang.srt.entrypoints.engine  # noqa: F401  (as when an Engine is being built)
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()
+
+
+@pytest.fixture
+def parse(plugins_loaded, model_dir, foundry_toml):
+    """Parse argv with SGLang's real parser; Foundry flags and a model path are added."""
+    from sglang.srt.server_args import prepare_server_args
+
+    def _parse(*argv: str, foundry: bool = True):
+        args = ["--model-path", str(model_dir), "--device", "cpu", *argv]
+        if foundry:
+            args += ["--enable-foundry", "--foundry-config", str(foundry_toml)]
+        return prepare_server_args(args)
+
+    return _parse
+
+
+@pytest.fixture(autouse=True)
+def _no_foundry_env(monkeypatch):
+    for key in list(os.environ):
+        if key.startswith("FOUNDRY_"):
+            monkeypatch.delenv(key)
+
+
+def _run_python(code: str, env: dict[str, str] | None = None, timeout: float = 300) -> dict:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("FOUNDRY_")}
+    full_env.update(env or {})
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=timeout,
+    )
+    if proc.returncode != 0:
+        raise AssertionError(f"subprocess failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture
+def fresh_python():
+    """``run(code, env=None) -> dict``: run ``code`` in a fresh interpreter (SGLang loads plugins once
+    per process); the snippet prints one JSON object as its last line."""
+    return _run_python
