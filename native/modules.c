@@ -66,16 +66,16 @@ fail:
 
 static void on_driver_call(CUpti_CallbackId cbid, const CUpti_CallbackData *cd) {
   switch (cbid) {
-  case CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture:
-  case CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture_ptsz:
-  case CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture_v2:
-  case CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture_v2_ptsz:
-  case CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCaptureToGraph:
-  case CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCaptureToGraph_ptsz:
-    if (cd->callbackSite == CUPTI_API_ENTER) __atomic_add_fetch(&captures_driver, 1, __ATOMIC_RELAXED);
-    return;
-  default:
-    break;
+    case CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture:
+    case CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture_ptsz:
+    case CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture_v2:
+    case CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture_v2_ptsz:
+    case CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCaptureToGraph:
+    case CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCaptureToGraph_ptsz:
+      if (cd->callbackSite == CUPTI_API_ENTER) __atomic_add_fetch(&captures_driver, 1, __ATOMIC_RELAXED);
+      return;
+    default:
+      break;
   }
   /* a cuModuleLoad* call */
   if (cd->callbackSite == CUPTI_API_ENTER) {
@@ -97,7 +97,8 @@ static void callback(void *userdata, CUpti_CallbackDomain domain, CUpti_Callback
     on_module_loaded(data);
   else if (domain == CUPTI_CB_DOMAIN_DRIVER_API)
     on_driver_call(cbid, data);
-  else if (domain == CUPTI_CB_DOMAIN_RUNTIME_API && ((const CUpti_CallbackData *)data)->callbackSite == CUPTI_API_ENTER)
+  else if (domain == CUPTI_CB_DOMAIN_RUNTIME_API &&
+           ((const CUpti_CallbackData *)data)->callbackSite == CUPTI_API_ENTER)
     __atomic_add_fetch(&captures_runtime, 1, __ATOMIC_RELAXED);
 }
 
@@ -109,8 +110,8 @@ EXPORT int foundry_modules_start(const char *cupti_path) {
   if (started) goto out;
   void *h = dlopen(cupti_path ? cupti_path : "libcupti.so", RTLD_NOW | RTLD_GLOBAL);
   if (!h) {
-    snprintf(last_error, sizeof last_error, "cannot open CUPTI (%s): %s", cupti_path ? cupti_path : "libcupti.so",
-             dlerror());
+    snprintf(last_error, sizeof last_error, "cannot open CUPTI (%s): %s",
+             cupti_path ? cupti_path : "libcupti.so", dlerror());
     result = -1;
     goto out;
   }
@@ -126,7 +127,8 @@ EXPORT int foundry_modules_start(const char *cupti_path) {
   CUptiResult rc = subscribe(&sub, callback, NULL);
   if (rc) {
     /* Most often CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED: a profiler is attached. */
-    snprintf(last_error, sizeof last_error, "cuptiSubscribe failed with CUPTI error %d (is a profiler attached?)", rc);
+    snprintf(last_error, sizeof last_error,
+             "cuptiSubscribe failed with CUPTI error %d (is a profiler attached?)", rc);
     result = -1;
     goto out;
   }
@@ -184,8 +186,18 @@ EXPORT int foundry_modules_get(size_t i, const char **data, size_t *size, uint64
   return ok ? 0 : -1;
 }
 
-EXPORT int foundry_modules_dropped(void) { return dropped; }
-EXPORT int foundry_modules_started(void) { return started; }
-EXPORT uint64_t foundry_captures_driver(void) { return __atomic_load_n(&captures_driver, __ATOMIC_RELAXED); }
-EXPORT uint64_t foundry_captures_runtime(void) { return __atomic_load_n(&captures_runtime, __ATOMIC_RELAXED); }
-EXPORT const char *foundry_modules_error(void) { return last_error; }
+EXPORT int foundry_modules_dropped(void) {
+  return dropped;
+}
+EXPORT int foundry_modules_started(void) {
+  return started;
+}
+EXPORT uint64_t foundry_captures_driver(void) {
+  return __atomic_load_n(&captures_driver, __ATOMIC_RELAXED);
+}
+EXPORT uint64_t foundry_captures_runtime(void) {
+  return __atomic_load_n(&captures_runtime, __ATOMIC_RELAXED);
+}
+EXPORT const char *foundry_modules_error(void) {
+  return last_error;
+}

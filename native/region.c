@@ -71,13 +71,13 @@ static int load_driver(void) {
     snprintf(last_error, sizeof last_error, "cannot open libcuda.so.1: %s", dlerror());
     return -1;
   }
-#define SYM(field, name)                                                                         \
-  do {                                                                                           \
-    *(void **)&cu.field = dlsym(h, name);                                                        \
-    if (!cu.field) {                                                                             \
-      snprintf(last_error, sizeof last_error, "libcuda.so.1 has no %s", name);                 \
-      return -1;                                                                                 \
-    }                                                                                            \
+#define SYM(field, name)                                                       \
+  do {                                                                         \
+    *(void **)&cu.field = dlsym(h, name);                                      \
+    if (!cu.field) {                                                           \
+      snprintf(last_error, sizeof last_error, "libcuda.so.1 has no %s", name); \
+      return -1;                                                               \
+    }                                                                          \
   } while (0)
   SYM(error_name, "cuGetErrorName");
   SYM(address_free, "cuMemAddressFree");
@@ -101,7 +101,8 @@ static CUmemAllocationProp device_prop(int device) {
   return prop;
 }
 
-static int log_append(region *r, CUdeviceptr addr, size_t size, CUmemGenericAllocationHandle handle, int kind) {
+static int log_append(region *r, CUdeviceptr addr, size_t size, CUmemGenericAllocationHandle handle,
+                      int kind) {
   if (r->log_len == r->log_cap) {
     size_t cap = r->log_cap ? 2 * r->log_cap : 256;
     segment *grown = realloc(r->log, cap * sizeof *grown);
@@ -158,8 +159,8 @@ EXPORT int foundry_region_reserve(int device, uint64_t base, uint64_t size) {
   if (r->reserved) {
     if (r->base != base || r->size != size) {
       snprintf(last_error, sizeof last_error,
-               "device %d already has a region at 0x%llx (+%zu bytes); cannot reserve another at 0x%llx", device,
-               (unsigned long long)r->base, r->size, (unsigned long long)base);
+               "device %d already has a region at 0x%llx (+%zu bytes); cannot reserve another at 0x%llx",
+               device, (unsigned long long)r->base, r->size, (unsigned long long)base);
       result = -1;
     }
     goto out;
@@ -356,6 +357,10 @@ EXPORT size_t foundry_region_log_read(int device, size_t start, size_t n, uint64
 }
 
 /* Segments allocated from now on carry this label (an index into names kept by Python). */
-EXPORT void foundry_region_set_label(int label) { current_label = label; }
+EXPORT void foundry_region_set_label(int label) {
+  current_label = label;
+}
 
-EXPORT const char *foundry_region_error(void) { return last_error; }
+EXPORT const char *foundry_region_error(void) {
+  return last_error;
+}

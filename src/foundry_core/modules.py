@@ -88,11 +88,32 @@ class Image:
     functions: dict[str, int]  # mangled name -> register count (-1 where unknown)
 
 
-def elf_functions(data: bytes) -> dict[str, int]:
-    """Kernel names defined in a cubin (ELF64) and their register counts.
+EIATTR_REGCOUNT = 0x2F
+EIFMT_SVAL = 0x04
 
-    nvcc keeps each kernel's code in a ``.text.<name>`` section whose ``sh_info`` carries the
-    register count in its top byte; the symbol table names the kernel. Non-ELF images give {}.
+
+def _regcounts(data: bytes, off: int, size: int) -> dict[int, int]:
+    """Register counts by symbol index, from a cubin's ``.nv.info`` attribute records."""
+    counts, p, end = {}, off, off + size
+    while p + 4 <= end:
+        fmt, attr = data[p], data[p + 1]
+        if fmt == EIFMT_SVAL:
+            (n,) = struct.unpack_from("<H", data, p + 2)
+            if attr == EIATTR_REGCOUNT and n >= 8:
+                sym, regs = struct.unpack_from("<II", data, p + 4)
+                counts[sym] = regs
+            p += 4 + n
+        else:  # the other record formats carry their value in the two bytes after the header
+            p += 4
+    return counts
+
+
+def elf_functions(data: bytes) -> dict[str, int]:
+    """Kernel names defined in a cubin (ELF64) and their register counts (-1 where not recorded).
+
+    Kernels are the function symbols of ``.text.*`` sections; nvcc records each one's register
+    count in the ``.nv.info`` section (attribute REGCOUNT, keyed by symbol index). Non-ELF
+    images give {}.
     """
     if len(data) < 64 or data[:4] != b"\x7fELF" or data[4] != 2:
         return {}
@@ -101,23 +122,24 @@ def elf_functions(data: bytes) -> dict[str, int]:
         shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
         sections = []
         for i in range(shnum):
-            name, typ, _flags, _addr, off, size, link, info, _align, _entsize = struct.unpack_from(
+            name, typ, _flags, _addr, off, size, link, _info, _align, _entsize = struct.unpack_from(
                 "<IIQQQQIIQQ", data, shoff + i * shentsize
             )
-            sections.append((name, typ, off, size, link, info))
+            sections.append((name, typ, off, size, link))
         shstr_off = sections[shstrndx][2]
 
         def cstr(base: int, at: int) -> str:
             end = data.index(b"\0", base + at)
             return data[base + at : end].decode("latin-1")
 
-        regs_by_section = {}
-        for idx, (name, _typ, _off, _size, _link, info) in enumerate(sections):
-            sec_name = cstr(shstr_off, name)
-            if sec_name.startswith(".text."):
-                regs_by_section[idx] = info >> 24
+        names = [cstr(shstr_off, sec[0]) for sec in sections]
+        text_sections = {i for i, n in enumerate(names) if n.startswith(".text.")}
+        regs: dict[int, int] = {}
+        for i, n in enumerate(names):
+            if n == ".nv.info":
+                regs.update(_regcounts(data, sections[i][2], sections[i][3]))
         functions = {}
-        for _name, typ, off, size, link, _info in sections:
+        for _name, typ, off, size, link in sections:
             if typ != 2:  # SHT_SYMTAB
                 continue
             str_off = sections[link][2]
@@ -125,8 +147,8 @@ def elf_functions(data: bytes) -> dict[str, int]:
                 st_name, st_info, _other, st_shndx, _value, _size = struct.unpack_from(
                     "<IBBHQQ", data, off + 24 * j
                 )
-                if st_info & 0xF == 2 and st_shndx in regs_by_section:  # STT_FUNC in a .text section
-                    functions[cstr(str_off, st_name)] = regs_by_section[st_shndx]
+                if st_info & 0xF == 2 and st_shndx in text_sections:  # STT_FUNC with code
+                    functions[cstr(str_off, st_name)] = regs.get(j, -1)
         return functions
     except (struct.error, IndexError, ValueError):
         return {}

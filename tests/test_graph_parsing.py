@@ -1,0 +1,181 @@
+"""CPU tests of the parsers SAVE relies on: kernel argument blocks (both launch forms), the pointer
+audit, cubin symbol tables, and LOAD's placement check. No GPU: driver calls are not reached or are
+replaced where a test says so."""
+
+import ctypes
+import shutil
+import subprocess
+import types
+
+import pytest
+
+from foundry_core import graphs, modules
+from foundry_core.region import PlacementError, Region, Segment
+
+
+def _params(kernel_params=0, extra=0):
+    return types.SimpleNamespace(kernelParams=kernel_params, extra=extra)
+
+
+def test_kernel_params_from_pointer_array():
+    a = ctypes.c_uint64(0x1122334455667788)
+    b = ctypes.c_int32(-5)
+    argv = (ctypes.c_void_p * 2)(ctypes.addressof(a), ctypes.addressof(b))
+    layout = [(0, 8), (8, 4)]
+    data = graphs._kernel_param_bytes(_params(kernel_params=ctypes.addressof(argv)), layout, "k")
+    assert data == (0x1122334455667788).to_bytes(8, "little") + (-5).to_bytes(4, "little", signed=True)
+
+
+def test_kernel_params_from_packed_extra_buffer():
+    packed = ctypes.create_string_buffer(bytes(range(24)), 24)
+    size = ctypes.c_size_t(24)
+    extra = (ctypes.c_void_p * 5)(
+        graphs.CU_LAUNCH_PARAM_BUFFER_POINTER,
+        ctypes.addressof(packed),
+        graphs.CU_LAUNCH_PARAM_BUFFER_SIZE,
+        ctypes.addressof(size),
+        graphs.CU_LAUNCH_PARAM_END,
+    )
+    data = graphs._kernel_param_bytes(_params(extra=ctypes.addressof(extra)), [(0, 24)], "nvjet")
+    assert data == bytes(range(24))
+
+
+def test_kernel_params_refuse_short_or_missing_buffer():
+    packed = ctypes.create_string_buffer(8)
+    size = ctypes.c_size_t(8)
+    extra = (ctypes.c_void_p * 5)(1, ctypes.addressof(packed), 2, ctypes.addressof(size), 0)
+    with pytest.raises(graphs.GraphError, match="parameter buffer of 8 bytes"):
+        graphs._kernel_param_bytes(_params(extra=ctypes.addressof(extra)), [(0, 16)], "k")
+    with pytest.raises(graphs.GraphError, match="neither kernelParams nor extra"):
+        graphs._kernel_param_bytes(_params(), [(0, 8)], "k")
+
+
+def test_pointer_audit(monkeypatch):
+    base = 0x600000000000
+    segs = graphs.Segments(base, 1 << 30, [(base, 2 << 20), (base + (8 << 20), 2 << 20)])
+    auditor = graphs._Auditor(segs)
+    ok = (base + 64).to_bytes(8, "little") + (7).to_bytes(8, "little")
+    auditor.check_block(ok, lambda off: f"word {off}")
+    assert auditor.pointers == {base + 64}
+    hole = (base + (4 << 20)).to_bytes(8, "little")
+    with pytest.raises(graphs.GraphError, match="outside any live allocation"):
+        auditor.check_block(hole, lambda off: f"word {off}")
+
+    class FakeDriver:  # the driver recognises this word as device memory outside the region
+        class CUpointer_attribute:
+            CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2
+
+        @staticmethod
+        def cuPointerGetAttribute(attr, value):
+            return (0, 2) if value == 0x7F0000000000 else (1, None)
+
+    monkeypatch.setattr(graphs, "cu", lambda: FakeDriver)
+    with pytest.raises(graphs.GraphError, match="outside the Foundry region"):
+        auditor.check_block((0x7F0000000000).to_bytes(8, "little"), lambda off: f"word {off}")
+    auditor.check_block((0x7E0000000000).to_bytes(8, "little"), lambda off: f"word {off}")  # not memory
+
+
+def test_graph_description_counts():
+    desc = {
+        "nodes": [
+            {"type": "kernel", "name": "a"},
+            {
+                "type": "graph",
+                "graph": {"nodes": [{"type": "kernel", "name": "b"}, {"type": "empty"}], "edges": []},
+            },
+        ],
+        "edges": [[0, 1, 0, 0, 0]],
+    }
+    assert graphs.count_nodes(desc) == 4
+    assert graphs.kernel_names(desc) == ["a", "b"]
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc to build a real cubin")
+def test_elf_functions_on_a_real_cubin(tmp_path):
+    src = tmp_path / "k.cu"
+    src.write_text(
+        'extern "C" __global__ void foundry_probe_add(float* x, float y) { x[threadIdx.x] += y; }\n'
+        "template <int N> __global__ void scale(float* x) { x[threadIdx.x] *= N; }\n"
+        "template __global__ void scale<3>(float*);\n"
+        'extern "C" __global__ void foundry_probe_big(float* x) {\n'
+        "  float a[32];\n"
+        "#pragma unroll\n"
+        "  for (int i = 0; i < 32; i++) a[i] = x[threadIdx.x * 32 + i] * (i + 1);\n"
+        "  float s = 0;\n"
+        "#pragma unroll\n"
+        "  for (int i = 0; i < 32; i++) for (int j = 0; j < 32; j++) s += a[i] * a[j] * (i ^ j);\n"
+        "  x[threadIdx.x] = s;\n"
+        "}\n"
+    )
+    cubin = tmp_path / "k.cubin"
+    subprocess.run(["nvcc", "-cubin", "-arch=sm_90", str(src), "-o", str(cubin)], check=True)
+    funcs = modules.elf_functions(cubin.read_bytes())
+    assert "foundry_probe_add" in funcs
+    assert "_Z5scaleILi3EEvPf" in funcs
+    assert all(0 < regs < 256 for regs in funcs.values()), funcs
+    assert funcs["foundry_probe_big"] > 4 * funcs["foundry_probe_add"]  # counts belong to the right kernel
+
+
+def test_elf_functions_rejects_non_elf():
+    assert modules.elf_functions(b"not an elf at all" * 10) == {}
+    assert modules.elf_functions(b"\x7fELF" + b"\x02" + b"\0" * 10) == {}
+
+
+def _region(segments, base=0x600000000000, size=1 << 30):
+    r = object.__new__(Region)
+    r.base, r.size, r.device, r.setup_segments = base, size, 0, None
+    r.segments = lambda: segments
+    return r
+
+
+def _layout(rows, setup=None, base=0x600000000000):
+    return {
+        "base": base,
+        "size": 1 << 30,
+        "device": 0,
+        "cursor": 0,
+        "setup_segments": setup,
+        "segments": rows,
+    }
+
+
+B = 0x600000000000
+SAVED = [
+    [B, 2 << 20, 1, "weights", "eager"],
+    [B + (2 << 20), 2 << 20, 1, "kv_cache", "eager"],
+    [B + (4 << 20), 4 << 20, 0, "warmup", "eager"],
+    [B + (8 << 20), 2 << 20, 1, "capture", "graph"],
+]
+
+
+def _seg(i, row, live=None):
+    s = Segment.from_json(i, row)
+    return Segment(s.index, s.addr, s.size, s.live if live is None else live, s.label, s.kind)
+
+
+def test_placement_refuses_divergent_address():
+    current = [_seg(0, SAVED[0]), Segment(1, B + (6 << 20), 2 << 20, True, "kv_cache")]
+    with pytest.raises(PlacementError, match=r"allocation #1 diverged"):
+        _region(current).restore_layout(_layout(SAVED))
+
+
+def test_placement_refuses_extra_allocations_and_wrong_label():
+    current = [_seg(i, SAVED[i]) for i in range(4)] + [Segment(4, B + (10 << 20), 2 << 20, True, "x")]
+    with pytest.raises(PlacementError, match="has no counterpart at SAVE"):
+        _region(current).restore_layout(_layout(SAVED))
+    relabelled = [_seg(0, SAVED[0]), Segment(1, B + (2 << 20), 2 << 20, True, "static")]
+    with pytest.raises(PlacementError, match="'static'"):
+        _region(relabelled).restore_layout(_layout(SAVED))
+
+
+def test_placement_refuses_freed_segment_and_setup_count():
+    current = [_seg(0, SAVED[0]), _seg(1, SAVED[1], live=False)]
+    with pytest.raises(PlacementError, match="live at SAVE but has been freed"):
+        _region(current).restore_layout(_layout(SAVED))
+    with pytest.raises(PlacementError, match="made 1 allocations before restoring, the SAVE's setup made 2"):
+        _region([_seg(0, SAVED[0])]).restore_layout(_layout(SAVED, setup=2))
+
+
+def test_placement_refuses_other_region_settings():
+    with pytest.raises(PlacementError, match="region base"):
+        _region([]).restore_layout(_layout(SAVED, base=0x400000000000))
