@@ -353,6 +353,7 @@ def load(
     t2 = time.perf_counter()
     timings["memory_s"] = t2 - t1
     modules = LoadedModules()
+    graphs: dict[str, RestoredGraph] = {}
     try:
         with Progress("foundry: loading modules", len(meta["images"]), progress) as bar:
             for digest in meta["images"]:
@@ -364,7 +365,6 @@ def load(
         t3 = time.perf_counter()
         timings["modules_s"] = t3 - t2
         stream = torch.cuda.current_stream(region.device).cuda_stream
-        graphs = {}
         with Progress("foundry: rebuilding graphs", len(meta["graphs"]), progress) as bar:
             for entry in meta["graphs"]:
                 desc = archive.read_json(entry["file"])
@@ -377,6 +377,8 @@ def load(
         t4 = time.perf_counter()
         timings["graphs_s"] = t4 - t3
     except BaseException:
+        for g in graphs.values():  # those rebuilt before the failure
+            g._rebuilt.destroy()
         modules.unload()
         region.unmap(mapped)
         raise
