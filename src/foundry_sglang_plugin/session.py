@@ -266,9 +266,12 @@ def _env_mode() -> str | None:
 def _schedule_value(name: str) -> Any:
     try:
         from sglang.srt.runtime_context import get_schedule
-    except ImportError:
+    except ImportError:  # releases that keep it on ServerArgs: part of the fingerprint there
         return None
-    return getattr(get_schedule(), name, None)
+    try:
+        return getattr(get_schedule(), name, None)
+    except ValueError:  # configuration not published: not inside a scheduler process
+        return None
 
 
 def _override_schedule(source: str, **values: Any) -> None:
