@@ -83,6 +83,7 @@ class Session:
         self.layouts: dict[str, Any] = {}
         self.restored = None
         self.installed: set[str] = set()
+        self.capture_started = False
         self.sidecar: dict[str, Any] | None = None
         if mode == "load":
             self.sidecar = archive.read_sidecar(cfg, rank)
@@ -155,6 +156,12 @@ class Session:
         """Start of the decode runner's capture: everything built so far (model, pools, static
         graph buffers, attention graph state) is the setup a LOAD repeats. SAVE marks that point;
         LOAD restores the archive there, before any warmup."""
+        if self.capture_started:
+            raise FoundrySessionError(
+                "decode graphs are being captured a second time in this process (PD role switch or "
+                "elastic EP recapture); Foundry archives one capture"
+            )
+        self.capture_started = True
         if self.mode == "save":
             self.region.end_setup()
         else:

@@ -24,6 +24,25 @@ class FoundryUnsupportedError(RuntimeError):
 
 _DEEPEP_BACKENDS = ("deepep", "deepep_v2")
 
+# SGLang environment switches that re-carve or borrow graph memory, or resize the KV pool after
+# capture: each moves memory the archived graphs point into.
+_ENV_SWITCHES = (
+    "SGLANG_ENABLE_GRAPH_POOL_BORROW",
+    "SGLANG_ENABLE_GRAPH_POOL_PRECARVE",
+    "SGLANG_ENABLE_POST_CAPTURE_KV_SIZING",
+)
+
+
+def _env_switch_on(name: str) -> bool:
+    try:
+        from sglang.srt.environ import envs
+
+        return bool(getattr(envs, name).get())
+    except (ImportError, AttributeError):
+        import os
+
+        return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
 
 def graph_phase(server_args: Any, phase: str) -> tuple[str, list[int] | None]:
     """(backend, explicit batch sizes or None) of one CUDA-graph phase ("decode" or "prefill").
@@ -130,6 +149,13 @@ def check_supported(server_args: Any) -> None:
         reasons.append(
             "--enable-memory-saver is not supported (it moves graph memory out of the Foundry region)"
         )
+    if read("startup_weight_load_mode", "serial") == "overlap":
+        reasons.append(
+            "--startup-weight-load-mode overlap is not supported (weights would land after graph capture)"
+        )
+    switches = [name for name in _ENV_SWITCHES if _env_switch_on(name)]
+    if switches:
+        reasons.append(f"{', '.join(switches)} not supported (they move graph or KV memory after capture)")
     if read("use_ray", False):
         reasons.append(
             "the Ray launcher is not supported (Foundry settings travel to schedulers by process spawn)"

@@ -257,3 +257,44 @@ def test_sglang_backend_still_has_the_shape_the_plugin_relies_on():
     runner = inspect.getsource(DecodeCudaGraphRunner)
     assert "resolve_decode_backend(self)" in runner
     assert "self.warmup()" in inspect.getsource(DecodeCudaGraphRunner._capture)
+
+
+class _FakeRegion:
+    def __init__(self):
+        self.setup_marks = 0
+
+    def end_setup(self):
+        self.setup_marks += 1
+
+
+def test_save_marks_the_end_of_setup_once_and_refuses_a_recapture(parse, cfg):
+    session = Session(parse(*BASE_ARGV), cfg, "save", rank=0, gpu_id=0)
+    session.region = _FakeRegion()
+    session.capture_begins()
+    assert session.region.setup_marks == 1
+    with pytest.raises(FoundrySessionError, match="captured a second time"):
+        session.capture_begins()
+
+
+def test_save_records_graph_outputs_under_shape_names(parse, cfg):
+    from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+    from sglang.srt.model_executor.runner.shape_key import ShapeKey
+
+    session = Session(parse(*BASE_ARGV), cfg, "save", rank=0, gpu_id=0)
+    graph = object()
+    session.record(ShapeKey(4), graph, LogitsProcessorOutput(next_token_logits=torch.zeros(4, 2)))
+    assert session.graphs == {"decode/size=4": graph}
+    assert list(session.tensors) == ["out/decode/size=4/next_token_logits"]
+    assert session.layouts["decode/size=4"]["k"] == "dataclass"
+
+
+def test_load_refuses_when_an_archived_shape_was_not_installed(parse, cfg):
+    sa = parse(*BASE_ARGV)
+    archive.write_sidecar(
+        cfg,
+        0,
+        {"fingerprint": archive.fingerprint(sa, cfg), "slots": {}, "outputs": {"decode/size=8": {}}},
+    )
+    session = Session(sa, cfg, "load", rank=0, gpu_id=0)
+    with pytest.raises(FoundrySessionError, match=r"\['decode/size=8'\] were archived but not installed"):
+        session.finish()

@@ -150,6 +150,25 @@ def test_memory_saver(parse):
     assert "--enable-memory-saver is not supported" in message
 
 
+def test_startup_weight_load_overlap(parse):
+    message = refusal(parse(*OK, "--startup-weight-load-mode", "overlap"))
+    assert "--startup-weight-load-mode overlap is not supported" in message
+
+
+@pytest.mark.parametrize(
+    "switch",
+    [
+        "SGLANG_ENABLE_GRAPH_POOL_BORROW",
+        "SGLANG_ENABLE_GRAPH_POOL_PRECARVE",
+        "SGLANG_ENABLE_POST_CAPTURE_KV_SIZING",
+    ],
+)
+def test_graph_memory_env_switches(parse, monkeypatch, switch):
+    monkeypatch.setenv(switch, "1")
+    message = refusal(parse(*OK))
+    assert f"{switch} not supported" in message
+
+
 def test_every_reason_is_reported(parse):
     message = refusal(parse("--cuda-graph-backend-prefill", "breakable", "--pp-size", "2", "--enable-pdmux"))
     assert message.count("; ") == 2
