@@ -21,12 +21,11 @@ import dataclasses
 import enum
 from typing import Any
 
-from foundry_vllm_plugin.support import FOUNDRY_CUDAGRAPH_MODE, FoundryUnsupportedError
-
-# Attention backends whose decode graphs keep all graph-visible metadata in buffers allocated when the
-# metadata builder is created (so inside the Foundry region, before capture).  Others may create state
-# during capture, which LOAD does not run; they stay refused until a GPU run validates them.
-VALIDATED_ATTENTION_BACKENDS = frozenset({"FLASH_ATTN"})
+from foundry_vllm_plugin.support import (
+    FOUNDRY_CUDAGRAPH_MODE,
+    VALIDATED_ATTENTION_BACKENDS,
+    FoundryUnsupportedError,
+)
 
 
 class FoundryRestoreError(RuntimeError):

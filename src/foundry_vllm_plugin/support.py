@@ -18,6 +18,10 @@ FOUNDRY_CUDAGRAPH_MODE = "FULL_DECODE_ONLY"
 # The worker classes Foundry knows how to extend; anything else replaces the code Foundry hooks.
 VLLM_GPU_WORKER = "vllm.v1.worker.gpu_worker.Worker"
 FOUNDRY_WORKER = "foundry_vllm_plugin.worker.FoundryWorker"
+# Attention backends whose decode graphs keep all graph-visible metadata in buffers allocated when the
+# metadata builder is created (inside the Foundry region, before capture).  Others may create state
+# during capture, which LOAD does not run; they stay refused until a GPU run validates them.
+VALIDATED_ATTENTION_BACKENDS = frozenset({"FLASH_ATTN"})
 
 
 class FoundryUnsupportedError(ValueError):
@@ -158,6 +162,14 @@ def _check_features(vllm_config: Any) -> None:
         raise FoundryUnsupportedError("CPU weight offloading", "offloaded weights live outside device memory")
     if _get(vllm_config, "cache_config", "kv_offloading_size") is not None:
         raise FoundryUnsupportedError("KV cache offloading", "it runs a KV connector beside the engine")
+    backend = _get(vllm_config, "attention_config", "backend")
+    if backend is not None and _mode_name(backend) not in VALIDATED_ATTENTION_BACKENDS:
+        raise FoundryUnsupportedError(
+            f"attention backend {_mode_name(backend)}",
+            "its capture-time metadata state is not rebuilt on LOAD (validated: "
+            + ", ".join(sorted(VALIDATED_ATTENTION_BACKENDS))
+            + ")",
+        )
     if _get(vllm_config, "attention_config", "hisparse_config") is not None:
         raise FoundryUnsupportedError("HiSparse attention", "its caches are not validated with Foundry")
     for field, what in (("watermark_config", "watermarking"), ("diffusion_config", "diffusion decoding")):

@@ -140,6 +140,12 @@ def _kv_offload(c):
     c.cache_config.kv_offloading_size = 8.0
 
 
+def _flashinfer(c):
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    c.attention_config.backend = AttentionBackendEnum.FLASHINFER
+
+
 def _hisparse(c):
     from vllm.config.attention import HiSparseConfig
 
@@ -201,6 +207,7 @@ CASES = [
     ("weight_transfer", _weight_transfer, "with weight transfer"),
     ("cpu_weight_offload", _cpu_offload, "with CPU weight offloading"),
     ("kv_offload", _kv_offload, "with KV cache offloading"),
+    ("unvalidated_attention_backend", _flashinfer, "with attention backend FLASHINFER: its capture-time"),
     ("hisparse", _hisparse, "with HiSparse attention"),
     ("watermark", _watermark, "with watermarking"),
     ("diffusion", _diffusion, "with diffusion decoding"),
