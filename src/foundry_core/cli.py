@@ -138,6 +138,38 @@ def cmd_demo(args) -> int:
     return 0 if ok else 1
 
 
+def cmd_bench(args) -> int:
+    from .bench import plot, print_table, summarize
+    from .demo import gpu_available, orchestrate
+
+    if not gpu_available():
+        print("foundry bench: no NVIDIA GPU is visible on this machine; nothing was run.")
+        return 2
+    summary = summarize(orchestrate(args))
+    print_table(summary)
+    import torch
+
+    record = {
+        "date": datetime.date.today().isoformat(),
+        "commit": _git_commit(),
+        "machine": torch.cuda.get_device_name(args.device),
+        "command": "foundry " + " ".join(sys.argv[1:]),
+        "preset": args.preset,
+        "replays_per_size": args.replays,
+        **summary,
+    }
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(record, indent=2) + "\n")
+        print(f"  results written to {args.out}")
+        png = str(Path(args.out).with_suffix(".png"))
+        if plot(summary, png):
+            print(f"  plot written to {png}")
+        else:
+            print("  (matplotlib is not installed: no plot)")
+    return 0 if summary["bit_exact_all"] else 1
+
+
 def main(argv=None) -> int:
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     p = argparse.ArgumentParser(prog="foundry", description="CUDA-graph persistence for LLM serving engines")
@@ -154,6 +186,16 @@ def main(argv=None) -> int:
     d.add_argument("--workdir", default=None, help="where the archive and reference outputs go")
     d.add_argument("--out", default=None, help="write the results as JSON here")
     d.set_defaults(func=cmd_demo)
+
+    b = sub.add_parser("bench", help="native capture vs restore, and replay parity, in one run")
+    add_arguments(b)
+    from .bench import BENCH_BATCH_SIZES
+
+    b.set_defaults(preset="1.7b", batch_sizes=list(BENCH_BATCH_SIZES))
+    b.add_argument("--replays", type=int, default=200, help="timed replays per batch size (median)")
+    b.add_argument("--workdir", default=None)
+    b.add_argument("--out", default=None, help="JSON results (a PNG plot is written beside it)")
+    b.set_defaults(func=cmd_bench)
 
     i = sub.add_parser("inspect", help="show an archive's graphs, kernels, modules, bytes and fingerprint")
     i.add_argument("archive")

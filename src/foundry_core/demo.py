@@ -75,6 +75,29 @@ def _replay_all(workload, replay, out_tensors) -> dict:
     return results
 
 
+def _time_replays(workload, replay, n: int) -> dict[str, float]:
+    """Median wall time of one replay per batch size, in microseconds, from CUDA events."""
+    import statistics
+
+    import torch
+
+    medians = {}
+    for bs in workload.spec.batch_sizes:
+        workload.set_inputs(bs)
+        for _ in range(10):
+            replay(bs)
+        events = [
+            (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)
+        ]
+        for start, end in events:
+            start.record()
+            replay(bs)
+            end.record()
+        torch.cuda.synchronize()
+        medians[str(bs)] = 1000.0 * statistics.median(a.elapsed_time(b) for a, b in events)
+    return medians
+
+
 def _state_digest(workload) -> str:
     """A digest of every parameter and buffer, to tell weight differences from replay differences."""
     import hashlib
@@ -132,6 +155,9 @@ def run_save(args) -> dict:
     )
     t3 = time.perf_counter()
     reference = _replay_all(workload, lambda bs: graphs[f"bs{bs}"].replay(), lambda bs, k: outputs[bs][k])
+    replay_us = (
+        _time_replays(workload, lambda bs: graphs[f"bs{bs}"].replay(), args.replays) if args.replays else {}
+    )
     torch.save(reference, args.reference)
     return {
         "phase": "save",
@@ -144,6 +170,7 @@ def run_save(args) -> dict:
         "stream_captures": fc.stream_captures(),
         "state_digest": _state_digest(workload),
         "live_segments": [[s.index, s.size, s.label] for s in region.segments() if s.live],
+        "replay_us": replay_us,
     }
 
 
@@ -166,12 +193,15 @@ def run_load(args) -> dict:
     restored = fc.load(args.archive, region=region, fingerprint_model=spec.fingerprint())
     torch.cuda.synchronize()
     restore_s = time.perf_counter() - t0
+    replay = lambda bs: restored.graphs[f"bs{bs}"].replay()  # noqa: E731
     results = _replay_all(
         workload,
         lambda bs: restored.graphs[f"bs{bs}"].replay(),
         lambda bs, k: restored.tensors[f"bs{bs}.{k}"],
     )
+    replay_us = _time_replays(workload, replay, args.replays) if args.replays else {}
     reference = torch.load(args.reference)
+    nodes = sum(g.nodes for g in restored.graphs.values())
     per_bs, mismatched = {}, []
     for bs in spec.batch_sizes:
         keys = [k for k in reference if k.startswith(f"bs{bs}.")]
@@ -191,6 +221,8 @@ def run_load(args) -> dict:
         "bit_exact_all": all(per_bs.values()),
         "mismatched": mismatched,
         "state_digest": _state_digest(workload),
+        "replay_us": replay_us,
+        "nodes": nodes,
     }
 
 
@@ -218,6 +250,8 @@ def _worker_args(args, phase: str, archive: str, reference: str) -> list[str]:
         hex(args.region_base),
         "--region-size",
         str(args.region_size),
+        "--replays",
+        str(getattr(args, "replays", 0)),
         "--batch-sizes",
         *map(str, args.batch_sizes),
     ]
@@ -264,6 +298,9 @@ def orchestrate(args) -> dict:
         "state_digest_save": save["state_digest"],
         "state_digest_load": load["state_digest"],
         "live_segments_at_save": save["live_segments"],
+        "nodes": load["nodes"],
+        "replay_us_native": save["replay_us"],
+        "replay_us_restored": load["replay_us"],
     }
 
 
@@ -309,6 +346,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m foundry_core.demo")
     p.add_argument("phase", choices=("save", "load"))
     p.add_argument("--reference", required=True)
+    p.add_argument("--replays", type=int, default=0, help="also time this many replays per batch size")
     add_arguments(p)
     args = p.parse_args(argv)
     result = run_save(args) if args.phase == "save" else run_load(args)

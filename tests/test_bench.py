@@ -1,0 +1,46 @@
+"""The bench's arithmetic and plot on the CPU, from a recorded-shape result (no GPU)."""
+
+import pytest
+
+from foundry_core import bench
+
+
+def _result(tmp_path):
+    archive = tmp_path / "archive"
+    (archive / "modules").mkdir(parents=True)
+    (archive / "modules" / "a.cubin").write_bytes(b"x" * 1000)
+    (archive / "manifest.json").write_bytes(b"{}")
+    return {
+        "graphs": 2,
+        "nodes": 400,
+        "capture_s": 4.0,
+        "restore_s": 0.5,
+        "restore_breakdown": {"archive_read_s": 0.1, "memory_s": 0.0, "modules_s": 0.1, "graphs_s": 0.3},
+        "replay_us_native": {"1": 100.0, "8": 200.0},
+        "replay_us_restored": {"1": 101.0, "8": 198.0},
+        "archive": str(archive),
+        "bit_exact_all": True,
+        "load_stream_captures": 0,
+    }
+
+
+def test_summary_figures(tmp_path):
+    s = bench.summarize(_result(tmp_path))
+    assert s["speedup"] == pytest.approx(8.0)
+    assert s["replay_ratio"] == {"1": pytest.approx(1.01), "8": pytest.approx(0.99)}
+    assert s["replay_ratio_max"] == pytest.approx(1.01)
+    assert s["us_per_node"] == pytest.approx(1250.0)
+    assert s["archive_bytes"] == 1002
+
+
+def test_plot_written(tmp_path):
+    pytest.importorskip("matplotlib")
+    s = bench.summarize(_result(tmp_path))
+    out = tmp_path / "bench.png"
+    assert bench.plot(s, str(out))
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_list_is_long():
+    assert len(bench.BENCH_BATCH_SIZES) >= 50
+    assert max(bench.BENCH_BATCH_SIZES) == 256
