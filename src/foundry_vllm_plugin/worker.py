@@ -105,8 +105,14 @@ class FoundrySession:
             self.region.end_setup()
 
     def save(self, adapter: Any) -> None:
+        import torch
+
         import foundry_core as fc
 
+        # Free blocks cached after warmup would otherwise be snapshotted into the archive as live state.
+        torch.cuda.synchronize()
+        gc.collect()
+        torch.cuda.empty_cache()
         graph_map, tensors, listing = adapter.collect()
         mpath = archive.manifest_path(self.cfg, self.rank)
         mpath.unlink(missing_ok=True)  # an interrupted SAVE must not leave a valid-looking archive behind
@@ -172,9 +178,10 @@ class FoundryWorker(_VllmGpuWorker):
     """vLLM's GPU worker with Foundry SAVE/LOAD around model build, KV cache and graph capture."""
 
     def __init__(self, *args: Any, **kwargs: Any):
+        vllm_config = kwargs["vllm_config"] if "vllm_config" in kwargs else args[0]
+        check_supported(vllm_config)  # before vLLM's worker does anything
+        self._foundry = FoundrySession(vllm_config)
         super().__init__(*args, **kwargs)
-        check_supported(self.vllm_config)
-        self._foundry = FoundrySession(self.vllm_config)
 
     # -- 2. device, region, model runner -------------------------------------------------------
     def init_device(self) -> None:
