@@ -28,7 +28,7 @@ from foundry_vllm_plugin.support import (
     check_supported,
 )
 
-logger = logging.getLogger("foundry_vllm_plugin")
+logger = logging.getLogger("vllm.foundry")  # under vLLM's logger: same handlers and level
 
 _MARK = "__foundry_wrapped__"
 GROUP_TITLE = "Foundry"

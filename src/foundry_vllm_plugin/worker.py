@@ -39,7 +39,7 @@ from vllm.v1.worker.gpu_worker import Worker as _VllmGpuWorker
 from foundry_vllm_plugin import archive, graphs, settings
 from foundry_vllm_plugin.support import check_supported
 
-logger = logging.getLogger("foundry_vllm_plugin")
+logger = logging.getLogger("vllm.foundry")  # under vLLM's logger: same handlers and level
 
 
 def start_module_recording() -> None:
