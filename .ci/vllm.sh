@@ -29,7 +29,10 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     echo "$want" > "$stamp"
 fi
 
-"$venv/bin/python" -c 'import vllm, foundry_vllm_plugin; print("vllm", vllm.__version__)' >&2
+# shellcheck disable=SC1091
+source "$venv/bin/activate"
+python -c 'import vllm, foundry_vllm_plugin; print("vllm", vllm.__version__)' >&2
 
+# The README's test command (extra arguments, if any, are passed on for local use).
 export HF_HUB_OFFLINE=1
-exec "$venv/bin/python" -m pytest "$@"
+python -m pytest "$@"
