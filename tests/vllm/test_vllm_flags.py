@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from foundry_vllm_testutil import write_toml
 
-from foundry_core.config import ConfigError
+from foundry_core.config import ConfigError, load_config
 from foundry_vllm_plugin.support import FOUNDRY_WORKER, VLLM_GPU_WORKER, FoundryUnsupportedError
 
 pytestmark = pytest.mark.vllm
@@ -175,3 +175,32 @@ def test_user_chosen_full_decode_only_is_kept(engine_args_factory, foundry_toml)
 def test_malformed_additional_config_entry_is_refused(engine_args_factory):
     with pytest.raises(ConfigError, match="must be a table"):
         engine_args_factory(additional_config={"foundry": "yes"}).create_engine_config()
+
+
+def test_example_recipe_serve_command_reaches_the_engine_config():
+    # The flags of examples/vllm/README.md, with the example's own model dir and foundry.toml.
+    from pathlib import Path
+
+    from vllm.config.compilation import CUDAGraphMode
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.entrypoints.common.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "vllm"
+    argv = ["--model", str(example / "qwen3-tiny"), "--load-format", "dummy", "--skip-tokenizer-init"]
+    argv += [
+        "--max-model-len",
+        "1024",
+        "--gpu-memory-utilization",
+        "0.3",
+        "-cc.cudagraph_capture_sizes=[1,2,4,8]",
+    ]
+    argv += ["--enable-foundry", "--foundry-config", str(example / "foundry.toml")]
+    vllm_config = AsyncEngineArgs.from_cli_args(
+        make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
+    ).create_engine_config()
+    assert vllm_config.compilation_config.cudagraph_mode == CUDAGraphMode.FULL_DECODE_ONLY
+    assert list(vllm_config.compilation_config.cudagraph_capture_sizes) == [1, 2, 4, 8]
+    assert vllm_config.parallel_config.worker_cls == FOUNDRY_WORKER
+    cfg = load_config(example / "foundry.toml")
+    assert cfg.mode == "auto" and cfg.archive_dir == example / "archive" and cfg.region_size == 32 << 30
