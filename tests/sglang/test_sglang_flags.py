@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import pickle
 
-import msgspec
 import pytest
 
 pytestmark = pytest.mark.sglang
@@ -62,6 +61,8 @@ def test_flag_off_leaves_server_args_identical(fresh_python, model_dir):
 
 
 def test_flag_off_launch_check_is_a_no_op(parse):
+    import msgspec
+
     sa = parse(*BASE_ARGV, foundry=False)
     before = (msgspec.structs.asdict(sa), dict(sa.__dict__))
     sa.resolve_once()
