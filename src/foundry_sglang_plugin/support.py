@@ -149,6 +149,12 @@ def check_supported(server_args: Any) -> None:
         reasons.append(
             "--enable-memory-saver is not supported (it moves graph memory out of the Foundry region)"
         )
+    disagg = read("disaggregation_mode", "null")
+    if disagg not in (None, "null"):
+        reasons.append(
+            f"PD disaggregation (disaggregation_mode={disagg}) is not supported (KV transfer engines "
+            "register and move pool memory)"
+        )
     if read("startup_weight_load_mode", "serial") == "overlap":
         reasons.append(
             "--startup-weight-load-mode overlap is not supported (weights would land after graph capture)"

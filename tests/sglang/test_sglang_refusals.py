@@ -150,6 +150,12 @@ def test_memory_saver(parse):
     assert "--enable-memory-saver is not supported" in message
 
 
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_pd_disaggregation(parse, role):
+    message = refusal(parse(*OK, "--disaggregation-mode", role))
+    assert f"PD disaggregation (disaggregation_mode={role}) is not supported" in message
+
+
 def test_startup_weight_load_overlap(parse):
     message = refusal(parse(*OK, "--startup-weight-load-mode", "overlap"))
     assert "--startup-weight-load-mode overlap is not supported" in message
