@@ -34,6 +34,7 @@ from .graphs import GraphError, Rebuilt, Segments, count_nodes, rebuild, seriali
 from .modules import LoadedModules, ModuleError, Recorded, recording
 from .progress import Progress
 from .region import Region, RegionError, Segment, restore_snapshot, snapshot
+from .trust import check_location, warn_if_world_writable
 
 ARCHIVE_KIND = "foundry-graphs"
 
@@ -318,16 +319,21 @@ def load(
     rank: int = 0,
     world_size: int = 1,
     expected_digest: str | None = None,
+    trusted_root: str | os.PathLike | None = None,
     progress: bool | None = None,
 ) -> Restored:
     """Rebuild the graphs of the archive at ``path`` in this process, without capture or warmup.
 
-    Everything is verified first (checksums, fingerprint, memory placement); a mismatch raises
-    with a one-line reason before any kernel is launched.
+    Everything is verified first (location under ``trusted_root`` when given, checksums, digest
+    when pinned, fingerprint, memory placement); a mismatch raises with a one-line reason before
+    any kernel is launched. An archive that every user may write is loaded with a warning.
     """
     torch = _torch()
     timings = {}
     t0 = time.perf_counter()
+    if trusted_root is not None:
+        check_location(path, trusted_root)
+    warn_if_world_writable(path, stop_at=trusted_root)
     expected = current_fingerprint(
         region.device, model=fingerprint_model or {}, rank=rank, world_size=world_size
     )

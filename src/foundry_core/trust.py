@@ -1,0 +1,68 @@
+"""Where an archive may be loaded from, and who could have written it.
+
+An archive is machine code plus raw device pointers, so loading one is running it. Two cheap
+guards sit in front of the checksums and the fingerprint: the archive must resolve to a place under
+the directory the operator configured (a symlink swapped to point elsewhere is refused), and an
+archive or directory that anyone on the machine can write is reported, since anyone could then
+have replaced it with a consistent, checksummed archive of their own.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import warnings
+from pathlib import Path
+
+from .archive import ArchiveError
+
+
+class ArchiveLocationError(ArchiveError):
+    """The archive resolves outside the directory it may be loaded from."""
+
+
+class WritableArchiveWarning(UserWarning):
+    """An archive (or a directory above it) is writable by every user of the machine."""
+
+
+def check_location(path: str | os.PathLike, trusted_root: str | os.PathLike) -> Path:
+    """Resolve ``path`` (following symlinks) and require it to lie under ``trusted_root``."""
+    root = Path(trusted_root).resolve()
+    real = Path(path).resolve()
+    if real != root and root not in real.parents:
+        raise ArchiveLocationError(
+            f"archive {path} resolves to {real}, outside the configured directory {root}: refusing to load it"
+        )
+    return real
+
+
+def world_writable(path: str | os.PathLike, stop_at: str | os.PathLike | None = None) -> list[Path]:
+    """``path`` and its parents (up to ``stop_at``, inclusive) that every user may write.
+
+    A sticky directory (like /tmp) only lets owners replace their own entries, so it is not counted.
+    """
+    found = []
+    real = Path(path).resolve()
+    stop = Path(stop_at).resolve() if stop_at is not None else None
+    for p in (real, *real.parents):
+        try:
+            mode = p.stat().st_mode
+        except OSError:
+            break
+        if mode & stat.S_IWOTH and not (stat.S_ISDIR(mode) and mode & stat.S_ISVTX):
+            found.append(p)
+        if stop is not None and p == stop:
+            break
+    return found
+
+
+def warn_if_world_writable(path: str | os.PathLike, stop_at: str | os.PathLike | None = None) -> list[Path]:
+    found = world_writable(path, stop_at)
+    if found:
+        warnings.warn(
+            f"Foundry archive {path}: {found[0]} is writable by every user; anyone on this machine could "
+            "replace the archive (chmod o-w, or pin trust.archive_digest)",
+            WritableArchiveWarning,
+            stacklevel=3,
+        )
+    return found
