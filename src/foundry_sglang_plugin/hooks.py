@@ -5,7 +5,8 @@ Two groups:
 * launcher hooks (every process that loads plugins): add the two flags to SGLang's parser, carry
   them onto ``ServerArgs`` (CLI and ``sglang.Engine(...)``), and, just before SGLang's own
   ``check_server_args`` step, refuse unsupported configurations and settle ``auto`` before any
-  subprocess or GPU work starts. With the flag off each of them returns SGLang's result untouched.
+  subprocess or GPU work starts. With the flag off the parser gains the two flags and nothing else
+  changes: every hook hands SGLang's own result back.
 * worker hooks (only in processes a Foundry-enabled launch spawned, see ``settings.ENV_MARKER``):
   drive the :class:`~foundry_sglang_plugin.session.Session` of a scheduler process.
 """
@@ -60,16 +61,13 @@ def around_engine_init(original: Any, self: Any, *args: Any, **kwargs: Any) -> A
 def before_check_server_args(server_args: Any, *args: Any, **kwargs: Any) -> None:
     """Runs in the launching process after resolution, ahead of SGLang's own checks and before
     SGLang spawns any subprocess: Foundry's refusal is the first thing a Foundry user sees."""
+    settings.clear_env()  # what an earlier launch in this process exported is not this launch's
     req = settings.requested(server_args)
     if not req.enabled and req.config_path is None:
-        settings.clear_env()
         return
-    from foundry_sglang_plugin import archive
-    from foundry_sglang_plugin.support import check_supported
+    from foundry_sglang_plugin.session import settle
 
-    cfg = settings.load(server_args)
-    check_supported(server_args)
-    mode = archive.decide_mode(server_args, cfg)
+    cfg, mode = settle(server_args)
     settings.set_mode(server_args, mode)
     settings.export_env(cfg, mode)
 

@@ -97,13 +97,10 @@ class Session:
     # -- step 1 -------------------------------------------------------------------------------
     @classmethod
     def begin(cls, server_args: Any, hint: dict[str, Any]) -> Session | None:
-        cfg = settings.load(server_args)
-        if cfg is None:
+        settled = settle(server_args)
+        if settled is None:
             return None
-        check_supported(server_args)
-        mode = settings.requested(server_args).mode or _env_mode() or cfg.mode
-        if mode == "auto":
-            mode = archive.decide_mode(server_args, cfg)
+        cfg, mode = settled
         tp_rank, dp_rank, gpu_id = _placement(hint)
         read = reader(server_args)
         dp_size = max(1, int(read("dp_size", 1) or 1))
@@ -249,6 +246,19 @@ class Session:
 
     def abort(self) -> None:
         self._routing.close()
+
+
+def settle(server_args: Any) -> tuple[Any, str] | None:
+    """(FoundryConfig, "save" | "load") for a record, after the refusal rules; None when Foundry is
+    off. A mode the launcher already settled (on the record, or exported) is kept."""
+    cfg = settings.load(server_args)
+    if cfg is None:
+        return None
+    check_supported(server_args)
+    mode = settings.requested(server_args).mode or _env_mode() or cfg.mode
+    if mode == "auto":
+        mode = archive.decide_mode(server_args, cfg)
+    return cfg, mode
 
 
 def _call(fn: Any, *args: Any, **kwargs: Any) -> Any:

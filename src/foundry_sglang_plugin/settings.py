@@ -115,11 +115,11 @@ def set_mode(server_args: Any, mode: str) -> None:
 
 
 def export_env(cfg: Any, mode: str) -> dict[str, str]:
-    """Put the settings in this process's environment for the subprocesses SGLang spawns next."""
+    """Put the settings in this process's environment for the subprocesses SGLang spawns next
+    (after :func:`clear_env`, so no key of an earlier launch survives)."""
     env = cfg.to_env()
     env["FOUNDRY_MODE"] = mode
     env[ENV_MARKER] = "1"
-    clear_env()
     os.environ.update(env)
     return env
 

@@ -175,3 +175,17 @@ def test_engine_server_args_route(fresh_python, model_dir, foundry_toml):
     )
     assert out["error"] is not None and "LoRA is not supported" in out["error"]
     assert out["children"] == 0
+
+
+def test_a_previous_launch_in_the_process_does_not_leak(parse, monkeypatch):
+    # What an earlier Foundry launch in this process exported (mode=load).
+    monkeypatch.setenv("FOUNDRY_SGLANG", "1")
+    monkeypatch.setenv("FOUNDRY_MODE", "load")
+    sa = parse(*BASE_ARGV)
+    sa.resolve_once()
+    sa.check_server_args()
+    assert sa.foundry_mode == "save"  # decided afresh: auto without an archive
+    off = parse(*BASE_ARGV, foundry=False)
+    off.resolve_once()
+    off.check_server_args()
+    assert not any(k.startswith("FOUNDRY") for k in os.environ)
