@@ -160,14 +160,18 @@ def drop_sidecar(cfg: Any, rank: int) -> None:
         pass
 
 
-def decide_mode(server_args: Any, cfg: Any) -> str:
-    """``save`` or ``load`` for this launch: ``auto`` loads only when every rank's archive is complete
-    and was saved for exactly this configuration."""
-    if cfg.mode != "auto":
-        return cfg.mode
+def complete(server_args: Any, cfg: Any) -> bool:
+    """Whether every rank of this launch has a finished archive saved for exactly this configuration."""
     want = fingerprint(server_args, cfg)
     for rank in range(world_size(server_args)):
         side = read_sidecar(cfg, rank)
         if side is None or side.get("fingerprint") != want:
-            return "save"
-    return "load"
+            return False
+    return True
+
+
+def decide_mode(server_args: Any, cfg: Any) -> str:
+    """``save`` or ``load`` for this launch: ``auto`` loads only when the archive is :func:`complete`."""
+    if cfg.mode != "auto":
+        return cfg.mode
+    return "load" if complete(server_args, cfg) else "save"

@@ -258,6 +258,11 @@ def settle(server_args: Any) -> tuple[Any, str] | None:
     mode = settings.requested(server_args).mode or _env_mode() or cfg.mode
     if mode == "auto":
         mode = archive.decide_mode(server_args, cfg)
+    elif mode == "load" and not archive.complete(server_args, cfg):
+        raise FoundrySessionError(
+            f"mode=load but {cfg.archive_dir} holds no complete archive for this configuration; "
+            "run once with mode=save (or auto)"
+        )
     return cfg, mode
 
 

@@ -189,3 +189,15 @@ def test_a_previous_launch_in_the_process_does_not_leak(parse, monkeypatch):
     off.resolve_once()
     off.check_server_args()
     assert not any(k.startswith("FOUNDRY") for k in os.environ)
+
+
+def test_forced_load_without_an_archive_is_refused_at_launch(parse, tmp_path):
+    from foundry_sglang_plugin.session import FoundrySessionError
+
+    toml = tmp_path / "load.toml"
+    toml.write_text(f'mode = "load"\narchive_dir = "{tmp_path / "none"}"\n')
+    sa = parse(*BASE_ARGV, "--enable-foundry", "--foundry-config", str(toml), foundry=False)
+    sa.resolve_once()
+    with pytest.raises(FoundrySessionError, match="mode=load but .* holds no complete archive"):
+        sa.check_server_args()
+    assert "FOUNDRY_SGLANG" not in os.environ
