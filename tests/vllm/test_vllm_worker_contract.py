@@ -143,3 +143,61 @@ def test_keep_captured_graphs_is_scoped():
 def test_unknown_runner_is_refused():
     with pytest.raises(FoundryUnsupportedError, match="no known CUDA graph layout"):
         graphs.adapter_for(object())
+
+
+def test_v2_adapter_installs_exactly_the_planned_graphs(tmp_path):
+    # Real V2 descriptors and vLLM's own workspace lock; the manager holds only what the adapter touches.
+    _in_fresh_process(
+        """
+        import types
+        import torch
+        from vllm.config.compilation import CUDAGraphMode
+        from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor
+        from vllm.v1.worker.workspace import init_workspace_manager
+        from foundry_vllm_plugin import FoundryUnsupportedError, graphs
+
+        init_workspace_manager(torch.device("cpu"))
+        d8 = BatchExecutionDescriptor(cg_mode=CUDAGraphMode.FULL, num_tokens=8, num_reqs=8, uniform_token_count=1)
+        d4 = BatchExecutionDescriptor(cg_mode=CUDAGraphMode.FULL, num_tokens=4, num_reqs=4, uniform_token_count=1)
+
+        def runner(mode=CUDAGraphMode.FULL_DECODE_ONLY, descs=None):
+            mgr = types.SimpleNamespace(cudagraph_mode=mode, _capture_descs=descs or {CUDAGraphMode.FULL: [d8, d4]},
+                                        graphs={}, hidden_states=None, ubatch_runner=None, _graphs_captured=False,
+                                        use_aux_hidden_state_outputs=False)
+            return types.SimpleNamespace(cudagraph_manager=mgr, attn_groups=[], use_aux_hidden_state_outputs=False,
+                                         speculator=None, model_state=types.SimpleNamespace(supports_mm_inputs=False))
+
+        r = runner()
+        adapter = graphs.adapter_for(r)
+        assert adapter.kind == "v2"
+        adapter.check()
+        names = {graphs.graph_name(graphs.descriptor_key(d)): d for d in (d8, d4)}
+        restored = types.SimpleNamespace(graphs={n: f"G{d.num_tokens}" for n, d in names.items()},
+                                         tensors={"hidden_states": "H"})
+        assert adapter.install(restored, []) == 2
+        mgr = r.cudagraph_manager
+        assert mgr.graphs == {d8: "G8", d4: "G4"} and mgr.hidden_states == "H" and mgr._graphs_captured
+
+        partial = types.SimpleNamespace(graphs={graphs.graph_name(graphs.descriptor_key(d8)): "G8"},
+                                        tensors={"hidden_states": "H"})
+        try:
+            graphs.adapter_for(runner()).install(partial, [])
+        except graphs.FoundryRestoreError as e:
+            assert "missing" in str(e), e
+        else:
+            raise AssertionError("a partial archive was installed")
+
+        for bad, text in (
+            (runner(mode=CUDAGraphMode.FULL_AND_PIECEWISE), "effective cudagraph_mode=FULL_AND_PIECEWISE"),
+            (runner(descs={CUDAGraphMode.FULL: [d8], CUDAGraphMode.PIECEWISE: [d4]}), "PIECEWISE graphs"),
+        ):
+            try:
+                graphs.adapter_for(bad).check()
+            except FoundryUnsupportedError as e:
+                assert text in str(e), e
+            else:
+                raise AssertionError(text)
+        print("OK")
+        """,
+        tmp_path,
+    )
