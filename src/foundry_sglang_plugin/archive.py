@@ -1,8 +1,10 @@
 """Which configuration an archive belongs to, and whether one exists for this launch.
 
-Each rank keeps its Foundry archive in ``archive_dir/rank<r>``. Beside the core archive the plugin
-writes ``sglang.json`` (last, so its presence marks a finished SAVE): the configuration fingerprint,
-the memory-pool sizing and the decode shapes with their output layouts. ``auto`` mode loads only when
+Each rank keeps its Foundry archive at ``archive_dir/rank<r>`` (the core's atomically swapped
+archive, which may hold only the files its manifest lists). Beside it, not inside, the plugin writes
+``archive_dir/rank<r>.sglang.json`` after the core archive is committed, so its presence marks a
+finished SAVE: the configuration fingerprint, the memory-pool sizing (needed before the archive can
+be opened on the GPU) and the decode shapes with their output layouts. ``auto`` mode loads only when
 every rank of this launch has that file with exactly this launch's fingerprint; the core's own
 ``fc.load`` checks the same fingerprint again when the graphs are restored.
 """
@@ -19,7 +21,7 @@ from typing import Any
 
 from foundry_sglang_plugin._view import reader
 
-SIDECAR = "sglang.json"
+SIDECAR_SUFFIX = ".sglang.json"
 FORMAT = 1
 
 # Server arguments that decide what the decode graphs contain or how memory is laid out under them.
@@ -134,7 +136,8 @@ def world_size(server_args: Any) -> int:
 
 
 def sidecar_path(cfg: Any, rank: int) -> Path:
-    return Path(cfg.rank_archive_dir(rank)) / SIDECAR
+    archive_path = Path(cfg.rank_archive_dir(rank))
+    return archive_path.with_name(archive_path.name + SIDECAR_SUFFIX)
 
 
 def read_sidecar(cfg: Any, rank: int) -> dict[str, Any] | None:

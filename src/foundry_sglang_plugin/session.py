@@ -183,7 +183,7 @@ class Session:
         )
         if self.restored.slots != self.sidecar["slots"]:
             raise FoundrySessionError(
-                f"archive {self.path}: pool sizing differs between core archive and sglang.json"
+                f"archive {self.path}: pool sizing differs between the core archive and its .sglang.json"
             )
 
     def restored_graph(self, shape_key: Any) -> tuple[Any, Any]:
@@ -203,7 +203,7 @@ class Session:
         self.layouts[name] = layout
         self.tensors.update(tensors)
 
-    # -- step 5 -------------------------------------------------------------------------------
+    # -- step 6 -------------------------------------------------------------------------------
     def finish(self) -> None:
         try:
             if self.mode == "save":

@@ -298,3 +298,9 @@ def test_load_refuses_when_an_archived_shape_was_not_installed(parse, cfg):
     session = Session(sa, cfg, "load", rank=0, gpu_id=0)
     with pytest.raises(FoundrySessionError, match=r"\['decode/size=8'\] were archived but not installed"):
         session.finish()
+
+
+def test_plugin_record_lives_beside_the_core_archive_not_inside(cfg):
+    # The core archive path is a symlink swapped on SAVE and may hold only files its manifest lists.
+    assert archive.sidecar_path(cfg, 3) == cfg.archive_dir / "rank3.sglang.json"
+    assert archive.sidecar_path(cfg, 3).parent == cfg.rank_archive_dir(3).parent
