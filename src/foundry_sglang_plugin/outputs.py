@@ -9,6 +9,7 @@ containers, dataclasses and scalars are accepted: anything else is refused at SA
 from __future__ import annotations
 
 import dataclasses
+import enum
 import importlib
 from typing import Any
 
@@ -32,6 +33,9 @@ def flatten(value: Any, prefix: str) -> tuple[Any, dict[str, Any]]:
         if _is_tensor(v):
             tensors[path] = v
             return {"k": "tensor", "name": path}
+        if isinstance(v, enum.Enum):  # before the scalars: IntEnum members are ints too
+            cls = type(v)
+            return {"k": "enum", "cls": f"{cls.__module__}:{cls.__qualname__}", "v": v.name}
         if v is None or isinstance(v, (bool, int, float, str)):
             return {"k": "value", "v": v}
         if isinstance(v, (list, tuple)):
@@ -47,9 +51,6 @@ def flatten(value: Any, prefix: str) -> tuple[Any, dict[str, Any]]:
                 f.name: walk(getattr(v, f.name), f"{path}/{f.name}") for f in dataclasses.fields(v) if f.init
             }
             return {"k": "dataclass", "cls": f"{cls.__module__}:{cls.__qualname__}", "fields": fields}
-        if getattr(type(v), "__module__", "") == "enum" or hasattr(type(v), "_member_map_"):
-            cls = type(v)
-            return {"k": "enum", "cls": f"{cls.__module__}:{cls.__qualname__}", "v": v.name}
         raise OutputLayoutError(f"{path}: cannot persist a graph output of type {type(v).__qualname__}")
 
     return walk(value, prefix), tensors

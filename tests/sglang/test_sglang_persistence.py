@@ -304,3 +304,10 @@ def test_plugin_record_lives_beside_the_core_archive_not_inside(cfg):
     # The core archive path is a symlink swapped on SAVE and may hold only files its manifest lists.
     assert archive.sidecar_path(cfg, 3) == cfg.archive_dir / "rank3.sglang.json"
     assert archive.sidecar_path(cfg, 3).parent == cfg.rank_archive_dir(3).parent
+
+
+def test_enum_members_keep_their_type():
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+
+    layout, tensors = outputs.flatten({"mode": CaptureHiddenMode.LAST}, "p")
+    assert outputs.unflatten(layout, tensors)["mode"] is CaptureHiddenMode.LAST
