@@ -42,6 +42,7 @@ class FoundrySession:
         self.fingerprint: dict | None = None
         self.kv_cache_memory_bytes: int | None = None
         self.num_gpu_blocks: int | None = None
+        self.setup: dict | None = None  # region layout when the setup ended (segments, cursor)
 
     def open(self, device: Any) -> None:
         """Decide SAVE/LOAD for this rank and reserve the region; needs the CUDA device to be current."""
@@ -76,8 +77,21 @@ class FoundrySession:
             yield
 
     def end_setup(self) -> None:
+        """Close the setup (runner buffers, weights, KV cache) that SAVE and LOAD build identically.
+
+        SAVE marks it in the region and records the layout; LOAD compares its layout with the record
+        right away, so a divergence is reported before warmups rather than at restore time.
+        """
+        self.setup = {"segments": len(self.region.segments()), "cursor": int(self.region.cursor)}
         if self.mode == "save":
             self.region.end_setup()
+            return
+        saved = ((self.manifest or {}).get("sizing") or {}).get("setup")
+        if saved is not None and saved != self.setup:
+            raise graphs.FoundryRestoreError(
+                f"region setup diverged from the SAVE: {self.setup['segments']} allocations ending at offset "
+                f"{self.setup['cursor']:#x}, the SAVE made {saved['segments']} ending at {saved['cursor']:#x}"
+            )
 
     def save(self, adapter: Any) -> None:
         import torch
@@ -96,6 +110,7 @@ class FoundrySession:
             "kv_cache_memory_bytes": int(self.kv_cache_memory_bytes or 0),
             "num_gpu_blocks": int(self.num_gpu_blocks or 0),
             "runner": adapter.kind,
+            "setup": self.setup,
         }
         t0 = time.perf_counter()
         fc.save(

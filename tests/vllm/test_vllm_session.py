@@ -56,7 +56,12 @@ def test_save_writes_the_manifest_only_after_the_core_archive(base_vllm_config, 
     assert manifest_existed_during_save is False  # removed before the core writes
     assert kw["graphs"] == {"decode/g1": "G1", "decode/g2": "G2"} and kw["tensors"] == {"hidden_states": "T"}
     assert kw["region"] is s.region and kw["fingerprint_model"] == {"config_hash": "abc"}
-    assert kw["slots"] == {"kv_cache_memory_bytes": 1 << 30, "num_gpu_blocks": 4096, "runner": "v2"}
+    assert kw["slots"] == {
+        "kv_cache_memory_bytes": 1 << 30,
+        "num_gpu_blocks": 4096,
+        "runner": "v2",
+        "setup": None,
+    }
     assert (kw["rank"], kw["world_size"]) == (0, 1)
     manifest = archive.read_manifest(mpath)
     assert manifest["fingerprint"] == {"config_hash": "abc"} and manifest["sizing"] == kw["slots"]
@@ -120,10 +125,32 @@ def test_restore_refuses_an_archive_from_the_other_model_runner(base_vllm_config
         s.restore(Adapter())
 
 
-def test_setup_boundary_is_marked_only_when_saving(base_vllm_config):
-    marks = []
-    for mode in ("save", "load"):
-        s = _session(base_vllm_config, mode)
-        s.region = types.SimpleNamespace(end_setup=lambda m=mode: marks.append(m))
-        s.end_setup()
-    assert marks == ["save"]
+class Region:
+    def __init__(self, segments, cursor):
+        self._segments, self.cursor, self.marked = segments, cursor, False
+
+    def segments(self):
+        return [object()] * self._segments
+
+    def end_setup(self):
+        self.marked = True
+
+
+def test_setup_boundary_is_marked_and_recorded_only_when_saving(base_vllm_config):
+    save = _session(base_vllm_config, "save")
+    save.region = Region(5, 0x4000000)
+    save.end_setup()
+    assert save.region.marked and save.setup == {"segments": 5, "cursor": 0x4000000}
+    load = _session(base_vllm_config, "load")
+    load.manifest = {"sizing": {"setup": save.setup}}
+    load.region = Region(5, 0x4000000)
+    load.end_setup()  # same layout: fine
+    assert not load.region.marked
+
+
+def test_load_reports_a_diverged_setup_before_warmup(base_vllm_config):
+    load = _session(base_vllm_config, "load")
+    load.manifest = {"sizing": {"setup": {"segments": 5, "cursor": 0x4000000}}}
+    load.region = Region(6, 0x4200000)
+    with pytest.raises(FoundryRestoreError, match="region setup diverged from the SAVE: 6 allocations"):
+        load.end_setup()
