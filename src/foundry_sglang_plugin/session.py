@@ -180,6 +180,7 @@ class Session:
             rank=self.rank,
             world_size=self.world_size,
             expected_digest=self.cfg.archive_digest,
+            trusted_root=self.cfg.archive_dir,  # the archive must resolve inside the configured directory
         )
         if self.restored.slots != self.sidecar["slots"]:
             raise FoundrySessionError(
