@@ -59,7 +59,7 @@ KERNEL = "_ZN4vllm15rms_norm_kernelIN3c108BFloat16EEEvPT_PKS3_S6_fii"
 GRAPH = {
     "nodes": [
         {
-            "kind": "kernel",
+            "type": "kernel",
             "image": CUBIN_SHA,
             "name": KERNEL,
             "grid": [8, 1, 1],
@@ -75,7 +75,7 @@ GRAPH = {
             ).decode(),
             "attrs": {},
         },
-        {"kind": "memset", "dst": BASE + (8 << 20), "pitch": 0, "value": 0, "element_size": 4,
+        {"type": "memset", "dst": BASE + (8 << 20), "pitch": 0, "value": 0, "element_size": 4,
          "width": 1024, "height": 1},
     ],
     "edges": [[1, 0, 0, 0, 0]],
