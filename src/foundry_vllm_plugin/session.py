@@ -143,6 +143,7 @@ class FoundrySession:
             rank=self.rank,
             world_size=self.world_size,
             expected_digest=self.cfg.archive_digest,
+            trusted_root=self.cfg.archive_dir,  # the archive must resolve inside the configured directory
         )
         sizing = (self.manifest or {}).get("sizing", {})
         slots = dict(getattr(restored, "slots", {}) or {})
