@@ -28,7 +28,7 @@ import time
 
 from . import __version__
 from .archive import ArchiveError, ArchiveWriter, open_archive
-from .driver import call
+from .driver import call, cu
 from .fingerprint import current_fingerprint
 from .graphs import GraphError, Rebuilt, Segments, count_nodes, rebuild, serialize
 from .modules import LoadedModules, ModuleError, Recorded, recording
@@ -154,6 +154,9 @@ def save(
     about the model/engine setup changes the graphs (shapes, dtypes, capture sizes...); LOAD
     refuses an archive whose fingerprint differs. ``slots`` is free-form JSON an engine needs back
     (e.g. memory-pool sizing). Returns the archive digest. On any refusal nothing is written.
+
+    Each graph is replayed once (three times if it draws random numbers) to find its RNG state, so
+    whatever its kernels write, the KV cache included, is written then.
     """
     torch = _torch()
     if not recording():
@@ -165,7 +168,6 @@ def save(
             "call region.end_setup() after building the model and static buffers, before warmup/capture"
         )
     tensors = tensors or {}
-    t0 = time.perf_counter()
     torch.cuda.synchronize(region.device)
     fingerprint = current_fingerprint(
         region.device, model=fingerprint_model or {}, rank=rank, world_size=world_size
@@ -184,8 +186,6 @@ def save(
                     raise SaveError(
                         f"graph {name!r}: capture it with torch.cuda.CUDAGraph(keep_graph=True) ({e})"
                     ) from None
-                from .driver import cu
-
                 desc, pointers = serialize(cu().CUgraph(init_value=raw), recorded, segments, kernels)
                 desc["rng"] = _find_rng_state(graph, pointers, region.device)
                 described.append((name, desc))
@@ -223,9 +223,7 @@ def save(
                     {"name": name, "file": rel, "nodes": count_nodes(desc), "rng": desc["rng"] is not None}
                 )
                 bar.advance()
-        digest = writer.commit(fingerprint=fingerprint, meta=meta)
-    meta["save_s"] = time.perf_counter() - t0
-    return digest
+        return writer.commit(fingerprint=fingerprint, meta=meta)
 
 
 def verify(
