@@ -47,6 +47,7 @@ def test_valid_file(tmp_path):
         region_base=0x500000000000,
         region_size=64 << 30,
         archive_digest=DIGEST,
+        archive_digests=((0, DIGEST),),
         source=(tmp_path / "foundry.toml").resolve(),
     )
     assert cfg.rank_archive_dir(3) == Path("/var/cache/foundry/qwen3/rank3")
@@ -266,3 +267,34 @@ def test_env_errors_are_config_errors():
         )
     with pytest.raises(ConfigError, match="does not exist"):
         config_from_env({"FOUNDRY_CONFIG": "/nonexistent/foundry.toml"})
+
+
+OTHER = "b" * 64
+
+
+def test_per_rank_digest_table(tmp_path):
+    cfg = load_config(
+        write(tmp_path, f'archive_dir = "/a"\n[trust]\narchive_digest = {{ 0 = "{DIGEST}", 1 = "{OTHER}" }}')
+    )
+    assert cfg.digest_for_rank(0) == DIGEST and cfg.digest_for_rank(1) == OTHER
+    with pytest.raises(ConfigError, match="pins rank\\(s\\) \\[0, 1\\] but not rank 2"):
+        cfg.digest_for_rank(2)
+    assert config_from_env(cfg.to_env()).archive_digests == cfg.archive_digests
+    single = config_from_dict({"archive_dir": "/a", "trust": {"archive_digest": DIGEST}})
+    assert single.digest_for_rank(0) == DIGEST
+    with pytest.raises(ConfigError, match="but not rank 1"):
+        single.digest_for_rank(1)  # one digest pins rank 0 only; other ranks are not let through unpinned
+    assert config_from_dict({"archive_dir": "/a"}).digest_for_rank(5) is None
+
+
+@pytest.mark.parametrize(
+    "table,message",
+    [
+        ({"x": DIGEST}, "table keys are ranks"),
+        ({"0": "abc"}, "trust.archive_digest.0: expected 64 lowercase hex"),
+        ({}, "an empty table pins nothing"),
+    ],
+)
+def test_per_rank_digest_table_errors(table, message):
+    with pytest.raises(ConfigError, match=message):
+        config_from_dict({"archive_dir": "/a", "trust": {"archive_digest": table}})

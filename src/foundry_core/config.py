@@ -10,7 +10,8 @@ One schema, parsed here, so that SGLang and vLLM read the same file the same way
     size = "128GiB"               # virtual size reserved (physical memory is mapped on use)
 
     [trust]
-    archive_digest = ""           # optional: pin the archive's manifest digest (sha256 hex)
+    archive_digest = ""           # optional: pin the archive's manifest digest (sha256 hex);
+                                  # several ranks: a table, archive_digest = { 0 = "...", 1 = "..." }
 
 Unknown keys are an error, not a silent no-op: a typo in a key would otherwise change what is
 restored without anyone noticing.
@@ -19,6 +20,7 @@ restored without anyone noticing.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import sys
@@ -51,12 +53,27 @@ class FoundryConfig:
     archive_dir: Path = Path("foundry-archive")
     region_base: int = DEFAULT_REGION_BASE
     region_size: int = DEFAULT_REGION_SIZE
-    archive_digest: str | None = None
+    archive_digest: str | None = None  # the rank-0 pin (the only one of a single-rank engine)
+    archive_digests: tuple[tuple[int, str], ...] = ()  # every pinned rank, (rank, digest)
     source: Path | None = None  # the file it came from, for messages
 
     def rank_archive_dir(self, rank: int = 0) -> Path:
         """Each rank of a multi-process engine keeps its own archive under the configured directory."""
         return self.archive_dir / f"rank{rank}"
+
+    def digest_for_rank(self, rank: int = 0) -> str | None:
+        """The pinned digest of ``rank``'s archive; None when nothing is pinned.
+
+        Once anything is pinned every rank must be: an unpinned rank is an error, not a free pass.
+        """
+        if not self.archive_digests:
+            return None
+        pins = dict(self.archive_digests)
+        if rank not in pins:
+            raise ConfigError(
+                f"trust.archive_digest pins rank(s) {sorted(pins)} but not rank {rank}: pin every rank or none"
+            )
+        return pins[rank]
 
     def rank_region_base(self, rank: int = 0) -> int:
         return self.region_base + rank * RANK_STRIDE
@@ -69,8 +86,11 @@ class FoundryConfig:
             "FOUNDRY_REGION_BASE": hex(self.region_base),
             "FOUNDRY_REGION_SIZE": str(self.region_size),
         }
-        if self.archive_digest:
-            env["FOUNDRY_ARCHIVE_DIGEST"] = self.archive_digest
+        if self.archive_digests:
+            pins = dict(self.archive_digests)
+            env["FOUNDRY_ARCHIVE_DIGEST"] = (
+                pins[0] if list(pins) == [0] else json.dumps({str(r): d for r, d in sorted(pins.items())})
+            )
         if self.source is not None:
             env["FOUNDRY_CONFIG"] = str(self.source)
         return env
@@ -158,19 +178,38 @@ def config_from_dict(data: dict, source: Path | None = None, base_dir: Path | No
     if not isinstance(trust, dict):
         raise ConfigError(f"{where}: [trust] must be a table")
     _check_keys(trust, _TRUST_KEYS, f"{where} [trust]")
-    digest = trust.get("archive_digest", "")
-    if digest == "":
-        digest = None  # empty means "not pinned"; other falsy values (false, 0) are errors, not "unset"
-    if digest is not None and (not isinstance(digest, str) or not re.fullmatch(r"[0-9a-f]{64}", digest)):
-        raise ConfigError("trust.archive_digest: expected 64 lowercase hex characters (sha256)")
+    pins = _parse_pins(trust.get("archive_digest", ""))
     return FoundryConfig(
         mode=mode,
         archive_dir=path,
         region_base=base,
         region_size=size,
-        archive_digest=digest,
+        archive_digest=dict(pins).get(0),
+        archive_digests=pins,
         source=source,
     )
+
+
+def _check_digest(value: Any, key: str) -> str:
+    if not isinstance(value, str) or not re.fullmatch(r"[0-9a-f]{64}", value):
+        raise ConfigError(f"{key}: expected 64 lowercase hex characters (sha256)")
+    return value
+
+
+def _parse_pins(value: Any) -> tuple[tuple[int, str], ...]:
+    """``archive_digest``: "" (not pinned), one digest (rank 0), or a table rank -> digest."""
+    if value == "":
+        return ()  # empty means "not pinned"; other falsy values (false, 0) are errors, not "unset"
+    if isinstance(value, dict):
+        pins = {}
+        for rank, digest in value.items():
+            if not str(rank).isdigit():
+                raise ConfigError(f"trust.archive_digest: table keys are ranks (0, 1, ...), got {rank!r}")
+            pins[int(rank)] = _check_digest(digest, f"trust.archive_digest.{rank}")
+        if not pins:
+            raise ConfigError('trust.archive_digest: an empty table pins nothing; use "" or omit it')
+        return tuple(sorted(pins.items()))
+    return ((0, _check_digest(value, "trust.archive_digest")),)
 
 
 def load_config(path: str | os.PathLike) -> FoundryConfig:
@@ -206,5 +245,13 @@ def config_from_env(environ: dict[str, str] | None = None) -> FoundryConfig | No
         },
     }
     if env.get("FOUNDRY_ARCHIVE_DIGEST"):
-        data["trust"] = {"archive_digest": env["FOUNDRY_ARCHIVE_DIGEST"]}
+        pinned = env["FOUNDRY_ARCHIVE_DIGEST"]
+        if pinned.startswith("{"):
+            try:
+                pinned = json.loads(pinned)
+            except ValueError:
+                raise ConfigError(
+                    "FOUNDRY_ARCHIVE_DIGEST: not a digest nor a JSON table of rank -> digest"
+                ) from None
+        data["trust"] = {"archive_digest": pinned}
     return config_from_dict(data, source=None)

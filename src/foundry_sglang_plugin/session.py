@@ -179,7 +179,7 @@ class Session:
             fingerprint_model=self.fingerprint,
             rank=self.rank,
             world_size=self.world_size,
-            expected_digest=self.cfg.archive_digest,
+            expected_digest=self.cfg.digest_for_rank(self.rank),
             trusted_root=self.cfg.archive_dir,  # the archive must resolve inside the configured directory
         )
         if self.restored.slots != self.sidecar["slots"]:

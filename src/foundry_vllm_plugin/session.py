@@ -142,7 +142,7 @@ class FoundrySession:
             fingerprint_model=self.fingerprint,
             rank=self.rank,
             world_size=self.world_size,
-            expected_digest=self.cfg.archive_digest,
+            expected_digest=self.cfg.digest_for_rank(self.rank),
             trusted_root=self.cfg.archive_dir,  # the archive must resolve inside the configured directory
         )
         sizing = (self.manifest or {}).get("sizing", {})
