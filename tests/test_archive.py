@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -77,6 +78,17 @@ def manifest_of(path) -> dict:
 
 def write_manifest(path, manifest) -> None:
     (real(path) / "manifest.json").write_text(json.dumps(manifest))
+
+
+def canonical(manifest: dict) -> bytes:
+    """A manifest laid out as the writer does (docs/archive-format.md, section 2)."""
+    return json.dumps(manifest, sort_keys=True, indent=1, ensure_ascii=True, allow_nan=False).encode() + b"\n"
+
+
+def seal(manifest: dict) -> dict:
+    """Recompute manifest_sha256, independently of the archive module, as a consistent writer would."""
+    body = {k: v for k, v in manifest.items() if k != "manifest_sha256"}
+    return {**body, "manifest_sha256": hashlib.sha256(canonical(body)).hexdigest()}
 
 
 def entries(parent: Path) -> set[str]:
@@ -242,11 +254,11 @@ def test_flipped_manifest_byte_without_pin_never_changes_file_contents(arch):
             assert "\n" not in str(e)
             refused += 1
             continue
-        # Only unauthenticated manifest text (meta, timestamp...) can change; member bytes cannot.
         for rel in ar.files:
             assert hashlib.sha256(ar.read_bytes(rel)).hexdigest() == ar.manifest["files"][rel]["sha256"]
             assert ar.read_bytes(rel) == original.read_bytes(rel)
-    assert refused > len(raw) // 2
+    # What the JSON and the schema let through, the manifest's own checksum (manifest_sha256) refuses.
+    assert refused == len(raw)
 
 
 def test_flipped_structural_manifest_byte_names_the_manifest(arch):
@@ -260,9 +272,93 @@ def test_flipped_structural_manifest_byte_names_the_manifest(arch):
     with pytest.raises(ArchiveError, match="manifest.json has no 'files' field"):
         open_archive(path)
     sha = hashlib.sha256(CUBIN).hexdigest()
-    mpath.write_bytes(raw.replace(sha.encode(), (("0" if sha[0] != "0" else "1") + sha[1:]).encode()))
+    other = ("0" if sha[0] != "0" else "1") + sha[1:]
+    mpath.write_bytes(raw.replace(sha.encode(), other.encode()))
+    with pytest.raises(
+        ArchiveError,
+        match=r"manifest.json is damaged: its content does not match its own checksum \(manifest_sha256\); "
+        "SAVE again",
+    ):
+        open_archive(path)
+    # With the manifest's own checksum recomputed (a consistent writer), the member check names the file.
+    mpath.write_bytes(canonical(seal(json.loads(raw.replace(sha.encode(), other.encode())))))
     with pytest.raises(ArchiveError, match="'modules/abc.cubin' fails its sha256 check"):
         open_archive(path)
+
+
+DAMAGED = (
+    r"manifest.json is damaged: its content does not match its own checksum \(manifest_sha256\); SAVE again"
+)
+
+
+def test_manifest_sha256_is_the_checksum_of_the_manifest_without_it(arch):
+    path, _ = arch
+    raw = (real(path) / "manifest.json").read_bytes()
+    m = json.loads(raw)
+    body = {k: v for k, v in m.items() if k != "manifest_sha256"}
+    assert m["manifest_sha256"] == hashlib.sha256(canonical(body)).hexdigest()
+    assert canonical(seal(m)) == raw
+
+
+def _checksum(value):
+    def change(m):
+        m["manifest_sha256"] = value(m["manifest_sha256"]) if callable(value) else value
+
+    return change
+
+
+MALFORMED = "manifest.json field 'manifest_sha256' must be 64 lowercase hex characters"
+CHECKSUM_CASES = {
+    "zeros": (_checksum("0" * 64), DAMAGED),
+    "sha256-of-nothing": (_checksum(hashlib.sha256(b"").hexdigest()), DAMAGED),
+    "of-another-manifest": (
+        lambda m: m.update(manifest_sha256=seal({**m, "created_utc": "2020-01-01T00:00:00+00:00"})[
+            "manifest_sha256"]),
+        DAMAGED,
+    ),
+    "missing": (lambda m: m.pop("manifest_sha256"), "manifest.json has no 'manifest_sha256' field"),
+    "upper": (_checksum(str.upper), MALFORMED),
+    "short": (_checksum(lambda v: v[:63]), MALFORMED),
+    "long": (_checksum(lambda v: v + "0"), MALFORMED),
+    "not-hex": (_checksum("g" * 64), MALFORMED),
+    "empty": (_checksum(""), MALFORMED),
+    "null": (_checksum(None), MALFORMED),
+    "int": (_checksum(lambda v: int(v, 16)), MALFORMED),
+    "list": (_checksum(lambda v: [v]), MALFORMED),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(CHECKSUM_CASES))
+def test_wrong_missing_or_malformed_manifest_sha256_is_refused(arch, case):
+    change, message = CHECKSUM_CASES[case]
+    path, _ = arch
+    m = manifest_of(path)
+    change(m)
+    (real(path) / "manifest.json").write_bytes(canonical(m))  # only the checksum differs from the writer's
+    for pin in (None, hashlib.sha256(canonical(m)).hexdigest()):  # pinning the damaged bytes does not help
+        with pytest.raises(ArchiveError) as ei:
+            open_archive(path, expected_fingerprint=fp(), expected_digest=pin)
+        msg = str(ei.value)
+        assert msg.startswith(f"archive {path}: ") and "\n" not in msg, msg
+        assert re.search(message, msg) if message is DAMAGED else message in msg, msg
+
+
+def test_flipped_meta_byte_without_a_pin_is_refused(arch):
+    path, _ = arch
+    mpath = real(path) / "manifest.json"
+    raw = mpath.read_bytes()
+    at = raw.index(b'"graphs": 1') + len(b'"graphs": ')
+    bad = bytearray(raw)
+    bad[at] ^= 0x01  # meta.graphs 1 -> 0: valid JSON, valid schema, no member checksum covers it
+    assert json.loads(bytes(bad))["meta"] == {"graphs": 0}
+    mpath.write_bytes(bytes(bad))
+    with pytest.raises(ArchiveError, match=DAMAGED):
+        open_archive(path)
+    with pytest.raises(ArchiveError, match=DAMAGED):
+        open_archive(path, expected_fingerprint=fp())
+    # The same change made by a writer that recomputes the checksum opens: integrity, not authenticity.
+    mpath.write_bytes(canonical(seal(json.loads(bytes(bad)))))
+    assert open_archive(path, expected_fingerprint=fp()).meta == {"graphs": 0}
 
 
 @pytest.mark.parametrize("keep", [0, 1, 10, 100, "half", -1])
@@ -604,12 +700,41 @@ def test_fingerprint_first_field_in_order_wins():
 
 def test_model_keys_are_compared_one_by_one():
     saved = fp(model={"name": "m", "capture_sizes": [1, 2, 4], "pools": {"kv": 10, "mamba": 3}})
+    # lists element by element: a length difference names the extra elements, on the side that has them
     with pytest.raises(
-        FingerprintMismatch, match=r"model.capture_sizes=\[1, 2, 4\], this machine has \[1, 2\]"
-    ):
+        FingerprintMismatch, match=r"model.capture_sizes\[2:\]=\[4\], this machine has \[\]; SAVE again"
+    ) as ei:
         compare_fingerprint(
             saved, fp(model={"name": "m", "capture_sizes": [1, 2], "pools": {"kv": 10, "mamba": 3}})
         )
+    assert (ei.value.field, ei.value.saved, ei.value.current) == ("model.capture_sizes[2:]", [4], [])
+    with pytest.raises(
+        FingerprintMismatch, match=r"model.capture_sizes\[3:\]=\[\], this machine has \[8\]; SAVE again"
+    ):
+        compare_fingerprint(
+            saved, fp(model={"name": "m", "capture_sizes": [1, 2, 4, 8], "pools": {"kv": 10, "mamba": 3}})
+        )
+    # a differing element is named by its index, with both values
+    with pytest.raises(
+        FingerprintMismatch, match=r"model.capture_sizes\[1\]=2, this machine has 3; SAVE again"
+    ) as ei:
+        compare_fingerprint(
+            saved, fp(model={"name": "m", "capture_sizes": [1, 3, 4], "pools": {"kv": 10, "mamba": 3}})
+        )
+    assert (ei.value.field, ei.value.saved, ei.value.current) == ("model.capture_sizes[1]", 2, 3)
+    # nested lists and objects inside lists: the full path to the first difference
+    with pytest.raises(FingerprintMismatch, match=r"model.shapes\[1\]\[0\]=4, this machine has 5;"):
+        compare_fingerprint(fp(model={"shapes": [[1, 2], [4, 8]]}), fp(model={"shapes": [[1, 2], [5, 8]]}))
+    with pytest.raises(FingerprintMismatch, match=r"model.pools\[0\].kv=1, this machine has 2;"):
+        compare_fingerprint(fp(model={"pools": [{"kv": 1}]}), fp(model={"pools": [{"kv": 2}]}))
+    # JSON types still count inside a list: true is not 1
+    with pytest.raises(FingerprintMismatch, match=r"model.flags\[0\]=1, this machine has True;"):
+        compare_fingerprint(fp(model={"flags": [1]}), fp(model={"flags": [True]}))
+    # a list is not an object, nor a string
+    with pytest.raises(FingerprintMismatch, match=r"model.capture_sizes="):
+        compare_fingerprint(fp(model={"capture_sizes": [1]}), fp(model={"capture_sizes": {"0": 1}}))
+    with pytest.raises(FingerprintMismatch, match=r"model.capture_sizes="):
+        compare_fingerprint(fp(model={"capture_sizes": ["1"]}), fp(model={"capture_sizes": "1"}))
     with pytest.raises(FingerprintMismatch) as ei:
         compare_fingerprint(
             saved, fp(model={"name": "m", "capture_sizes": [1, 2, 4], "pools": {"kv": 10, "mamba": 4}})

@@ -77,6 +77,7 @@ _MANIFEST_KEYS = (
     "format",
     "format_version",
     "foundry_version",
+    "manifest_sha256",
     "meta",
 )
 _ENTRY_KEYS = ("sha256", "size")
@@ -525,10 +526,8 @@ class ArchiveWriter:
             "files": {rel: {"size": size, "sha256": sha} for rel, (size, sha) in sorted(self._files.items())},
             "meta": _json_data(meta, "meta"),
         }
-        data = (
-            json.dumps(manifest, sort_keys=True, indent=1, ensure_ascii=True, allow_nan=False).encode()
-            + b"\n"
-        )
+        manifest["manifest_sha256"] = _self_checksum(manifest)
+        data = _manifest_bytes(manifest)
         if len(data) > MAX_MANIFEST_BYTES:
             raise ArchiveError(
                 f"manifest of {self.path} would be {len(data)} bytes, over the {MAX_MANIFEST_BYTES} limit; "
@@ -647,6 +646,16 @@ class Archive:
             ) from None
 
 
+def _manifest_bytes(manifest: dict) -> bytes:
+    return json.dumps(manifest, sort_keys=True, indent=1, ensure_ascii=True, allow_nan=False).encode() + b"\n"
+
+
+def _self_checksum(manifest: dict) -> str:
+    """sha256 of the manifest as written, minus its ``manifest_sha256`` field."""
+    body = {k: v for k, v in manifest.items() if k != "manifest_sha256"}
+    return hashlib.sha256(_manifest_bytes(body)).hexdigest()
+
+
 def _check_manifest(m: Any, where: str) -> dict:
     """Strict schema check of a parsed manifest; version checks come first so a newer format is
     reported as such rather than as a schema error."""
@@ -683,6 +692,11 @@ def _check_manifest(m: Any, where: str) -> dict:
     extra = sorted(set(m) - set(_MANIFEST_KEYS))
     if extra:
         raise ArchiveError(f"{where}: manifest.json has unknown field {_one_line(repr(extra[0]), 80)}")
+    ms = m["manifest_sha256"]
+    if not isinstance(ms, str) or not _HEX64.fullmatch(ms):
+        raise ArchiveError(
+            f"{where}: manifest.json field 'manifest_sha256' must be 64 lowercase hex characters"
+        )
     fv = m["foundry_version"]
     if not isinstance(fv, str) or not fv:
         raise ArchiveError(f"{where}: manifest.json field 'foundry_version' must be a non-empty string")
@@ -823,8 +837,14 @@ def _verify(root_fd: int, where: str, expected_fingerprint: dict | None, expecte
         raise ArchiveError(
             f"{where}: manifest.json is not valid JSON (truncated or damaged?): {_one_line(str(e), 100)}; SAVE again"
         ) from None
-    # 2. schema and version
+    # 2. schema and version, then the manifest's own checksum (covers meta and fingerprint text,
+    #    which no member checksum does)
     _check_manifest(manifest, where)
+    if manifest["manifest_sha256"] != _self_checksum(manifest):
+        raise ArchiveError(
+            f"{where}: manifest.json is damaged: its content does not match its own checksum "
+            "(manifest_sha256); SAVE again"
+        )
     digest = hashlib.sha256(raw).hexdigest()
     # 3. pinned digest and fingerprint: cheap, and a mismatch makes hashing gigabytes pointless
     if expected_digest is not None and digest != expected_digest:
@@ -982,6 +1002,14 @@ def _compare_values(field: str, saved: Any, current: Any) -> None:
         return
     if saved is MISSING or current is MISSING:
         raise _mismatch(field, saved, current)
+    if isinstance(saved, (list, tuple)) and isinstance(current, (list, tuple)):
+        # Name the first difference: long lists (capture sizes) would otherwise print alike once cut.
+        for i, (a, b) in enumerate(zip(saved, current)):
+            _compare_values(f"{field}[{i}]", a, b)
+        if len(saved) != len(current):
+            n = min(len(saved), len(current))
+            raise _mismatch(f"{field}[{n}:]", list(saved[n:]), list(current[n:]))
+        return
     # Compare JSON encodings: a tuple equals the list JSON gives back, but True != 1 and 1 != 1.0.
     if _canon(saved, field, "saved") != _canon(current, field, "current"):
         raise _mismatch(field, saved, current)

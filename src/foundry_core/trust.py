@@ -36,20 +36,34 @@ def check_location(path: str | os.PathLike, trusted_root: str | os.PathLike) -> 
     return real
 
 
+def _open_to_all(mode: int) -> bool:
+    return bool(mode & stat.S_IWOTH) and not (stat.S_ISDIR(mode) and mode & stat.S_ISVTX)
+
+
 def world_writable(path: str | os.PathLike, stop_at: str | os.PathLike | None = None) -> list[Path]:
-    """``path`` and its parents (up to ``stop_at``, inclusive) that every user may write.
+    """What every user may write: files and directories inside the archive, the archive itself, and
+    its parents (up to ``stop_at``, inclusive).
 
     A sticky directory (like /tmp) only lets owners replace their own entries, so it is not counted.
     """
     found = []
     real = Path(path).resolve()
+    if real.is_dir():
+        for dirpath, dirnames, filenames in os.walk(real):
+            for name in dirnames + filenames:
+                p = Path(dirpath) / name
+                try:
+                    if _open_to_all(p.lstat().st_mode):
+                        found.append(p)
+                except OSError:
+                    continue
     stop = Path(stop_at).resolve() if stop_at is not None else None
     for p in (real, *real.parents):
         try:
             mode = p.stat().st_mode
         except OSError:
             break
-        if mode & stat.S_IWOTH and not (stat.S_ISDIR(mode) and mode & stat.S_ISVTX):
+        if _open_to_all(mode):
             found.append(p)
         if stop is not None and p == stop:
             break
