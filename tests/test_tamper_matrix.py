@@ -419,11 +419,7 @@ ROWS = [
     Row("member replaced by a symlink to the same bytes",
         lambda c: ((c.root / "copy.bin").write_bytes(MEMORY), (c.real / MEMORY_REL).unlink(),
                    (c.real / MEMORY_REL).symlink_to(c.root / "copy.bin")),
-        ArchiveError, lambda c: [f"{MEMORY_REL!r} is a symlink; archives never contain symlinks"], REFUSED,
-        # The permission check inside the archive lstat()s the symlink itself; on Linux every symlink
-        # reads as mode 0777 (its mode is never used), so LOAD first warns about it. A false positive,
-        # reported to the core owner; the refusal that follows is the one that matters.
-        load_warns=lambda c: f"Foundry archive {c.path}: {c.real / MEMORY_REL} is writable by every user"),
+        ArchiveError, lambda c: [f"{MEMORY_REL!r} is a symlink; archives never contain symlinks"], REFUSED),
     # -- format versions --------------------------------------------------------------------------------
     Row("future archive format version", lambda c: edit_manifest(c, lambda m: m.update(format_version=2)),
         ArchiveError, lambda c: ["archive format version 2 is newer than this Foundry reads (1)",

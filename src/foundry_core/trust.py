@@ -37,6 +37,10 @@ def check_location(path: str | os.PathLike, trusted_root: str | os.PathLike) -> 
 
 
 def _open_to_all(mode: int) -> bool:
+    # A symlink's own mode reads 0777 on Linux but grants nothing; what it points to is checked
+    # on its own (and archives never contain symlinks: open_archive refuses them).
+    if stat.S_ISLNK(mode):
+        return False
     return bool(mode & stat.S_IWOTH) and not (stat.S_ISDIR(mode) and mode & stat.S_ISVTX)
 
 
