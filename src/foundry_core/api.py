@@ -6,6 +6,9 @@ SAVE (in the process that captured)::
     region = foundry_core.Region(base, size, device)
     with region.routing():
         model, static inputs, ...                  # built the same way at LOAD
+    region.end_setup()                             # what follows, a LOAD does not repeat
+    with region.routing():
+        model(inp)                                 # warmup
         g = torch.cuda.CUDAGraph(keep_graph=True)
         with torch.cuda.graph(g, pool=region.graph_pool_id()):
             out = model(inp)
