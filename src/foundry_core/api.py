@@ -30,7 +30,7 @@ import os
 import time
 
 from . import __version__
-from .archive import ArchiveError, ArchiveWriter, open_archive
+from .archive import ArchiveError, ArchiveWriter, compare_fingerprint, open_archive
 from .driver import call, cu
 from .fingerprint import current_fingerprint
 from .graphs import GraphError, Rebuilt, Segments, count_nodes, rebuild, serialize
@@ -229,6 +229,11 @@ def save(
         return writer.commit(fingerprint=fingerprint, meta=meta)
 
 
+def _require_graph_archive(archive, path) -> None:
+    if archive.meta.get("kind") != ARCHIVE_KIND:
+        raise ArchiveError(f"archive {path} holds {archive.meta.get('kind')!r}, not Foundry graphs")
+
+
 def verify(
     path: str | os.PathLike,
     *,
@@ -251,11 +256,8 @@ def verify(
         rank=rank,
         world_size=world_size,
     )
-    from .archive import compare_fingerprint
-
     compare_fingerprint(archive.fingerprint, expected)
-    if archive.meta.get("kind") != ARCHIVE_KIND:
-        raise ArchiveError(f"archive {path} holds {archive.meta.get('kind')!r}, not Foundry graphs")
+    _require_graph_archive(archive, path)
     return archive
 
 
@@ -339,9 +341,8 @@ def load(
         region.device, model=fingerprint_model or {}, rank=rank, world_size=world_size
     )
     archive = open_archive(path, expected_fingerprint=expected, expected_digest=expected_digest)
+    _require_graph_archive(archive, path)
     meta = archive.meta
-    if meta.get("kind") != ARCHIVE_KIND:
-        raise ArchiveError(f"archive {path} holds {meta.get('kind')!r}, not Foundry graphs")
     if meta["device"] != region.device:
         raise RegionError(
             f"archive was saved for cuda:{meta['device']}, the region is on cuda:{region.device}"
