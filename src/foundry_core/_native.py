@@ -10,7 +10,7 @@ import ctypes
 import functools
 import glob
 import os
-from ctypes import POINTER, c_char_p, c_int, c_int32, c_size_t, c_uint64, c_void_p
+from ctypes import POINTER, c_char_p, c_double, c_int, c_int32, c_size_t, c_uint64, c_void_p
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -29,7 +29,8 @@ def library_path() -> str:
             f"foundry_core/_foundry_native*.so is missing in {_HERE}: reinstall with `pip install -e .` "
             "(it builds the native library with the system C compiler)"
         )
-    return found[0]
+    # Several builds may sit side by side (pip's tagged name, a plain gcc build): take the newest.
+    return max(found, key=os.path.getmtime)
 
 
 @functools.cache
@@ -68,6 +69,48 @@ def lib() -> ctypes.CDLL:
     }
     for name, (restype, argtypes) in sig.items():
         fn = getattr(so, name)
+        fn.restype = restype
+        fn.argtypes = argtypes
+    return so
+
+
+GRAPH_SIGNATURES = {
+    "foundry_graph_validate": (
+        c_int,
+        [c_void_p, c_size_t, c_size_t, c_size_t, POINTER(c_uint64), c_char_p, c_size_t],
+    ),
+    "foundry_graph_build": (
+        c_int,
+        [
+            c_void_p,
+            c_size_t,
+            c_void_p,
+            c_size_t,
+            c_void_p,
+            c_size_t,
+            c_void_p,
+            c_int,
+            POINTER(c_void_p),
+            POINTER(c_void_p),
+            POINTER(c_double),
+            c_char_p,
+            c_size_t,
+        ],
+    ),
+}
+
+
+@functools.cache
+def graph_lib() -> ctypes.CDLL | None:
+    """The library with the native graph builder (native/graphbuild.c), or None for a build without it."""
+    try:
+        so = lib()
+    except (NativeLibraryMissing, OSError):
+        return None
+    for name, (restype, argtypes) in GRAPH_SIGNATURES.items():
+        fn = getattr(so, name, None)
+        if fn is None:
+            return None
         fn.restype = restype
         fn.argtypes = argtypes
     return so

@@ -28,12 +28,26 @@ from __future__ import annotations
 import ctypes
 import os
 import time
+import warnings
 
 from . import __version__
 from .archive import ArchiveError, ArchiveWriter, compare_fingerprint, open_archive
 from .driver import call, cu
 from .fingerprint import current_fingerprint
-from .graphs import GraphError, Rebuilt, Segments, count_nodes, rebuild, serialize
+from .graphs import (
+    ENCODING,
+    GraphError,
+    NativeBuilder,
+    Rebuilt,
+    Segments,
+    builder_choice,
+    count_nodes,
+    decode,
+    encode,
+    kernel_ids,
+    rebuild,
+    serialize,
+)
 from .modules import LoadedModules, ModuleError, Recorded, recording
 from .progress import Progress
 from .region import Region, RegionError, Segment, restore_snapshot, snapshot
@@ -212,6 +226,15 @@ def save(
         "snapshots": [[seg.index, chunks] for seg, chunks, _ in snapshots],
         "saved_with": __version__,
     }
+    # Graphs are stored in the FGB1 binary encoding (FOUNDRY_GRAPH_ENCODING=json keeps the JSON form).
+    as_json = os.environ.get("FOUNDRY_GRAPH_ENCODING", ENCODING).strip().lower() == "json"
+    ids = kernel_ids(meta["kernels"])
+    blobs = []
+    for name, desc in described:
+        try:
+            blobs.append(None if as_json else encode({k: v for k, v in desc.items() if k != "rng"}, ids))
+        except GraphError as e:
+            raise SaveError(f"graph {name!r}: {e}") from None
     with ArchiveWriter(path, lock_timeout=lock_timeout) as writer:
         with Progress("foundry: writing archive", len(images) + len(described), progress) as bar:
             for digest in images:
@@ -219,12 +242,16 @@ def save(
                 bar.advance()
             for seg, _chunks, data in snapshots:
                 writer.add_bytes(f"memory/{seg.index:05d}.bin", data)
-            for i, (name, desc) in enumerate(described):
-                rel = f"graphs/{i:04d}.json"
-                writer.add_json(rel, desc)
-                meta["graphs"].append(
-                    {"name": name, "file": rel, "nodes": count_nodes(desc), "rng": desc["rng"] is not None}
-                )
+            for i, ((name, desc), blob) in enumerate(zip(described, blobs)):
+                entry = {"name": name, "nodes": count_nodes(desc), "rng": desc["rng"] is not None}
+                if blob is None:
+                    entry["file"] = f"graphs/{i:04d}.json"
+                    writer.add_json(entry["file"], desc)
+                else:
+                    entry["file"] = f"graphs/{i:04d}.bin"
+                    entry.update(encoding=ENCODING, rng_state=desc["rng"])
+                    writer.add_bytes(entry["file"], blob)
+                meta["graphs"].append(entry)
                 bar.advance()
         return writer.commit(fingerprint=fingerprint, meta=meta)
 
@@ -298,6 +325,7 @@ class Restored:
         self.tensors: dict = tensors
         self.slots: dict = slots
         self.timings: dict[str, float] = timings
+        self.builder = "none"  # which graph builder(s) rebuilt the graphs: native, python, native+python
         self._mapped, self._modules = mapped, modules
 
     @property
@@ -373,14 +401,9 @@ def load(
         t3 = time.perf_counter()
         timings["modules_s"] = t3 - t2
         stream = torch.cuda.current_stream(region.device).cuda_stream
-        with Progress("foundry: rebuilding graphs", len(meta["graphs"]), progress) as bar:
-            for entry in meta["graphs"]:
-                desc = archive.read_json(entry["file"])
-                rebuilt = rebuild(desc, modules, kernel_attrs, stream)
-                graphs[entry["name"]] = RestoredGraph(
-                    entry["name"], rebuilt, region.device, desc["rng"], entry["nodes"]
-                )
-                bar.advance()
+        builders = _rebuild_all(
+            archive, meta, modules, kernel_attrs, stream, graphs, region, progress, timings
+        )
         torch.cuda.synchronize(region.device)
         t4 = time.perf_counter()
         timings["graphs_s"] = t4 - t3
@@ -395,4 +418,74 @@ def load(
         for name, rec in meta["tensors"].items()
     }
     timings["total_s"] = time.perf_counter() - t0
-    return Restored(archive, region, graphs, tensors, meta["slots"], mapped, modules, timings)
+    restored = Restored(archive, region, graphs, tensors, meta["slots"], mapped, modules, timings)
+    restored.builder = "+".join(sorted(builders)) or "none"
+    return restored
+
+
+def _rebuild_all(archive, meta, modules, kernel_attrs, stream, graphs, region, progress, timings) -> set[str]:
+    """Rebuild every graph of ``meta`` into ``graphs``; returns the builders used ("native", "python").
+
+    Adds to ``timings``: graph_read_s (reading, and decoding or encoding where the stored form is
+    not the one the builder takes), graph_build_s, graph_instantiate_s, graph_upload_s.
+    """
+    choice = builder_choice()
+    native = None
+    if choice != "python":
+        native = NativeBuilder.create(modules, meta["kernels"])
+        if native is None:
+            if choice == "native":
+                raise GraphError(
+                    "FOUNDRY_BUILDER=native, but the native library has no graph builder: rebuild it"
+                )
+            warnings.warn(
+                "foundry: the native library has no graph builder; using the Python builder", stacklevel=3
+            )
+    ids = None
+    split: dict[str, float] = {}
+    read_s = 0.0
+    used: set[str] = set()
+    with Progress("foundry: rebuilding graphs", len(meta["graphs"]), progress) as bar:
+        for entry in meta["graphs"]:
+            r0 = time.perf_counter()
+            encoding = entry.get("encoding")
+            data = desc = None
+            if encoding == ENCODING:
+                data, rng = archive.read_bytes(entry["file"]), entry.get("rng_state")
+            elif encoding is None:
+                desc = archive.read_json(entry["file"])
+                rng = desc["rng"]
+            else:
+                raise ArchiveError(
+                    f"graph {entry['name']!r} is stored in encoding {encoding!r}, unknown here"
+                )
+            rebuilt = None
+            if native is not None:
+                if data is None:
+                    ids = ids or kernel_ids(meta["kernels"])
+                    data = encode({k: v for k, v in desc.items() if k != "rng"}, ids)
+                read_s += time.perf_counter() - r0
+                try:
+                    rebuilt = native.rebuild(data, stream, split)
+                    used.add("native")
+                except GraphError as e:
+                    if choice == "native":
+                        raise GraphError(f"graph {entry['name']!r}: {e}") from None
+                    warnings.warn(
+                        f"foundry: graph {entry['name']!r}: {e}; falling back to the Python builder",
+                        stacklevel=3,
+                    )
+                    native = None
+                r0 = time.perf_counter()
+            if rebuilt is None:
+                if desc is None:
+                    desc = decode(data, meta["kernels"])
+                read_s += time.perf_counter() - r0
+                rebuilt = rebuild(desc, modules, kernel_attrs, stream, split)
+                used.add("python")
+            graphs[entry["name"]] = RestoredGraph(entry["name"], rebuilt, region.device, rng, entry["nodes"])
+            bar.advance()
+    timings["graph_read_s"] = read_s
+    for key in ("build_s", "instantiate_s", "upload_s"):
+        timings[f"graph_{key}"] = split.get(key, 0.0)
+    return used

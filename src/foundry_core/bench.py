@@ -1,8 +1,11 @@
 """``foundry bench``: capture vs restore, and replay parity, measured side by side in one run.
 
-One command on one GPU: a SAVE process warms up and captures the whole graph set natively and
-times replays of every native graph; a fresh LOAD process restores the set (timed by phase) and
-times replays of every restored graph on the same inputs. Results go to JSON and a PNG.
+One command on one GPU: a SAVE process warms up and captures the whole graph set natively; a fresh
+LOAD process restores the set (timed by phase), checks it bit for bit, then captures native twins of
+every graph in that same process and times native and restored replays alternately on the same
+inputs, so process and order effects hit both alike. ``--presets`` (or FOUNDRY_BENCH_PRESETS) adds
+other model sizes, saved and restored without replay timing, for restore time against node count.
+Results go to JSON and a PNG.
 """
 
 from __future__ import annotations
@@ -17,6 +20,23 @@ BENCH_BATCH_SIZES = tuple(range(1, 33)) + tuple(range(40, 257, 8))
 def _dir_bytes(path: str) -> int:
     root = os.path.realpath(path)
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(root) for f in files)
+
+
+def archive_breakdown(path: str) -> dict[str, int]:
+    """Bytes of an archive by kind of member: modules, graphs, memory, manifest, other."""
+    root = os.path.realpath(path)
+    out: dict[str, int] = {}
+    for d, _, files in os.walk(root):
+        for f in files:
+            rel = os.path.relpath(os.path.join(d, f), root)
+            top = rel.split(os.sep, 1)[0]
+            kind = (
+                top
+                if top in ("modules", "graphs", "memory")
+                else ("manifest" if rel == "manifest.json" else "other")
+            )
+            out[kind] = out.get(kind, 0) + os.path.getsize(os.path.join(d, f))
+    return out
 
 
 def summarize(result: dict) -> dict:
@@ -39,6 +59,11 @@ def summarize(result: dict) -> dict:
         "us_per_node": 1e6 * restore_s / result["nodes"] if result["nodes"] else None,
         "bit_exact_all": result["bit_exact_all"],
         "load_stream_captures": result["load_stream_captures"],
+        "archive_breakdown": archive_breakdown(result["archive"]),
+        "builder": result.get("builder"),
+        "replay_method": result.get("replay_method"),
+        "replay_us_native_save_process": result.get("replay_us_native_save_process", {}),
+        "scaling": result.get("scaling", []),
     }
 
 
@@ -51,7 +76,23 @@ def plot(summary: dict, path: str) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [1, 3]})
+    scaling = summary.get("scaling") or []
+    if len(scaling) > 1:
+        fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(16, 4.5), gridspec_kw={"width_ratios": [1, 3, 2]})
+        nodes = [row["nodes"] for row in scaling]
+        ax3.plot(nodes, [row["restore_s"] for row in scaling], "o-", label="restore")
+        ax3.plot(
+            nodes, [row["capture_s"] for row in scaling], "s--", color="#888888", label="warmup + capture"
+        )
+        for row in scaling:
+            ax3.annotate(row["preset"], (row["nodes"], row["restore_s"]), fontsize=8)
+        ax3.set_xlabel("nodes (all graphs)")
+        ax3.set_ylabel("seconds")
+        ax3.set_yscale("log")
+        ax3.set_title("time against node count")
+        ax3.legend(fontsize=8)
+    else:
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [1, 3]})
     parts = summary["restore_breakdown"]
     ax1.bar(["native warmup\n+ capture"], [summary["capture_s"]], color="#888888")
     bottom = 0.0
@@ -89,8 +130,19 @@ def print_table(summary: dict) -> None:
     print(f"  restore                  {summary['restore_s']:8.3f} s   ({summary['speedup']:.1f}x faster)")
     for key in ("archive_read_s", "memory_s", "modules_s", "graphs_s"):
         print(f"    {key[:-2]:<22} {b.get(key, 0.0):8.3f} s")
+    for key in ("graph_read_s", "graph_build_s", "graph_instantiate_s", "graph_upload_s"):
+        if key in b:
+            print(f"      {key[:-2]:<20} {b[key]:8.3f} s")
+    print(f"  builder                  {summary.get('builder')}")
     print(f"  per node                 {summary['us_per_node']:8.1f} us")
     print(f"  archive                  {summary['archive_bytes'] / 2**20:8.1f} MiB")
+    for kind, n in sorted(summary.get("archive_breakdown", {}).items()):
+        print(f"    {kind:<22} {n / 2**20:8.1f} MiB")
+    for row in summary.get("scaling", []):
+        print(
+            f"  preset {row['preset']:<8} {row['nodes']:7d} nodes  capture {row['capture_s']:7.3f} s  "
+            f"restore {row['restore_s']:6.3f} s  ({row['us_per_node']:.2f} us/node, bit-exact {row['bit_exact_all']})"
+        )
     print(
         f"  replay restored/native   {summary['replay_ratio_min']:.4f} .. {summary['replay_ratio_max']:.4f} "
         "(median of each batch size)"

@@ -98,6 +98,67 @@ def _time_replays(workload, replay, n: int) -> dict[str, float]:
     return medians
 
 
+def _time_interleaved(workload, native, restored, n: int) -> tuple[dict[str, float], dict[str, float]]:
+    """Median replay time per batch size of two graph sets, measured alternately in one process.
+
+    For each batch size both sets get 10 untimed replays, then ``n`` timed replays each, the two
+    kinds alternating (native first on even rounds, restored first on odd ones) so that clocks,
+    caches and queue depth treat them alike. Microseconds, from CUDA events around each replay.
+    """
+    import statistics
+
+    import torch
+
+    out_native, out_restored = {}, {}
+    for bs in workload.spec.batch_sizes:
+        workload.set_inputs(bs)
+        for _ in range(10):
+            native(bs)
+            restored(bs)
+        times: dict[str, list] = {"native": [], "restored": []}
+        for i in range(n):
+            order = (("native", native), ("restored", restored))
+            for kind, fn in order if i % 2 == 0 else order[::-1]:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn(bs)
+                end.record()
+                times[kind].append((start, end))
+        torch.cuda.synchronize()
+        out_native[str(bs)] = 1000.0 * statistics.median(a.elapsed_time(b) for a, b in times["native"])
+        out_restored[str(bs)] = 1000.0 * statistics.median(a.elapsed_time(b) for a, b in times["restored"])
+    return out_native, out_restored
+
+
+def _warmup_and_capture(workload, region, spec, label: str):
+    """Warm up and capture every batch size natively, as a SAVE does; returns (graphs, outputs)."""
+    import torch
+
+    with region.routing(), region.label(f"{label}warmup"):
+        workload.compile()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for bs in spec.batch_sizes:
+                workload.set_inputs(bs)
+                for _ in range(2):
+                    workload.step(bs)
+        torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graphs, outputs = {}, {}
+    # Under routing too: torch allocates the generator's graph-side seed/offset words at capture
+    # start, outside the capture pool, and graphs that sample read them.
+    with region.routing(), region.label(f"{label}capture"):
+        for bs in sorted(spec.batch_sizes, reverse=True):
+            g = torch.cuda.CUDAGraph(keep_graph=True)
+            with torch.cuda.graph(g, pool=region.graph_pool_id()):
+                outputs[bs] = workload.step(bs)
+            g.instantiate()
+            graphs[f"bs{bs}"] = g
+    torch.cuda.synchronize()
+    return graphs, outputs
+
+
 def _state_digest(workload) -> str:
     """A digest of every parameter and buffer, to tell weight differences from replay differences."""
     import hashlib
@@ -155,8 +216,11 @@ def run_save(args) -> dict:
     )
     t3 = time.perf_counter()
     reference = _replay_all(workload, lambda bs: graphs[f"bs{bs}"].replay(), lambda bs, k: outputs[bs][k])
+    # Native replays are timed in the LOAD process, interleaved with the restored ones (run_load);
+    # --save-replays also times them here, right after capture, as earlier benches did.
+    save_replays = getattr(args, "save_replays", 0)
     replay_us = (
-        _time_replays(workload, lambda bs: graphs[f"bs{bs}"].replay(), args.replays) if args.replays else {}
+        _time_replays(workload, lambda bs: graphs[f"bs{bs}"].replay(), save_replays) if save_replays else {}
     )
     torch.save(reference, args.reference)
     return {
@@ -199,7 +263,6 @@ def run_load(args) -> dict:
         lambda bs: restored.graphs[f"bs{bs}"].replay(),
         lambda bs, k: restored.tensors[f"bs{bs}.{k}"],
     )
-    replay_us = _time_replays(workload, replay, args.replays) if args.replays else {}
     reference = torch.load(args.reference)
     nodes = sum(g.nodes for g in restored.graphs.values())
     per_bs, mismatched = {}, []
@@ -208,20 +271,38 @@ def run_load(args) -> dict:
         bad = [k for k in keys if not torch.equal(reference[k], results[k])]
         per_bs[str(bs)] = not bad
         mismatched += bad
+    if getattr(args, "dump_graphs", None):
+        from .graphs import structure
+
+        dump = {name: structure(g._rebuilt.graph) for name, g in restored.graphs.items()}
+        Path(args.dump_graphs).write_text(json.dumps(dump, sort_keys=True))
+    # Everything a LOAD must not do is counted here, before the bench's native twins are captured.
     captures_after = fc.stream_captures()
+    warmup_forwards = workload.forward_calls
+    state_digest = _state_digest(workload)
+    replay_us, native_us = {}, {}
+    if args.replays:
+        # Replay parity, fairly: native twins captured in this same process, timed alternately with
+        # the restored graphs on the same inputs (see _time_interleaved).
+        twins, _ = _warmup_and_capture(workload, region, spec, "twin-")
+        native_us, replay_us = _time_interleaved(
+            workload, lambda bs: twins[f"bs{bs}"].replay(), replay, args.replays
+        )
     return {
         "phase": "load",
         "graphs": len(restored.graphs),
         "restore_s": restore_s,
         "restore_breakdown": restored.timings,
+        "builder": restored.builder,
         "load_stream_captures": sum(captures_after.values()),
         "stream_captures_during_load": {k: captures_after[k] - captures_before[k] for k in captures_after},
-        "load_warmup_forwards": workload.forward_calls,
+        "load_warmup_forwards": warmup_forwards,
         "bit_exact": per_bs,
         "bit_exact_all": all(per_bs.values()),
         "mismatched": mismatched,
-        "state_digest": _state_digest(workload),
+        "state_digest": state_digest,
         "replay_us": replay_us,
+        "replay_us_native_twins": native_us,
         "nodes": nodes,
     }
 
@@ -267,14 +348,58 @@ def _run_worker(cmd: list[str]) -> dict:
     return json.loads(lines[-1][len("FOUNDRY_RESULT ") :])
 
 
+def _archive_bytes(path: str) -> int:
+    root = os.path.realpath(path)
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(root) for f in files)
+
+
+def _scaling_row(preset: str, save: dict, load: dict, archive: str) -> dict:
+    return {
+        "preset": preset,
+        "graphs": load["graphs"],
+        "nodes": load["nodes"],
+        "capture_s": save["capture_s"],
+        "restore_s": load["restore_s"],
+        "graphs_s": load["restore_breakdown"].get("graphs_s"),
+        "us_per_node": 1e6 * load["restore_s"] / load["nodes"] if load["nodes"] else None,
+        "speedup": save["capture_s"] / load["restore_s"] if load["restore_s"] else None,
+        "restore_breakdown": load["restore_breakdown"],
+        "archive_bytes": _archive_bytes(archive),
+        "bit_exact_all": load["bit_exact_all"],
+        "builder": load.get("builder"),
+    }
+
+
+def _extra_presets(args) -> list[str]:
+    """Presets to SAVE and LOAD besides the main one (capture and restore times only, no replay timing)."""
+    raw = getattr(args, "presets", None) or os.environ.get("FOUNDRY_BENCH_PRESETS", "")
+    names = raw if isinstance(raw, (list, tuple)) else str(raw).split(",")
+    return [p.strip() for p in names if p.strip() and p.strip() != args.preset]
+
+
 def orchestrate(args) -> dict:
-    """SAVE then LOAD in two fresh processes; returns the combined result."""
+    """SAVE then LOAD in two fresh processes; returns the combined result.
+
+    With ``args.presets`` (or FOUNDRY_BENCH_PRESETS=tiny,small), other model sizes are saved and
+    restored too, without replay timing, for restore time against node count (``scaling``).
+    """
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="foundry-demo-"))
     workdir.mkdir(parents=True, exist_ok=True)
+    scaling = []
+    for preset in _extra_presets(args):
+        sub = argparse.Namespace(**{**vars(args), "preset": preset, "replays": 0})
+        subdir = workdir / f"preset-{preset}"
+        subdir.mkdir(parents=True, exist_ok=True)
+        sub_archive, sub_reference = str(subdir / "archive"), str(subdir / "reference.pt")
+        sub_save = _run_worker(_worker_args(sub, "save", sub_archive, sub_reference))
+        sub_load = _run_worker(_worker_args(sub, "load", sub_archive, sub_reference))
+        scaling.append(_scaling_row(preset, sub_save, sub_load, sub_archive))
     archive = str(Path(args.archive) if args.archive else workdir / "archive")
     reference = str(workdir / "reference.pt")
     save = _run_worker(_worker_args(args, "save", archive, reference))
     load = _run_worker(_worker_args(args, "load", archive, reference))
+    scaling.append(_scaling_row(args.preset, save, load, archive))
+    scaling.sort(key=lambda row: row["nodes"])
     return {
         "variant": args.variant,
         "preset": args.preset,
@@ -299,8 +424,16 @@ def orchestrate(args) -> dict:
         "state_digest_load": load["state_digest"],
         "live_segments_at_save": save["live_segments"],
         "nodes": load["nodes"],
-        "replay_us_native": save["replay_us"],
+        "builder": load.get("builder"),
+        # Native twins captured and timed in the LOAD process, interleaved with the restored graphs.
+        "replay_us_native": load.get("replay_us_native_twins") or save["replay_us"],
         "replay_us_restored": load["replay_us"],
+        "replay_us_native_save_process": save["replay_us"],
+        "replay_method": (
+            "native twins captured in the LOAD process after restore; native and restored replays "
+            "alternate, median per batch size"
+        ),
+        "scaling": scaling,
     }
 
 
@@ -347,6 +480,12 @@ def main(argv=None) -> int:
     p.add_argument("phase", choices=("save", "load"))
     p.add_argument("--reference", required=True)
     p.add_argument("--replays", type=int, default=0, help="also time this many replays per batch size")
+    p.add_argument(
+        "--save-replays", type=int, default=0, help="SAVE: also time native replays right after capture"
+    )
+    p.add_argument(
+        "--dump-graphs", default=None, help="LOAD: write the rebuilt graphs' structure here (JSON)"
+    )
     add_arguments(p)
     args = p.parse_args(argv)
     result = run_save(args) if args.phase == "save" else run_load(args)

@@ -1,0 +1,607 @@
+/* The native graph builder: one call turns an FGB1 graph encoding (graphbuild.h) into a CUgraph,
+ * instantiated and uploaded.
+ *
+ * The whole encoding is validated before the first driver call (sizes, counts, indices, attribute
+ * ids, child-graph references), so a damaged or hostile encoding is refused with a message and no
+ * read ever leaves the buffer. The build then mirrors the Python builder (graphs._build) call for
+ * call: nodes are added in order without dependencies, then every edge on its own with its edge
+ * data (one cuGraphAddDependencies_v2 call per edge, never a batch: some drivers apply the first
+ * edge's data to a whole batch), then cuGraphInstantiateWithFlags(0) and cuGraphUpload.
+ *
+ * Driver entry points are resolved once from libcuda.so.1. Every function here is reentrant:
+ * errors go to the caller's buffer.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "graphbuild.h"
+
+#define EXPORT __attribute__((visibility("default")))
+
+#define HEADER_BYTES 24
+#define KERNEL_ENTRY_BYTES 16
+#define LAYOUT_ENTRY_BYTES 8
+#define NODE_HEADER_BYTES 4
+#define KERNEL_FIXED_BYTES 32
+#define ATTR_BYTES 16
+#define MEMSET_BYTES 40
+#define MEMCPY_BYTES 128
+#define EDGE_BYTES 12
+#define MAX_GRAPHS 4096u
+#define MAX_DEPTH 64u
+#define MAX_ATTRS 16u
+#define MAX_PARAM_BYTES 65536u
+
+/* ---- driver entry points ---- */
+
+static struct {
+  CUresult (*error_name)(CUresult, const char **);
+  CUresult (*ctx_current)(CUcontext *);
+  CUresult (*graph_create)(CUgraph *, unsigned int);
+  CUresult (*graph_destroy)(CUgraph);
+  CUresult (*add_kernel)(CUgraphNode *, CUgraph, const CUgraphNode *, size_t,
+                         const foundry_kernel_node_params *);
+  CUresult (*set_attr)(CUgraphNode, int, const foundry_launch_attr_value *);
+  CUresult (*add_memset)(CUgraphNode *, CUgraph, const CUgraphNode *, size_t,
+                         const foundry_memset_node_params *, CUcontext);
+  CUresult (*add_memcpy)(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, const foundry_memcpy3d *,
+                         CUcontext);
+  CUresult (*add_event_record)(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUevent);
+  CUresult (*add_event_wait)(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUevent);
+  CUresult (*add_empty)(CUgraphNode *, CUgraph, const CUgraphNode *, size_t);
+  CUresult (*add_child)(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUgraph);
+  CUresult (*add_deps)(CUgraph, const CUgraphNode *, const CUgraphNode *, const foundry_edge_data *, size_t);
+  CUresult (*instantiate)(CUgraphExec *, CUgraph, unsigned long long);
+  CUresult (*upload)(CUgraphExec, CUstream);
+  CUresult (*exec_destroy)(CUgraphExec);
+} cu;
+
+static pthread_once_t driver_once = PTHREAD_ONCE_INIT;
+static char driver_error[256];
+static int driver_ok;
+
+static void load_driver(void) {
+  void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+  if (!h) {
+    snprintf(driver_error, sizeof driver_error, "cannot open libcuda.so.1: %s", dlerror());
+    return;
+  }
+#define SYM(field, name)                                                           \
+  do {                                                                             \
+    *(void **)&cu.field = dlsym(h, name);                                          \
+    if (!cu.field) {                                                               \
+      snprintf(driver_error, sizeof driver_error, "libcuda.so.1 has no %s", name); \
+      return;                                                                      \
+    }                                                                              \
+  } while (0)
+  SYM(error_name, "cuGetErrorName");
+  SYM(ctx_current, "cuCtxGetCurrent");
+  SYM(graph_create, "cuGraphCreate");
+  SYM(graph_destroy, "cuGraphDestroy");
+  SYM(add_kernel, "cuGraphAddKernelNode_v2");
+  SYM(set_attr, "cuGraphKernelNodeSetAttribute");
+  SYM(add_memset, "cuGraphAddMemsetNode");
+  SYM(add_memcpy, "cuGraphAddMemcpyNode");
+  SYM(add_event_record, "cuGraphAddEventRecordNode");
+  SYM(add_event_wait, "cuGraphAddEventWaitNode");
+  SYM(add_empty, "cuGraphAddEmptyNode");
+  SYM(add_child, "cuGraphAddChildGraphNode");
+  SYM(add_deps, "cuGraphAddDependencies_v2");
+  SYM(instantiate, "cuGraphInstantiateWithFlags");
+  SYM(upload, "cuGraphUpload");
+  SYM(exec_destroy, "cuGraphExecDestroy");
+#undef SYM
+  driver_ok = 1;
+}
+
+/* ---- little-endian loads (the encoding is little-endian; so is every host CUDA runs on) ---- */
+
+static uint32_t ld32(const uint8_t *p) {
+  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static uint64_t ld64(const uint8_t *p) {
+  return (uint64_t)ld32(p) | (uint64_t)ld32(p + 4) << 32;
+}
+
+typedef struct {
+  const uint8_t *data;
+  size_t len, pos;
+} reader;
+
+/* The next n bytes, or NULL when fewer are left. */
+static const uint8_t *take(reader *r, size_t n) {
+  if (n > r->len - r->pos) return NULL;
+  const uint8_t *p = r->data + r->pos;
+  r->pos += n;
+  return p;
+}
+
+typedef struct {
+  uint32_t n_graphs, n_events, n_kernels, n_layout;
+  const uint8_t *kernels; /* n_kernels x KERNEL_ENTRY_BYTES */
+  const uint8_t *layout;  /* n_layout x LAYOUT_ENTRY_BYTES */
+  size_t *graph_off;      /* start of each graph section */
+  uint64_t nodes, edges;
+  uint32_t max_params, max_param_bytes;
+} parsed;
+
+#define FAIL(...)                       \
+  do {                                  \
+    snprintf(err, errlen, __VA_ARGS__); \
+    goto fail;                          \
+  } while (0)
+
+static int attr_known(uint32_t id) {
+  switch (id) {
+    case FOUNDRY_ATTR_COOPERATIVE:
+    case FOUNDRY_ATTR_CLUSTER_DIMENSION:
+    case FOUNDRY_ATTR_CLUSTER_SCHEDULING_POLICY_PREFERENCE:
+    case FOUNDRY_ATTR_PRIORITY:
+    case FOUNDRY_ATTR_MEM_SYNC_DOMAIN_MAP:
+    case FOUNDRY_ATTR_MEM_SYNC_DOMAIN:
+    case FOUNDRY_ATTR_PREFERRED_CLUSTER_DIMENSION:
+    case FOUNDRY_ATTR_PREFERRED_SHARED_MEMORY_CARVEOUT:
+      return 1;
+    default:
+      return 0;
+  }
+}
+
+/* Checks the whole encoding; fills *out (out->graph_off is malloc'd: free it). */
+static int validate(const uint8_t *data, size_t len, size_t n_funcs, size_t n_events, parsed *out, char *err,
+                    size_t errlen) {
+  uint8_t *referenced = NULL;
+  uint32_t *depth = NULL;
+  memset(out, 0, sizeof *out);
+  if (!data) FAIL("no graph encoding given");
+  reader r = {data, len, 0};
+  const uint8_t *p = take(&r, HEADER_BYTES);
+  if (!p) FAIL("graph encoding of %zu bytes is shorter than its %d-byte header", len, HEADER_BYTES);
+  if (memcmp(p, FGB_MAGIC, 4) != 0) FAIL("not a Foundry graph encoding (no FGB1 magic)");
+  if (ld32(p + 4) != FGB_VERSION)
+    FAIL("graph encoding version %u is not supported (this Foundry reads 1)", ld32(p + 4));
+  out->n_graphs = ld32(p + 8);
+  out->n_events = ld32(p + 12);
+  out->n_kernels = ld32(p + 16);
+  out->n_layout = ld32(p + 20);
+  if (out->n_graphs < 1 || out->n_graphs > MAX_GRAPHS)
+    FAIL("graph encoding declares %u graphs (1 to %u allowed)", out->n_graphs, MAX_GRAPHS);
+  if (out->n_events > n_events)
+    FAIL("graph encoding uses %u events, %zu were given", out->n_events, n_events);
+  if ((uint64_t)out->n_kernels * KERNEL_ENTRY_BYTES + (uint64_t)out->n_layout * LAYOUT_ENTRY_BYTES >
+      (uint64_t)(len - r.pos))
+    FAIL("graph encoding truncated: %u kernel entries and %u layout entries do not fit", out->n_kernels,
+         out->n_layout);
+  out->kernels = take(&r, (size_t)out->n_kernels * KERNEL_ENTRY_BYTES);
+  out->layout = take(&r, (size_t)out->n_layout * LAYOUT_ENTRY_BYTES);
+  for (uint32_t k = 0; k < out->n_kernels; k++) {
+    const uint8_t *e = out->kernels + (size_t)k * KERNEL_ENTRY_BYTES;
+    uint32_t func = ld32(e), first = ld32(e + 4), n = ld32(e + 8), bytes = ld32(e + 12);
+    if (func >= n_funcs) FAIL("kernel entry %u names function %u, only %zu are known", k, func, n_funcs);
+    if ((uint64_t)first + n > out->n_layout)
+      FAIL("kernel entry %u: parameter layout [%u, +%u) is outside the %u layout entries", k, first, n,
+           out->n_layout);
+    if (bytes > MAX_PARAM_BYTES)
+      FAIL("kernel entry %u: %u parameter bytes (at most %u)", k, bytes, MAX_PARAM_BYTES);
+    uint64_t end = 0;
+    for (uint32_t j = 0; j < n; j++) {
+      const uint8_t *l = out->layout + (size_t)(first + j) * LAYOUT_ENTRY_BYTES;
+      uint64_t e_end = (uint64_t)ld32(l) + ld32(l + 4);
+      if (e_end > bytes)
+        FAIL("kernel entry %u: parameter %u ends at byte %llu, past %u", k, j, (unsigned long long)e_end,
+             bytes);
+      if (e_end > end) end = e_end;
+    }
+    if (end != bytes)
+      FAIL("kernel entry %u: parameters end at byte %llu, entry says %u", k, (unsigned long long)end, bytes);
+    if (n > out->max_params) out->max_params = n;
+    if (bytes > out->max_param_bytes) out->max_param_bytes = bytes;
+  }
+  out->graph_off = calloc(out->n_graphs, sizeof *out->graph_off);
+  referenced = calloc(out->n_graphs, 1);
+  depth = calloc(out->n_graphs, sizeof *depth);
+  if (!out->graph_off || !referenced || !depth) FAIL("out of host memory");
+  for (uint32_t g = 0; g < out->n_graphs; g++) {
+    if (g > 0 && !referenced[g]) FAIL("graph %u is not referenced by any child-graph node before it", g);
+    out->graph_off[g] = r.pos;
+    p = take(&r, 8);
+    if (!p) FAIL("graph %u: truncated section header", g);
+    uint32_t n_nodes = ld32(p), n_edges = ld32(p + 4);
+    if ((uint64_t)n_nodes * NODE_HEADER_BYTES > (uint64_t)(len - r.pos))
+      FAIL("graph %u: %u nodes cannot fit in the %zu bytes left", g, n_nodes, len - r.pos);
+    for (uint32_t i = 0; i < n_nodes; i++) {
+      p = take(&r, NODE_HEADER_BYTES);
+      if (!p) FAIL("graph %u node %u: truncated", g, i);
+      uint8_t type = p[0], n_attrs = p[1];
+      if (p[2] || p[3]) FAIL("graph %u node %u: reserved header bytes are not zero", g, i);
+      if (type != FGB_NODE_KERNEL && n_attrs)
+        FAIL("graph %u node %u: only kernel nodes carry attributes", g, i);
+      const uint8_t *q;
+      switch (type) {
+        case FGB_NODE_KERNEL: {
+          q = take(&r, KERNEL_FIXED_BYTES);
+          if (!q) FAIL("graph %u node %u (kernel): truncated", g, i);
+          uint32_t k = ld32(q);
+          if (k >= out->n_kernels) FAIL("graph %u node %u: kernel entry %u of %u", g, i, k, out->n_kernels);
+          if (n_attrs > MAX_ATTRS)
+            FAIL("graph %u node %u: %u attributes (at most %u)", g, i, n_attrs, MAX_ATTRS);
+          q = take(&r, (size_t)n_attrs * ATTR_BYTES);
+          if (!q) FAIL("graph %u node %u (kernel): truncated attributes", g, i);
+          for (uint32_t a = 0; a < n_attrs; a++)
+            if (!attr_known(ld32(q + (size_t)a * ATTR_BYTES)))
+              FAIL("graph %u node %u: unknown launch attribute id %u", g, i,
+                   ld32(q + (size_t)a * ATTR_BYTES));
+          uint32_t bytes = ld32(out->kernels + (size_t)k * KERNEL_ENTRY_BYTES + 12);
+          if (!take(&r, bytes)) FAIL("graph %u node %u (kernel): truncated parameters", g, i);
+          break;
+        }
+        case FGB_NODE_MEMSET:
+          if (!take(&r, MEMSET_BYTES)) FAIL("graph %u node %u (memset): truncated", g, i);
+          break;
+        case FGB_NODE_MEMCPY:
+          q = take(&r, MEMCPY_BYTES);
+          if (!q) FAIL("graph %u node %u (memcpy): truncated", g, i);
+          for (int s = 0; s < 2; s++)
+            if (ld32(q + 4 * s) != 2 && ld32(q + 4 * s) != 4)
+              FAIL("graph %u node %u: memcpy memory type %u (only device and unified)", g, i,
+                   ld32(q + 4 * s));
+          break;
+        case FGB_NODE_EVENT_RECORD:
+        case FGB_NODE_EVENT_WAIT:
+          q = take(&r, 4);
+          if (!q) FAIL("graph %u node %u (event): truncated", g, i);
+          if (ld32(q) >= out->n_events)
+            FAIL("graph %u node %u: event slot %u of %u", g, i, ld32(q), out->n_events);
+          break;
+        case FGB_NODE_EMPTY:
+          break;
+        case FGB_NODE_GRAPH: {
+          q = take(&r, 4);
+          if (!q) FAIL("graph %u node %u (child graph): truncated", g, i);
+          uint32_t c = ld32(q);
+          if (c <= g || c >= out->n_graphs) FAIL("graph %u node %u: child graph %u is not after it", g, i, c);
+          if (referenced[c]) FAIL("graph %u node %u: child graph %u is referenced twice", g, i, c);
+          if (depth[g] + 1 > MAX_DEPTH)
+            FAIL("graph %u node %u: child graphs nested over %u deep", g, i, MAX_DEPTH);
+          referenced[c] = 1;
+          depth[c] = depth[g] + 1;
+          break;
+        }
+        default:
+          FAIL("graph %u node %u: unknown node type %u", g, i, type);
+      }
+    }
+    if ((uint64_t)n_edges * EDGE_BYTES > (uint64_t)(len - r.pos))
+      FAIL("graph %u: %u edges cannot fit in the %zu bytes left", g, n_edges, len - r.pos);
+    const uint8_t *edges = take(&r, (size_t)n_edges * EDGE_BYTES);
+    for (uint32_t e = 0; e < n_edges; e++) {
+      const uint8_t *q = edges + (size_t)e * EDGE_BYTES;
+      if (ld32(q) >= n_nodes || ld32(q + 4) >= n_nodes)
+        FAIL("graph %u edge %u: %u -> %u, the graph has %u nodes", g, e, ld32(q), ld32(q + 4), n_nodes);
+      if (q[11]) FAIL("graph %u edge %u: reserved byte is not zero", g, e);
+    }
+    out->nodes += n_nodes;
+    out->edges += n_edges;
+  }
+  if (r.pos != len) FAIL("graph encoding has %zu bytes after its last graph", len - r.pos);
+  free(referenced);
+  free(depth);
+  return 0;
+fail:
+  free(referenced);
+  free(depth);
+  free(out->graph_off);
+  out->graph_off = NULL;
+  return -1;
+}
+
+/* counts: [graphs, nodes, edges, kernel entries, events] */
+EXPORT int foundry_graph_validate(const uint8_t *data, size_t len, size_t n_funcs, size_t n_events,
+                                  uint64_t *counts, char *err, size_t errlen) {
+  parsed ps;
+  if (validate(data, len, n_funcs, n_events, &ps, err, errlen) != 0) return -1;
+  if (counts) {
+    counts[0] = ps.n_graphs;
+    counts[1] = ps.nodes;
+    counts[2] = ps.edges;
+    counts[3] = ps.n_kernels;
+    counts[4] = ps.n_events;
+  }
+  free(ps.graph_off);
+  return 0;
+}
+
+/* ---- building ---- */
+
+typedef struct {
+  const uint8_t *data;
+  size_t len;
+  parsed ps;
+  void *const *funcs;
+  void *const *events;
+  CUcontext ctx;
+  uint8_t *scratch; /* parameter bytes, 16-byte aligned */
+  void **argv;
+} builder;
+
+static const char *err_name(CUresult rc) {
+  const char *name = NULL;
+  if (cu.error_name) cu.error_name(rc, &name);
+  return name ? name : "unknown error";
+}
+
+static const char *type_name(uint8_t type) {
+  static const char *names[] = {"?",          "kernel", "memset", "memcpy", "event_record",
+                                "event_wait", "empty",  "graph"};
+  return type <= FGB_NODE_GRAPH ? names[type] : "?";
+}
+
+static int build_graph(builder *b, uint32_t g, CUgraph *out, char *err, size_t errlen) {
+  reader r = {b->data, b->len, b->ps.graph_off[g]};
+  const uint8_t *p = take(&r, 8); /* validated: every take below succeeds */
+  uint32_t n_nodes = ld32(p), n_edges = ld32(p + 4);
+  CUgraph graph = NULL;
+  CUgraphNode *nodes = malloc(((size_t)n_nodes + 1) * sizeof *nodes);
+  CUresult rc;
+  if (!nodes) {
+    snprintf(err, errlen, "out of host memory");
+    return -1;
+  }
+  rc = cu.graph_create(&graph, 0);
+  if (rc != CUDA_SUCCESS) {
+    snprintf(err, errlen, "graph %u: cuGraphCreate failed: %s", g, err_name(rc));
+    free(nodes);
+    return -1;
+  }
+  for (uint32_t i = 0; i < n_nodes; i++) {
+    p = take(&r, NODE_HEADER_BYTES);
+    uint8_t type = p[0], n_attrs = p[1];
+    const uint8_t *q;
+    const char *what = "";
+    rc = CUDA_SUCCESS;
+    switch (type) {
+      case FGB_NODE_KERNEL: {
+        q = take(&r, KERNEL_FIXED_BYTES);
+        uint32_t k = ld32(q);
+        const uint8_t *e = b->ps.kernels + (size_t)k * KERNEL_ENTRY_BYTES;
+        uint32_t func = ld32(e), first = ld32(e + 4), n_params = ld32(e + 8), bytes = ld32(e + 12);
+        const uint8_t *attrs = take(&r, (size_t)n_attrs * ATTR_BYTES);
+        const uint8_t *params = take(&r, bytes);
+        if (bytes) memcpy(b->scratch, params, bytes);
+        for (uint32_t j = 0; j < n_params; j++)
+          b->argv[j] = b->scratch + ld32(b->ps.layout + (size_t)(first + j) * LAYOUT_ENTRY_BYTES);
+        foundry_kernel_node_params kp;
+        memset(&kp, 0, sizeof kp);
+        kp.func = (CUfunction)b->funcs[func];
+        kp.gridDimX = ld32(q + 4);
+        kp.gridDimY = ld32(q + 8);
+        kp.gridDimZ = ld32(q + 12);
+        kp.blockDimX = ld32(q + 16);
+        kp.blockDimY = ld32(q + 20);
+        kp.blockDimZ = ld32(q + 24);
+        kp.sharedMemBytes = ld32(q + 28);
+        kp.kernelParams = n_params ? b->argv : NULL;
+        what = "cuGraphAddKernelNode";
+        rc = cu.add_kernel(&nodes[i], graph, NULL, 0, &kp);
+        for (uint32_t a = 0; rc == CUDA_SUCCESS && a < n_attrs; a++) {
+          const uint8_t *at = attrs + (size_t)a * ATTR_BYTES;
+          uint32_t id = ld32(at), v0 = ld32(at + 4), v1 = ld32(at + 8), v2 = ld32(at + 12);
+          foundry_launch_attr_value v;
+          memset(&v, 0, sizeof v);
+          if (id == FOUNDRY_ATTR_CLUSTER_DIMENSION || id == FOUNDRY_ATTR_PREFERRED_CLUSTER_DIMENSION) {
+            v.dim.x = v0;
+            v.dim.y = v1;
+            v.dim.z = v2;
+          } else if (id == FOUNDRY_ATTR_MEM_SYNC_DOMAIN_MAP) {
+            v.map.default_ = (unsigned char)v0;
+            v.map.remote = (unsigned char)v1;
+          } else {
+            v.u = v0; /* int and unsigned members share these four bytes */
+          }
+          what = "cuGraphKernelNodeSetAttribute";
+          rc = cu.set_attr(nodes[i], (int)id, &v);
+        }
+        break;
+      }
+      case FGB_NODE_MEMSET: {
+        q = take(&r, MEMSET_BYTES);
+        foundry_memset_node_params mp;
+        memset(&mp, 0, sizeof mp);
+        mp.dst = ld64(q);
+        mp.pitch = (size_t)ld64(q + 8);
+        mp.value = ld32(q + 16);
+        mp.elementSize = ld32(q + 20);
+        mp.width = (size_t)ld64(q + 24);
+        mp.height = (size_t)ld64(q + 32);
+        what = "cuGraphAddMemsetNode";
+        rc = cu.add_memset(&nodes[i], graph, NULL, 0, &mp, b->ctx);
+        break;
+      }
+      case FGB_NODE_MEMCPY: {
+        q = take(&r, MEMCPY_BYTES);
+        foundry_memcpy3d c;
+        memset(&c, 0, sizeof c);
+        c.srcMemoryType = (int)ld32(q);
+        c.dstMemoryType = (int)ld32(q + 4);
+        c.srcDevice = ld64(q + 8);
+        c.dstDevice = ld64(q + 16);
+        c.srcXInBytes = (size_t)ld64(q + 24);
+        c.srcY = (size_t)ld64(q + 32);
+        c.srcZ = (size_t)ld64(q + 40);
+        c.dstXInBytes = (size_t)ld64(q + 48);
+        c.dstY = (size_t)ld64(q + 56);
+        c.dstZ = (size_t)ld64(q + 64);
+        c.srcPitch = (size_t)ld64(q + 72);
+        c.srcHeight = (size_t)ld64(q + 80);
+        c.dstPitch = (size_t)ld64(q + 88);
+        c.dstHeight = (size_t)ld64(q + 96);
+        c.WidthInBytes = (size_t)ld64(q + 104);
+        c.Height = (size_t)ld64(q + 112);
+        c.Depth = (size_t)ld64(q + 120);
+        what = "cuGraphAddMemcpyNode";
+        rc = cu.add_memcpy(&nodes[i], graph, NULL, 0, &c, b->ctx);
+        break;
+      }
+      case FGB_NODE_EVENT_RECORD:
+        q = take(&r, 4);
+        what = "cuGraphAddEventRecordNode";
+        rc = cu.add_event_record(&nodes[i], graph, NULL, 0, (CUevent)b->events[ld32(q)]);
+        break;
+      case FGB_NODE_EVENT_WAIT:
+        q = take(&r, 4);
+        what = "cuGraphAddEventWaitNode";
+        rc = cu.add_event_wait(&nodes[i], graph, NULL, 0, (CUevent)b->events[ld32(q)]);
+        break;
+      case FGB_NODE_EMPTY:
+        what = "cuGraphAddEmptyNode";
+        rc = cu.add_empty(&nodes[i], graph, NULL, 0);
+        break;
+      case FGB_NODE_GRAPH: {
+        q = take(&r, 4);
+        CUgraph child = NULL;
+        if (build_graph(b, ld32(q), &child, err, errlen) != 0) goto fail_quiet;
+        what = "cuGraphAddChildGraphNode";
+        rc = cu.add_child(&nodes[i], graph, NULL, 0, child);
+        cu.graph_destroy(child); /* the node holds its own clone */
+        break;
+      }
+      default: /* unreachable after validation */
+        snprintf(err, errlen, "graph %u node %u: unknown node type %u", g, i, type);
+        goto fail_quiet;
+    }
+    if (rc != CUDA_SUCCESS) {
+      snprintf(err, errlen, "graph %u node %u (%s): %s failed: %s", g, i, type_name(type), what,
+               err_name(rc));
+      goto fail_quiet;
+    }
+  }
+  const uint8_t *edges = take(&r, (size_t)n_edges * EDGE_BYTES);
+  for (uint32_t e = 0; e < n_edges; e++) {
+    const uint8_t *q = edges + (size_t)e * EDGE_BYTES;
+    foundry_edge_data d;
+    memset(&d, 0, sizeof d);
+    d.from_port = q[8];
+    d.to_port = q[9];
+    d.type = q[10];
+    rc = cu.add_deps(graph, &nodes[ld32(q)], &nodes[ld32(q + 4)], &d, 1);
+    if (rc != CUDA_SUCCESS) {
+      snprintf(err, errlen, "graph %u edge %u (%u -> %u): cuGraphAddDependencies failed: %s", g, e, ld32(q),
+               ld32(q + 4), err_name(rc));
+      goto fail_quiet;
+    }
+  }
+  free(nodes);
+  *out = graph;
+  return 0;
+fail_quiet:
+  cu.graph_destroy(graph);
+  free(nodes);
+  return -1;
+}
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+#define BUILD_INSTANTIATE 1
+#define BUILD_UPLOAD 2
+
+/* Builds the graph an FGB1 encoding describes in the current context. funcs[i] is the CUfunction of
+ * function index i, events[i] the CUevent of slot i. With BUILD_INSTANTIATE, also instantiates it
+ * (flags 0) into *out_exec, and with BUILD_UPLOAD uploads that to `stream`. times receives the
+ * seconds spent building, instantiating and uploading. Returns 0, or -1 with a message in err and
+ * nothing left allocated. */
+EXPORT int foundry_graph_build(const uint8_t *data, size_t len, void *const *funcs, size_t n_funcs,
+                               void *const *events, size_t n_events, void *stream, int flags,
+                               void **out_graph, void **out_exec, double *times, char *err, size_t errlen) {
+  builder b;
+  memset(&b, 0, sizeof b);
+  double t0 = now(), t1, t2, t3;
+  if (times) times[0] = times[1] = times[2] = 0.0;
+  *out_graph = NULL;
+  if (out_exec) *out_exec = NULL;
+  if ((flags & BUILD_INSTANTIATE) && !out_exec) {
+    snprintf(err, errlen, "instantiating needs somewhere to return the executable graph");
+    return -1;
+  }
+  pthread_once(&driver_once, load_driver);
+  if (!driver_ok) {
+    snprintf(err, errlen, "%s", driver_error);
+    return -1;
+  }
+  if (validate(data, len, n_funcs, n_events, &b.ps, err, errlen) != 0) return -1;
+  for (size_t i = 0; i < n_funcs; i++) {
+    if (!funcs[i]) {
+      snprintf(err, errlen, "function %zu has no CUfunction handle", i);
+      free(b.ps.graph_off);
+      return -1;
+    }
+  }
+  for (uint32_t i = 0; i < b.ps.n_events; i++) {
+    if (!events[i]) {
+      snprintf(err, errlen, "event slot %u has no CUevent handle", i);
+      free(b.ps.graph_off);
+      return -1;
+    }
+  }
+  b.data = data;
+  b.len = len;
+  b.funcs = funcs;
+  b.events = events;
+  b.scratch = aligned_alloc(16, ((size_t)b.ps.max_param_bytes + 16) & ~(size_t)15);
+  b.argv = malloc(((size_t)b.ps.max_params + 1) * sizeof *b.argv);
+  CUgraph graph = NULL;
+  CUgraphExec exec = NULL;
+  CUresult rc;
+  int status = -1;
+  if (!b.scratch || !b.argv) {
+    snprintf(err, errlen, "out of host memory");
+    goto done;
+  }
+  rc = cu.ctx_current(&b.ctx);
+  if (rc != CUDA_SUCCESS || !b.ctx) {
+    snprintf(err, errlen, "no current CUDA context (cuCtxGetCurrent: %s)", err_name(rc));
+    goto done;
+  }
+  if (build_graph(&b, 0, &graph, err, errlen) != 0) goto done;
+  t1 = now();
+  if (times) times[0] = t1 - t0;
+  if (flags & BUILD_INSTANTIATE) {
+    rc = cu.instantiate(&exec, graph, 0);
+    if (rc != CUDA_SUCCESS) {
+      snprintf(err, errlen, "cuGraphInstantiateWithFlags failed: %s", err_name(rc));
+      cu.graph_destroy(graph);
+      goto done;
+    }
+    t2 = now();
+    if (times) times[1] = t2 - t1;
+    if (flags & BUILD_UPLOAD) {
+      rc = cu.upload(exec, (CUstream)stream);
+      if (rc != CUDA_SUCCESS) {
+        snprintf(err, errlen, "cuGraphUpload failed: %s", err_name(rc));
+        cu.exec_destroy(exec);
+        cu.graph_destroy(graph);
+        goto done;
+      }
+      t3 = now();
+      if (times) times[2] = t3 - t2;
+    }
+  }
+  *out_graph = graph;
+  if (out_exec) *out_exec = exec;
+  status = 0;
+done:
+  free(b.scratch);
+  free(b.argv);
+  free(b.ps.graph_off);
+  return status;
+}
