@@ -1,4 +1,4 @@
-"""The ``foundry`` command: demo, inspect, verify."""
+"""The ``foundry`` command: demo, bench, soak, inspect, verify."""
 
 from __future__ import annotations
 
@@ -170,6 +170,22 @@ def cmd_bench(args) -> int:
     return 0 if summary["bit_exact_all"] else 1
 
 
+def cmd_soak(args) -> int:
+    from .demo import gpu_available
+    from .soak import orchestrate, print_summary
+
+    if not gpu_available():
+        print("foundry soak: no NVIDIA GPU is visible on this machine; nothing was run.")
+        return 2
+    record, status = orchestrate(args, commit=_git_commit(), command="foundry " + " ".join(sys.argv[1:]))
+    print_summary(record)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(record, indent=2) + "\n")
+        print(f"  results written to {args.out}")
+    return status
+
+
 def main(argv=None) -> int:
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     p = argparse.ArgumentParser(prog="foundry", description="CUDA-graph persistence for LLM serving engines")
@@ -196,6 +212,17 @@ def main(argv=None) -> int:
     b.add_argument("--workdir", default=None)
     b.add_argument("--out", default=None, help="JSON results (a PNG plot is written beside it)")
     b.set_defaults(func=cmd_bench)
+
+    s = sub.add_parser(
+        "soak",
+        help="10,000 replays of restored graphs, load/unload cycles with memory curves, and the CPU "
+        "reliability tests, into one JSON record",
+    )
+    add_arguments(s)
+    from .soak import add_soak_arguments
+
+    add_soak_arguments(s)
+    s.set_defaults(preset="1.7b", func=cmd_soak)
 
     i = sub.add_parser("inspect", help="show an archive's graphs, kernels, modules, bytes and fingerprint")
     i.add_argument("archive")
