@@ -461,11 +461,11 @@ def _rebuild_all(archive, meta, modules, kernel_attrs, stream, graphs, region, p
                 )
             rebuilt = None
             if native is not None:
-                if data is None:
-                    ids = ids or kernel_ids(meta["kernels"])
-                    data = encode({k: v for k, v in desc.items() if k != "rng"}, ids)
-                read_s += time.perf_counter() - r0
                 try:
+                    if data is None:
+                        ids = ids or kernel_ids(meta["kernels"])
+                        data = encode({k: v for k, v in desc.items() if k != "rng"}, ids)
+                    read_s += time.perf_counter() - r0
                     rebuilt = native.rebuild(data, stream, split)
                     used.add("native")
                 except GraphError as e:
