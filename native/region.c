@@ -328,6 +328,40 @@ EXPORT int foundry_region_advance(int device, uint64_t offset) {
   return ok ? 0 : -1;
 }
 
+/* LOAD undone: forget the log entries from `log_len` on and move the cursor back to `cursor`, so the
+ * same archive can be restored again into this process. Refused (-1) while any of those entries is
+ * still live, or when `cursor` would fall inside a kept segment. */
+EXPORT int foundry_region_rewind(int device, size_t log_len, uint64_t cursor) {
+  if (device < 0 || device >= MAX_DEVICES) return -1;
+  pthread_mutex_lock(&lock);
+  region *r = &regions[device];
+  int result = -1;
+  if (!r->reserved || log_len > r->log_len || cursor > r->cursor) {
+    snprintf(last_error, sizeof last_error, "cannot rewind region on device %d to entry %zu, offset %llu",
+             device, log_len, (unsigned long long)cursor);
+    goto out;
+  }
+  if (log_len > 0 && r->log[log_len - 1].addr + r->log[log_len - 1].size > r->base + cursor) {
+    snprintf(last_error, sizeof last_error, "cannot rewind region: offset %llu lies inside segment #%zu",
+             (unsigned long long)cursor, log_len - 1);
+    goto out;
+  }
+  for (size_t i = log_len; i < r->log_len; i++) {
+    if (r->log[i].live) {
+      snprintf(last_error, sizeof last_error,
+               "cannot rewind region: segment #%zu (%zu bytes at 0x%llx) is still allocated", i,
+               r->log[i].size, (unsigned long long)r->log[i].addr);
+      goto out;
+    }
+  }
+  r->log_len = log_len;
+  r->cursor = cursor;
+  result = 0;
+out:
+  pthread_mutex_unlock(&lock);
+  return result;
+}
+
 EXPORT uint64_t foundry_region_cursor(int device) {
   if (device < 0 || device >= MAX_DEVICES) return 0;
   return regions[device].cursor;

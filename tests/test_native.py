@@ -23,6 +23,7 @@ def _c_exports():
 
 def test_ctypes_arity_matches_c():
     lib = _native.lib()
+    assert _native.graph_lib() is lib  # declares the graph builder's signatures on the same library
     exports = _c_exports()
     assert "foundry_region_log_read" in exports and "foundry_alloc_graph" in exports
     for name, arity in exports.items():
@@ -38,6 +39,9 @@ def test_empty_log_and_refusals_without_driver():
     assert lib.foundry_region_log_len(0) == 0
     assert lib.foundry_region_cursor(0) == 0
     assert lib.foundry_region_map(99, 0, 0, 0) == -1
+    assert lib.foundry_region_rewind(99, 0, 0) == -1
+    assert lib.foundry_region_rewind(0, 0, 0) == -1  # nothing reserved: nothing to rewind
+    assert "cannot rewind" in _native.region_error()
     alloc = ctypes.cast(
         lib.foundry_alloc, ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p)
     )

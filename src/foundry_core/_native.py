@@ -41,6 +41,7 @@ def lib() -> ctypes.CDLL:
         "foundry_region_map": (c_int, [c_int, c_uint64, c_uint64, c_int]),
         "foundry_region_unmap": (c_int, [c_int, c_uint64]),
         "foundry_region_advance": (c_int, [c_int, c_uint64]),
+        "foundry_region_rewind": (c_int, [c_int, c_size_t, c_uint64]),
         "foundry_region_cursor": (c_uint64, [c_int]),
         "foundry_region_log_len": (c_size_t, [c_int]),
         "foundry_region_log_read": (

@@ -31,6 +31,7 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
 
 def cmd_inspect(args) -> int:
     from .archive import ArchiveError, open_archive
+    from .graphs import read_description
 
     try:
         archive = open_archive(args.archive)
@@ -46,7 +47,7 @@ def cmd_inspect(args) -> int:
         print(f"  {key:<20} {json.dumps(value) if isinstance(value, (dict, list)) else value}")
     rows = []
     for g in meta.get("graphs", []):
-        desc = archive.read_json(g["file"])
+        desc = read_description(archive, g)
         kernels = sum(1 for n in desc["nodes"] if n["type"] == "kernel")
         rows.append([g["name"], g["nodes"], kernels, len(desc["edges"]), "yes" if g["rng"] else "no"])
     print()
@@ -211,6 +212,11 @@ def main(argv=None) -> int:
     b.add_argument("--replays", type=int, default=200, help="timed replays per batch size (median)")
     b.add_argument("--workdir", default=None)
     b.add_argument("--out", default=None, help="JSON results (a PNG plot is written beside it)")
+    b.add_argument(
+        "--presets",
+        default=None,
+        help="other model sizes to save and restore too, for restore time against nodes (e.g. tiny,small)",
+    )
     b.set_defaults(func=cmd_bench)
 
     s = sub.add_parser(

@@ -14,6 +14,7 @@ import contextlib
 import ctypes
 import dataclasses
 import threading
+import warnings
 
 from . import _native
 
@@ -98,6 +99,7 @@ class Region:
         self.pool = torch.cuda.MemPool(eager.allocator())
         self.graph_pool = torch.cuda.MemPool(graph.allocator())
         self.setup_segments: int | None = None
+        self._before_restore: tuple[int, int] | None = None  # (log length, cursor) before a LOAD mapped
 
     def __repr__(self) -> str:
         return f"Region(base={self.base:#x}, size={self.size}, device={self.device})"
@@ -241,6 +243,7 @@ class Region:
         lib = _native.lib()
         label = _label_index(RESTORED_LABEL)
         mapped = []
+        self._before_restore = (len(current), self.cursor)
         try:
             for ref in saved[len(current) :]:
                 if not ref.live:
@@ -257,9 +260,20 @@ class Region:
         return mapped
 
     def unmap(self, segments: list[Segment]) -> None:
+        """Release restored segments and, when nothing else was allocated after them, rewind the
+        region to where it stood before :meth:`restore_layout`, so the archive can be loaded again."""
         lib = _native.lib()
         for seg in segments:
             lib.foundry_region_unmap(self.device, seg.addr)
+        before, self._before_restore = self._before_restore, None
+        if before is not None and lib.foundry_region_rewind(self.device, *before) != 0:
+            # Something allocated in the region after the restore and still holds its memory:
+            # the region cannot retrace the SAVE again in this process, and a later load() says so.
+            warnings.warn(
+                f"Foundry region not rewound after unload: {_native.region_error()}",
+                RuntimeWarning,
+                stacklevel=3,
+            )
 
 
 _current_label = [0]
