@@ -37,8 +37,16 @@ static int dropped; /* images lost to host out-of-memory: SAVE must refuse */
  * it: the resource callback fires inside cuModuleLoad*, before its exit callback. */
 static __thread long last_loaded = -1;
 
+/* Off in processes that only count stream captures (a LOAD): copying every image there would cost
+ * time and host memory for nothing. */
+static int keep_images = 1;
+
 static void on_module_loaded(const CUpti_ResourceData *rd) {
   const CUpti_ModuleResourceData *md = rd->resourceDescriptor;
+  if (!__atomic_load_n(&keep_images, __ATOMIC_RELAXED)) {
+    last_loaded = -1;
+    return;
+  }
   if (!md || !md->pCubin || !md->cubinSize) return;
   char *copy = malloc(md->cubinSize);
   pthread_mutex_lock(&lock);
@@ -100,6 +108,11 @@ static void callback(void *userdata, CUpti_CallbackDomain domain, CUpti_Callback
   else if (domain == CUPTI_CB_DOMAIN_RUNTIME_API &&
            ((const CUpti_CallbackData *)data)->callbackSite == CUPTI_API_ENTER)
     __atomic_add_fetch(&captures_runtime, 1, __ATOMIC_RELAXED);
+}
+
+/* Whether module images loaded from now on are kept (1, the default) or only counted captures are. */
+EXPORT void foundry_modules_keep_images(int keep) {
+  __atomic_store_n(&keep_images, keep ? 1 : 0, __ATOMIC_RELAXED);
 }
 
 /* Subscribe once per process. `cupti_path` is the libcupti to open (NULL: the loader's search).

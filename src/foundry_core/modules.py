@@ -54,13 +54,16 @@ def _cupti_candidates() -> list[str]:
     return found
 
 
-def start_recording() -> None:
+def start_recording(keep_images: bool = True) -> None:
     """Start keeping every CUDA module image this process loads. Idempotent.
 
     Call it before the kernels a SAVE needs are first used: images loaded earlier are not seen,
-    and a SAVE that needs one refuses, naming the kernel.
+    and a SAVE that needs one refuses, naming the kernel. ``keep_images=False`` only counts stream
+    captures (:func:`stream_captures`), as a LOAD does to show it captured nothing, without copying
+    every module the process loads; the last call decides for images loaded after it.
     """
     lib = _native.lib()
+    lib.foundry_modules_keep_images(1 if keep_images else 0)
     if lib.foundry_modules_started():
         return
     errors = []
