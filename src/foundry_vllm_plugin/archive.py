@@ -7,6 +7,9 @@ Per rank ``r`` (the data-parallel rank; TP and PP are refused), under the config
   reuses instead of profiling memory, and the list of persisted graphs.  It is written last, after the
   core archive is complete, so its presence with a matching fingerprint is what "a valid archive for
   exactly this configuration" means in ``auto`` mode.
+* ``rank{r}.start.json``  the report of the latest start of that rank (mode, graphs, capture/save or
+  restore seconds, worker phase seconds, CUDA stream captures counted by the core's CUPTI recorder).
+  Written for monitoring and benchmarks, best effort; nothing reads it back.
 
 Nothing here touches the GPU; the worker supplies the device description.
 """
@@ -23,6 +26,8 @@ from foundry_core.config import ConfigError, FoundryConfig
 
 MANIFEST_SCHEMA = 1
 MANIFEST_KIND = "foundry-vllm"
+START_REPORT_SCHEMA = 1
+START_REPORT_KIND = "foundry-vllm-start"
 
 
 class ArchiveStateError(ConfigError):
@@ -35,6 +40,10 @@ def core_archive_dir(cfg: FoundryConfig, rank: int) -> Path:
 
 def manifest_path(cfg: FoundryConfig, rank: int) -> Path:
     return cfg.archive_dir / f"rank{rank}.vllm.json"
+
+
+def start_report_path(cfg: FoundryConfig, rank: int) -> Path:
+    return cfg.archive_dir / f"rank{rank}.start.json"
 
 
 def _mode_name(mode: Any) -> str:
@@ -105,18 +114,23 @@ def write_manifest(path: Path, fingerprint: dict, sizing: dict, graphs: list[dic
         "sizing": sizing,
         "graphs": graphs,
     }
+    write_json_atomic(path, data)
+    return data
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write ``data`` as JSON to ``path`` through a temporary file renamed over it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, sort_keys=True)
+            json.dump(data, f, indent=1, sort_keys=True, default=str)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return data
 
 
 def fingerprint_mismatch(saved: dict, current: dict) -> str | None:

@@ -53,27 +53,45 @@ def graph_name(key: dict) -> str:
     return "decode/" + ",".join(f"{k}={key[k]}" for k in sorted(key))
 
 
+def kept_graph_class(base: type) -> type:
+    """A subclass of ``base`` (``torch.cuda.CUDAGraph``) whose instances are built with ``keep_graph=True``.
+
+    ``foundry_core.save`` reads each graph through ``raw_cuda_graph()``, which torch allows only for a
+    graph constructed with ``keep_graph=True`` (``CUDAGraph::raw_cuda_graph`` checks ``keep_graph_``).
+    ``enable_debug_mode()`` keeps the ``cudaGraph_t`` alive too, but does not set that flag, so it is
+    not enough.  The flag is a constructor argument (``CUDAGraph.__new__(cls, keep_graph=False)``).
+    With it, torch instantiates the executable graph at the first ``replay()`` instead of at the end of
+    the capture.
+    """
+
+    class _KeptCUDAGraph(base):
+        def __new__(cls, *args, **kwargs):  # vLLM passes nothing; any keep_graph given is overridden
+            return super().__new__(cls, keep_graph=True)
+
+    _KeptCUDAGraph.__name__ = _KeptCUDAGraph.__qualname__ = "KeptCUDAGraph"
+    return _KeptCUDAGraph
+
+
 @contextlib.contextmanager
 def keep_captured_graphs():
-    """While active, every ``torch.cuda.CUDAGraph()`` keeps its ``cudaGraph_t`` (keep_graph=True)."""
+    """While active, every ``torch.cuda.CUDAGraph()`` is created with ``keep_graph=True``.
+
+    vLLM creates its graphs with a plain ``torch.cuda.CUDAGraph()`` (V2 ``CudaGraphManager.capture``,
+    V1 ``CUDAGraphWrapper.__call__``), looked up on ``torch.cuda`` at call time, so replacing the
+    attribute for the duration of the capture is enough.  Capture runs on the worker's main thread.
+    """
     import torch
 
     base = torch.cuda.CUDAGraph
-
-    class _KeptCUDAGraph(base):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            if not getattr(self, "_keep_graph", False):
-                self.enable_debug_mode()  # the same switch as keep_graph=True, available since torch 2.1
-
-    torch.cuda.CUDAGraph = _KeptCUDAGraph
+    torch.cuda.CUDAGraph = kept_graph_class(base)
     try:
         yield
     finally:
         torch.cuda.CUDAGraph = base
 
 
-def _attention_backend_names(runner: Any) -> set[str]:
+def attention_backend_names(runner: Any) -> set[str]:
+    """Names of the attention backends the runner built (e.g. ``FLASH_ATTN``)."""
     names = set()
     for groups in getattr(runner, "attn_groups", None) or []:
         for group in groups if isinstance(groups, list) else [groups]:
@@ -89,7 +107,7 @@ def _check_common(runner: Any) -> None:
         raise FoundryUnsupportedError("auxiliary hidden-state outputs", "they feed a draft model")
     if getattr(runner, "speculator", None) is not None or getattr(runner, "drafter", None) is not None:
         raise FoundryUnsupportedError("speculative decoding", "draft graphs are not persisted")
-    backends = _attention_backend_names(runner)
+    backends = attention_backend_names(runner)
     unvalidated = sorted(backends - VALIDATED_ATTENTION_BACKENDS)
     if unvalidated:
         raise FoundryUnsupportedError(
@@ -100,12 +118,30 @@ def _check_common(runner: Any) -> None:
         )
 
 
-def _lock_workspace() -> None:
+def workspace_locked() -> bool | None:
+    """Whether vLLM's workspace manager is locked now; ``None`` where there is none.
+
+    Read right after vLLM's own capture at SAVE, so that LOAD leaves the workspace exactly as that
+    capture did: the V1 runner and the V2 runner of recent releases lock it at the end of
+    ``capture_model``, the V2 runner of older releases (0.26) does not.
+    """
     try:
-        from vllm.v1.worker.workspace import lock_workspace
+        from vllm.v1.worker.workspace import current_workspace_manager, is_workspace_manager_initialized
     except ImportError:  # releases without a workspace manager
+        return None
+    if not is_workspace_manager_initialized():
+        return None
+    return bool(current_workspace_manager().is_locked())
+
+
+def lock_workspace() -> None:
+    """Lock vLLM's workspace as its capture does (a no-op where there is no workspace manager)."""
+    try:
+        from vllm.v1.worker.workspace import is_workspace_manager_initialized, lock_workspace
+    except ImportError:
         return
-    lock_workspace()
+    if is_workspace_manager_initialized():
+        lock_workspace()
 
 
 class V2Adapter:
@@ -174,7 +210,6 @@ class V2Adapter:
         self.manager.hidden_states = restored.tensors["hidden_states"]
         self.manager.use_aux_hidden_state_outputs = False
         self.manager._graphs_captured = True
-        _lock_workspace()
         return len(expected)
 
 
@@ -257,7 +292,6 @@ class V1Adapter:
         from vllm.compilation.monitor import set_cudagraph_capturing_enabled
 
         set_cudagraph_capturing_enabled(False)
-        _lock_workspace()
         return len(expected)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
+import os
 import time
 from typing import Any
 
@@ -23,6 +24,62 @@ def start_module_recording() -> None:
 
     start = getattr(fc, "start_module_recording", None) or fc.start_recording
     start()
+
+
+def count_captures_only() -> None:
+    """LOAD: keep counting stream captures but stop copying module images (where the core can)."""
+    import inspect
+
+    import foundry_core as fc
+
+    if "keep_images" in inspect.signature(fc.start_recording).parameters:
+        fc.start_recording(keep_images=False)
+
+
+def stream_captures() -> int | None:
+    """CUDA stream captures begun in this process since module recording started (CUPTI), or None."""
+    try:
+        import foundry_core as fc
+
+        counts = fc.stream_captures()
+    except Exception:  # no native library or no recorder: the count is unknown, not zero
+        return None
+    return int(sum(counts.values()))
+
+
+# The call in vLLM's init_device (releases without _init_workspace_and_model_runner) that comes right
+# before the model runner is built; Foundry opens the region and starts routing there.
+_RUNNER_BUILD_HOOK = "init_workspace_manager"
+
+
+@contextlib.contextmanager
+def route_runner_build(module: Any, open_and_route) -> Any:
+    """While active, ``module.init_workspace_manager`` first calls ``open_and_route()``.
+
+    ``open_and_route`` opens the Foundry region and returns a context manager (the routing); it is
+    entered before vLLM's ``init_workspace_manager`` runs and left when this block ends, so the
+    workspace manager, the model runner and anything else ``init_device`` builds after that call land
+    in the region.  Yields a one-element list that tells whether the hook fired.
+    """
+    original = getattr(module, _RUNNER_BUILD_HOOK, None)
+    fired = [False]
+    if original is None:
+        yield fired
+        return
+    stack = contextlib.ExitStack()
+
+    def hooked(*args: Any, **kwargs: Any):
+        if not fired[0]:
+            fired[0] = True
+            stack.enter_context(open_and_route())
+        return original(*args, **kwargs)
+
+    setattr(module, _RUNNER_BUILD_HOOK, hooked)
+    try:
+        yield fired
+    finally:
+        setattr(module, _RUNNER_BUILD_HOOK, original)
+        stack.close()
 
 
 class FoundrySession:
@@ -43,6 +100,17 @@ class FoundrySession:
         self.kv_cache_memory_bytes: int | None = None
         self.num_gpu_blocks: int | None = None
         self.setup: dict | None = None  # region layout when the setup ended (segments, cursor)
+        self.workspace_locked: bool | None = None  # vLLM's workspace lock right after its capture (SAVE)
+        self.restored = None  # the core's Restored: owns the modules and memory the graphs use
+        self._capture_routing: contextlib.ExitStack | None = None
+        # What this start did, written next to the archive when graphs are ready (start report).
+        self.report: dict[str, Any] = {
+            "kind": archive.START_REPORT_KIND,
+            "schema": archive.START_REPORT_SCHEMA,
+            "rank": self.rank,
+            "pid": os.getpid(),
+            "phases_s": {},
+        }
 
     def open(self, device: Any) -> None:
         """Decide SAVE/LOAD for this rank and reserve the region; needs the CUDA device to be current."""
@@ -59,7 +127,13 @@ class FoundrySession:
         }
         self.fingerprint = archive.engine_fingerprint(self.vllm_config, dev)
         self.mode, self.manifest, why = archive.resolve_mode(self.cfg, self.rank, self.fingerprint)
+        self.report.update(mode=self.mode, reason=why, vllm=self.fingerprint.get("vllm"), device=dev["name"])
         logger.info("Foundry rank %d: %s (%s)", self.rank, self.mode.upper(), why)
+        if self.mode == "load":
+            try:  # a LOAD restores code from the archive; it needs no recorded images, only the counts
+                count_captures_only()
+            except Exception as e:  # an optimisation only
+                logger.warning("Foundry rank %d: module images are still recorded (%s)", self.rank, e)
         self.region = fc.Region(
             base=self.cfg.rank_region_base(self.rank), size=self.cfg.region_size, device=index
         )
@@ -75,6 +149,23 @@ class FoundrySession:
             raise RuntimeError("Foundry region used before it was opened")
         with self.region.routing(), self.region.label(label):
             yield
+
+    def begin_capture_routing(self) -> None:
+        """SAVE: route vLLM's warmups and capture into the region until :meth:`end_capture_routing`."""
+        if self._capture_routing is None:
+            stack = contextlib.ExitStack()
+            stack.enter_context(self.routing("vllm.capture"))
+            self._capture_routing = stack
+
+    def end_capture_routing(self) -> None:
+        """Stop the routing begun by :meth:`begin_capture_routing` (idempotent).
+
+        Called as soon as vLLM's capture returns: ``foundry_core.save`` runs unrouted, as in the core's
+        own SAVE sequence, and vLLM's later warmups allocate outside the region at SAVE as at LOAD.
+        """
+        stack, self._capture_routing = self._capture_routing, None
+        if stack is not None:
+            stack.close()
 
     def end_setup(self) -> None:
         """Close the setup (runner buffers, weights, KV cache) that SAVE and LOAD build identically.
@@ -111,6 +202,7 @@ class FoundrySession:
             "num_gpu_blocks": int(self.num_gpu_blocks or 0),
             "runner": adapter.kind,
             "setup": self.setup,
+            "workspace_locked": self.workspace_locked,
         }
         t0 = time.perf_counter()
         fc.save(
@@ -124,12 +216,14 @@ class FoundrySession:
             world_size=self.world_size,
         )
         archive.write_manifest(mpath, self.fingerprint, sizing, listing)
+        elapsed = time.perf_counter() - t0
+        self.report.update(graphs=len(graph_map), save_s=round(elapsed, 3), runner=adapter.kind)
         logger.info(
             "Foundry rank %d: saved %d decode graphs to %s in %.2f s",
             self.rank,
             len(graph_map),
             archive.core_archive_dir(self.cfg, self.rank),
-            time.perf_counter() - t0,
+            elapsed,
         )
 
     def restore(self, adapter: Any) -> int:
@@ -157,10 +251,37 @@ class FoundrySession:
                 f"archive was saved from model runner {sizing.get('runner')}, this engine uses {adapter.kind}"
             )
         n = adapter.install(restored, self.manifest.get("graphs", []) if self.manifest else [])
+        self.restored = restored
+        # Leave vLLM's workspace as its own capture left it at SAVE (older manifests: locked, as V1 does).
+        if sizing.get("workspace_locked", True):
+            graphs.lock_workspace()
+        elapsed = time.perf_counter() - t0
+        timings = getattr(restored, "timings", None)
+        self.report.update(
+            graphs=n,
+            restore_s=round(elapsed, 3),
+            runner=adapter.kind,
+            restore_timings_s={k: round(float(v), 3) for k, v in (timings or {}).items()},
+        )
         logger.info(
             "Foundry rank %d: restored %d decode graphs in %.2f s (no warmup, no capture)",
             self.rank,
             n,
-            time.perf_counter() - t0,
+            elapsed,
         )
         return n
+
+    def write_report(self) -> dict:
+        """Write the start report next to the archive (best effort: a read-only archive is fine)."""
+        self.report.update(
+            kv_cache_memory_bytes=self.kv_cache_memory_bytes,
+            num_gpu_blocks=self.num_gpu_blocks,
+            setup=self.setup,
+            workspace_locked=self.workspace_locked,
+        )
+        path = archive.start_report_path(self.cfg, self.rank)
+        try:
+            archive.write_json_atomic(path, self.report)
+        except OSError as e:
+            logger.warning("Foundry rank %d: start report not written to %s: %s", self.rank, path, e)
+        return self.report

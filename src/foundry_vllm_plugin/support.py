@@ -146,6 +146,11 @@ def _check_features(vllm_config: Any) -> None:
         raise FoundryUnsupportedError(
             "sleep mode", "the cuMem allocator places weights and graphs outside the Foundry region"
         )
+    if _get(vllm_config, "model_config", "enable_cumem_allocator", default=False):
+        raise FoundryUnsupportedError(
+            "the cuMem allocator (enable_cumem_allocator)",
+            "vLLM then allocates weights and the KV cache from its own pool, outside the Foundry region",
+        )
     if _get(vllm_config, "kv_transfer_config") is not None:
         raise FoundryUnsupportedError(
             "KV transfer (disaggregated prefill)", "connectors register and move KV memory outside the engine"

@@ -6,8 +6,11 @@ vLLM imports this module only in a worker process of an engine with Foundry on (
 1. ``__init__``: ``check_supported`` again (no CUDA yet); parse the Foundry TOML.
 2. ``init_device``: module recording starts first (before any kernel loads), then vLLM's own device
    setup; right after the device is set, the rank's fingerprint decides SAVE or LOAD (auto), the
-   fixed-VA region is reserved and made vLLM's global CUDA-graph pool, and the model runner (its
-   persistent input buffers) is built with allocations routed into the region.
+   fixed-VA region is reserved and made vLLM's global CUDA-graph pool, and the workspace manager and
+   the model runner (its persistent input buffers) are built with allocations routed into the region.
+   Recent releases build both in ``Worker._init_workspace_and_model_runner``, which is overridden;
+   older ones (0.26) build them at the end of ``init_device`` right after ``init_workspace_manager``,
+   so that call opens the region and starts the routing, which ends when ``init_device`` returns.
 3. ``load_model``: weights routed into the region.
 4. ``determine_available_memory`` (not routed): LOAD sets ``kv_cache_memory_bytes`` from the manifest,
    which makes vLLM skip memory profiling and the throwaway CUDA-graph memory capture.  vLLM still runs
@@ -17,10 +20,11 @@ vLLM imports this module only in a worker process of an engine with Foundry on (
    LOAD checks the block count.  This ends the *setup*, which SAVE and LOAD repeat identically; SAVE
    marks it with ``region.end_setup()``.
 6. ``compile_or_warm_up_model``: ``capture_model`` is replaced on the runner instance.  SAVE runs vLLM's
-   warmups and capture routed into the region (``keep_graph``), then persists graphs, the graph output
-   buffers and the sizing; the core also snapshots eager state that warmups created after the setup.
-   LOAD runs vLLM's kernel warmups outside the region (so the region holds exactly the setup when the
-   core checks it), and in place of the capture restores the graphs: no per-graph warmup, no capture.
+   warmups and capture routed into the region (``keep_graph``), ends the routing, then persists graphs,
+   the graph output buffers and the sizing; the core also snapshots eager state that warmups created
+   after the setup.  LOAD runs vLLM's kernel warmups outside the region (so the region holds exactly
+   the setup when the core checks it), and in place of the capture restores the graphs: no per-graph
+   warmup, no capture.  Either way the start report (``rank{r}.start.json``) is written at the end.
 
 Nothing that only SAVE does (memory profiling, the throwaway profiling capture) is routed, so the
 sequence of setup allocations in the region is the same at SAVE and at LOAD.
@@ -28,17 +32,30 @@ sequence of setup allocations in the region is the same at SAVE and at LOAD.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
+import sys
+import time
+import traceback
 from typing import Any
 
 from vllm.v1.worker.gpu_worker import Worker as _VllmGpuWorker
 
 from foundry_vllm_plugin import graphs
-from foundry_vllm_plugin.session import FoundrySession, start_module_recording
+from foundry_vllm_plugin.session import (
+    FoundrySession,
+    route_runner_build,
+    start_module_recording,
+    stream_captures,
+)
 from foundry_vllm_plugin.support import check_supported
 
 logger = logging.getLogger("vllm.foundry")  # under vLLM's logger: same handlers and level
+
+
+def _one_line(e: BaseException) -> str:
+    return "".join(traceback.format_exception_only(type(e), e)).strip().replace("\n", " | ")[-2000:]
 
 
 class FoundryWorker(_VllmGpuWorker):
@@ -50,58 +67,89 @@ class FoundryWorker(_VllmGpuWorker):
         self._foundry = FoundrySession(vllm_config)
         super().__init__(*args, **kwargs)
 
+    @contextlib.contextmanager
+    def _phase(self, name: str):
+        """Time one worker step for the start report; a failing step writes the report with its error."""
+        s = self._foundry
+        t0 = time.perf_counter()
+        try:
+            yield
+        except BaseException as e:
+            s.report["error"] = f"{name}: " + _one_line(e)
+            s.write_report()
+            raise
+        finally:
+            s.report["phases_s"][name] = round(time.perf_counter() - t0, 3)
+
     # -- 2. device, region, model runner -------------------------------------------------------
     def init_device(self) -> None:
-        start_module_recording()
-        if hasattr(_VllmGpuWorker, "_init_workspace_and_model_runner"):
-            super().init_device()  # calls our _init_workspace_and_model_runner at its end
-            return
-        # Older layout: the runner is built inside init_device; rebuild it inside the region.
-        super().init_device()
+        with self._phase("init_device"):
+            start_module_recording()
+            if hasattr(_VllmGpuWorker, "_init_workspace_and_model_runner"):
+                super().init_device()  # calls our _init_workspace_and_model_runner at its end
+                return
+            # Older layout (0.26): init_device sets the device, calls init_workspace_manager, then builds
+            # the model runner.  Open the region and route from that call to the end of init_device.
+            module = sys.modules[_VllmGpuWorker.__module__]
+            with route_runner_build(module, self._open_and_route_runner) as fired:
+                super().init_device()
+            if fired[0]:
+                return
+            # No such call: the runner was built outside the region; rebuild it inside.
+            self._foundry.open(self.device)
+            runner_cls = type(self.model_runner)
+            self.model_runner = None
+            gc.collect()
+            with self._foundry.routing("vllm.runner"):
+                self.model_runner = runner_cls(self.vllm_config, self.device)
+
+    def _open_and_route_runner(self):
         self._foundry.open(self.device)
-        runner_cls = type(self.model_runner)
-        self.model_runner = None
-        gc.collect()
-        with self._foundry.routing("vllm.runner"):
-            self.model_runner = runner_cls(self.vllm_config, self.device)
+        return self._foundry.routing("vllm.runner")
 
     def _init_workspace_and_model_runner(self) -> None:
-        self._foundry.open(self.device)
-        with self._foundry.routing("vllm.runner"):
+        with self._open_and_route_runner():
             super()._init_workspace_and_model_runner()
 
     # -- 3. weights -----------------------------------------------------------------------------
     def load_model(self, *args: Any, **kwargs: Any) -> None:
-        with self._foundry.routing("vllm.weights"):
+        with self._phase("load_model"), self._foundry.routing("vllm.weights"):
             super().load_model(*args, **kwargs)
 
     # -- 4. KV-cache sizing ---------------------------------------------------------------------
     def determine_available_memory(self) -> int:
         s = self._foundry
-        if s.mode == "load":
-            kv = int(s.manifest["sizing"]["kv_cache_memory_bytes"])
-            self.cache_config.kv_cache_memory_bytes = kv
-            logger.info(
-                "Foundry rank %d: KV cache %d bytes from the archive; memory profiling skipped", s.rank, kv
-            )
-        available = super().determine_available_memory()
+        with self._phase("determine_available_memory"):
+            if s.mode == "load":
+                kv = int(s.manifest["sizing"]["kv_cache_memory_bytes"])
+                self.cache_config.kv_cache_memory_bytes = kv
+                logger.info(
+                    "Foundry rank %d: KV cache %d bytes from the archive; memory profiling skipped",
+                    s.rank,
+                    kv,
+                )
+            available = super().determine_available_memory()
         s.kv_cache_memory_bytes = int(available)
         return available
 
     # -- 5. KV cache ----------------------------------------------------------------------------
     def initialize_from_config(self, kv_cache_config: Any) -> None:
         s = self._foundry
-        if s.mode == "load":
-            saved = int(s.manifest["sizing"].get("num_gpu_blocks", 0))
-            if saved != int(kv_cache_config.num_blocks):
-                raise graphs.FoundryRestoreError(
-                    f"KV cache has {kv_cache_config.num_blocks} blocks, the archive was saved with {saved}"
-                )
-        with s.routing("vllm.kv_cache"):
-            super().initialize_from_config(kv_cache_config)
-        s.num_gpu_blocks = int(kv_cache_config.num_blocks)
-        graphs.adapter_for(self.model_runner).check()  # before any capture or restore
-        s.end_setup()
+        with self._phase("initialize_from_config"):
+            if s.mode == "load":
+                saved = int(s.manifest["sizing"].get("num_gpu_blocks", 0))
+                if saved != int(kv_cache_config.num_blocks):
+                    raise graphs.FoundryRestoreError(
+                        f"KV cache has {kv_cache_config.num_blocks} blocks, the archive was saved with {saved}"
+                    )
+            with s.routing("vllm.kv_cache"):
+                super().initialize_from_config(kv_cache_config)
+            s.num_gpu_blocks = int(kv_cache_config.num_blocks)
+            adapter = graphs.adapter_for(self.model_runner)
+            adapter.check()  # before any capture or restore
+            s.report["runner"] = adapter.kind
+            s.report["attention_backends"] = sorted(graphs.attention_backend_names(self.model_runner))
+            s.end_setup()
 
     # -- 6. warmup, then capture+save or restore -------------------------------------------------
     def compile_or_warm_up_model(self, *args: Any, **kwargs: Any):
@@ -109,23 +157,50 @@ class FoundryWorker(_VllmGpuWorker):
         runner = self.model_runner
         adapter = graphs.adapter_for(runner)
         vllm_capture = runner.capture_model
+        t0 = time.perf_counter()
+        marks: dict[str, float] = {}
+        s.report["stream_captures"] = {"before_warmup": stream_captures()}
 
         def capture_model(*cargs: Any, **ckwargs: Any):
             if ckwargs.get("profile_only"):
                 return vllm_capture(*cargs, **ckwargs)
-            if s.mode == "load":
-                s.restore(adapter)
-                return 0
-            with graphs.keep_captured_graphs():
-                size = vllm_capture(*cargs, **ckwargs)
-            s.save(adapter)
-            return size
+            marks["graphs_begin"] = time.perf_counter()
+            s.report["stream_captures"]["before_graphs"] = stream_captures()
+            try:
+                if s.mode == "load":
+                    s.restore(adapter)
+                    return 0
+                try:
+                    with graphs.keep_captured_graphs():
+                        size = vllm_capture(*cargs, **ckwargs)
+                finally:
+                    s.end_capture_routing()  # foundry_core.save runs unrouted
+                s.report["capture_s"] = round(time.perf_counter() - marks["graphs_begin"], 3)
+                s.report["stream_captures"]["after_capture"] = stream_captures()
+                s.workspace_locked = graphs.workspace_locked()
+                s.save(adapter)
+                return size
+            finally:
+                marks["graphs_end"] = time.perf_counter()
+                s.report["stream_captures"]["after_graphs"] = stream_captures()
 
         runner.capture_model = capture_model
         try:
             if s.mode == "save":
-                with s.routing("vllm.capture"):
-                    return super().compile_or_warm_up_model(*args, **kwargs)
+                s.begin_capture_routing()
             return super().compile_or_warm_up_model(*args, **kwargs)
+        except BaseException as e:
+            s.report["error"] = "compile_or_warm_up_model: " + _one_line(e)
+            raise
         finally:
+            s.end_capture_routing()
             del runner.capture_model
+            end = time.perf_counter()
+            s.report["stream_captures"]["end"] = stream_captures()
+            phases = s.report["phases_s"]
+            phases["compile_or_warm_up_model"] = round(end - t0, 3)
+            if "graphs_begin" in marks:
+                phases["warmup_before_graphs"] = round(marks["graphs_begin"] - t0, 3)
+                phases["graphs"] = round(marks.get("graphs_end", end) - marks["graphs_begin"], 3)
+                phases["warmup_after_graphs"] = round(end - marks.get("graphs_end", end), 3)
+            s.write_report()

@@ -114,6 +114,10 @@ def _sleep(c):
     c.model_config.enable_sleep_mode = True
 
 
+def _cumem(c):
+    c.model_config.enable_cumem_allocator = True
+
+
 def _kv_transfer(c):
     from vllm.config import KVTransferConfig
 
@@ -202,6 +206,7 @@ CASES = [
     ("pooling", _pooling, "with runner_type=pooling"),
     ("hybrid_mamba", _hybrid, "with hybrid (Mamba/linear-attention) models"),
     ("sleep_mode", _sleep, "with sleep mode: the cuMem allocator"),
+    ("cumem_allocator", _cumem, "with the cuMem allocator (enable_cumem_allocator): vLLM then allocates"),
     ("kv_transfer", _kv_transfer, "with KV transfer (disaggregated prefill)"),
     ("ec_transfer", _ec_transfer, "with encoder-cache transfer"),
     ("weight_transfer", _weight_transfer, "with weight transfer"),

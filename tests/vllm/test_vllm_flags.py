@@ -203,4 +203,7 @@ def test_example_recipe_serve_command_reaches_the_engine_config():
     assert list(vllm_config.compilation_config.cudagraph_capture_sizes) == [1, 2, 4, 8]
     assert vllm_config.parallel_config.worker_cls == FOUNDRY_WORKER
     cfg = load_config(example / "foundry.toml")
-    assert cfg.mode == "auto" and cfg.archive_dir == example / "archive" and cfg.region_size == 32 << 30
+    assert cfg.mode == "auto" and cfg.archive_dir == example / "archive" and cfg.region_size == 64 << 30
+    # Weights, KV cache and graphs all live in the region: it must hold what --gpu-memory-utilization
+    # 0.3 hands to vLLM on the largest GPU the example targets (H200, 141 GiB).
+    assert cfg.region_size > 0.3 * (141 << 30)

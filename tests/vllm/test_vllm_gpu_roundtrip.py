@@ -38,7 +38,7 @@ def _run(tmp_path: Path, name: str, *extra: str) -> tuple[dict, str]:
 
 def test_save_then_load_matches_plain_vllm(tmp_path):
     toml = tmp_path / "foundry.toml"
-    toml.write_text(f'mode = "auto"\narchive_dir = "{tmp_path / "archive"}"\n[region]\nsize = "32GiB"\n')
+    toml.write_text(f'mode = "auto"\narchive_dir = "{tmp_path / "archive"}"\n[region]\nsize = "64GiB"\n')
     plain, _ = _run(tmp_path, "plain")
     saved, save_log = _run(tmp_path, "save", "--foundry-config", str(toml))
     assert "Foundry rank 0: SAVE" in save_log and "saved" in save_log

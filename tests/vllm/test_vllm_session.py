@@ -6,14 +6,16 @@ settings code under test is the real one, fed with a real VllmConfig.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import types
 
 import pytest
 
 import foundry_core
-from foundry_vllm_plugin import archive
+from foundry_vllm_plugin import archive, graphs
 from foundry_vllm_plugin.graphs import FoundryRestoreError
-from foundry_vllm_plugin.session import FoundrySession
+from foundry_vllm_plugin.session import FoundrySession, route_runner_build
 
 pytestmark = pytest.mark.vllm
 
@@ -61,6 +63,7 @@ def test_save_writes_the_manifest_only_after_the_core_archive(base_vllm_config, 
         "num_gpu_blocks": 4096,
         "runner": "v2",
         "setup": None,
+        "workspace_locked": None,
     }
     assert (kw["rank"], kw["world_size"]) == (0, 1)
     manifest = archive.read_manifest(mpath)
@@ -154,3 +157,141 @@ def test_load_reports_a_diverged_setup_before_warmup(base_vllm_config):
     load.region = Region(6, 0x4200000)
     with pytest.raises(FoundryRestoreError, match="region setup diverged from the SAVE: 6 allocations"):
         load.end_setup()
+
+
+@pytest.mark.parametrize("recorded, locks", [(True, 1), (False, 0), (None, 0), ("missing", 1)])
+def test_restore_leaves_the_workspace_as_the_save_left_it(base_vllm_config, monkeypatch, recorded, locks):
+    # vLLM 0.26's V2 capture does not lock the workspace, V1 and later V2 captures do: LOAD mirrors SAVE.
+    s = _session(base_vllm_config, "load")
+    sizing = {"kv_cache_memory_bytes": 1 << 30, "num_gpu_blocks": 4096, "runner": "v2"}
+    if recorded != "missing":
+        sizing["workspace_locked"] = recorded
+    s.manifest = {"sizing": sizing, "graphs": []}
+    calls = []
+    monkeypatch.setattr(graphs, "lock_workspace", lambda: calls.append(1))
+    restored = _restored(kv_cache_memory_bytes=1 << 30, num_gpu_blocks=4096, runner="v2")
+    monkeypatch.setattr(foundry_core, "load", lambda path, **kw: restored)
+    s.restore(Adapter())
+    assert len(calls) == locks
+    assert s.restored is restored  # kept alive: it owns the modules and memory the graphs use
+    assert s.report["graphs"] == 1 and s.report["runner"] == "v2" and "restore_s" in s.report
+
+
+def test_save_records_the_workspace_lock_and_reports(base_vllm_config, monkeypatch):
+    s = _session(base_vllm_config, "save")
+    s.workspace_locked = False
+    seen = {}
+    monkeypatch.setattr(foundry_core, "save", lambda path, **kw: seen.update(kw) or "digest")
+    s.save(Adapter())
+    assert seen["slots"]["workspace_locked"] is False
+    assert archive.read_manifest(archive.manifest_path(s.cfg, 0))["sizing"]["workspace_locked"] is False
+    assert s.report["graphs"] == 2 and "save_s" in s.report
+
+
+def test_start_report_is_written_next_to_the_archive(base_vllm_config):
+    s = _session(base_vllm_config, "load")
+    s.report.update(mode="load", graphs=4, restore_s=0.5)
+    s.write_report()
+    data = json.loads(archive.start_report_path(s.cfg, 0).read_text())
+    assert data["kind"] == archive.START_REPORT_KIND and data["schema"] == archive.START_REPORT_SCHEMA
+    assert (data["mode"], data["graphs"], data["rank"], data["num_gpu_blocks"]) == ("load", 4, 0, 4096)
+    # The manifest decides auto mode; the report next to it changes nothing there.
+    assert archive.resolve_mode(s.cfg, 0, {"config_hash": "abc"})[0] == "save"
+
+
+def test_an_unwritable_start_report_does_not_stop_the_engine(base_vllm_config, monkeypatch):
+    s = _session(base_vllm_config, "load")
+
+    def refuse(path, data):
+        raise PermissionError(13, "read-only file system", str(path))
+
+    monkeypatch.setattr(archive, "write_json_atomic", refuse)
+    assert s.write_report()["rank"] == 0
+
+
+class RoutingRegion:
+    """Records routing and label contexts the way Region nests them."""
+
+    def __init__(self):
+        self.events = []
+
+    @contextlib.contextmanager
+    def routing(self):
+        self.events.append("route+")
+        try:
+            yield self
+        finally:
+            self.events.append("route-")
+
+    @contextlib.contextmanager
+    def label(self, name):
+        self.events.append(f"label+{name}")
+        try:
+            yield
+        finally:
+            self.events.append(f"label-{name}")
+
+
+def test_capture_routing_ends_before_the_save_and_only_once(base_vllm_config):
+    s = _session(base_vllm_config, "save")
+    s.region = RoutingRegion()
+    s.begin_capture_routing()
+    s.begin_capture_routing()  # already routing: no second context
+    assert s.region.events == ["route+", "label+vllm.capture"]
+    s.end_capture_routing()
+    s.end_capture_routing()
+    assert s.region.events == ["route+", "label+vllm.capture", "label-vllm.capture", "route-"]
+
+
+def test_runner_build_is_routed_from_init_workspace_manager_to_the_end_of_init_device():
+    # vLLM 0.26's Worker.init_device: set device, ..., init_workspace_manager(), build the runner.
+    events = []
+
+    @contextlib.contextmanager
+    def routed():
+        events.append("route+")
+        yield
+        events.append("route-")
+
+    def open_and_route():
+        events.append("open")
+        return routed()
+
+    module = types.SimpleNamespace(init_workspace_manager=lambda device, n: events.append(("ws", device, n)))
+    original = module.init_workspace_manager
+
+    def init_device():  # the shape of vLLM's init_device, calling through the module global
+        events.append("set_device")
+        module.init_workspace_manager("cuda:0", 1)
+        events.append("runner")
+
+    with route_runner_build(module, open_and_route) as fired:
+        init_device()
+        events.append("usage_stats")
+    assert fired == [True] and module.init_workspace_manager is original
+    assert events == ["set_device", "open", "route+", ("ws", "cuda:0", 1), "runner", "usage_stats", "route-"]
+
+
+def test_runner_build_hook_reports_when_vllm_has_no_such_call():
+    module = types.SimpleNamespace()
+    with route_runner_build(module, lambda: pytest.fail("must not open")) as fired:
+        pass
+    assert fired == [False] and not hasattr(module, "init_workspace_manager")
+
+
+def test_runner_build_routing_ends_when_init_device_fails():
+    events = []
+
+    @contextlib.contextmanager
+    def routed():
+        events.append("route+")
+        try:
+            yield
+        finally:
+            events.append("route-")
+
+    module = types.SimpleNamespace(init_workspace_manager=lambda *a: None)
+    with pytest.raises(RuntimeError), route_runner_build(module, routed):
+        module.init_workspace_manager("cuda:0")
+        raise RuntimeError("runner build failed")
+    assert events == ["route+", "route-"]

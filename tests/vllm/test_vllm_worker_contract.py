@@ -51,9 +51,16 @@ def test_vllm_internals_that_the_worker_relies_on(tmp_path):
                      "initialize_from_config", "compile_or_warm_up_model"):
             assert name in Worker.__dict__, f"vLLM's Worker has no {name}()"
             assert name in FoundryWorker.__dict__, name
-        # The model runner is built at the end of init_device through this method (routed by Foundry).
-        assert "_init_workspace_and_model_runner" in Worker.__dict__
-        assert "self._init_workspace_and_model_runner()" in inspect.getsource(Worker.init_device)
+        # The workspace manager and the model runner are built at the end of init_device, either through
+        # _init_workspace_and_model_runner (overridden, recent releases) or right after a call to
+        # init_workspace_manager through the module global (hooked, 0.26).  Foundry routes both.
+        init_src = inspect.getsource(Worker.init_device)
+        if "_init_workspace_and_model_runner" in Worker.__dict__:
+            assert "self._init_workspace_and_model_runner()" in init_src
+        else:
+            import vllm.v1.worker.gpu_worker as gw
+            assert callable(gw.init_workspace_manager)
+            assert init_src.index("init_workspace_manager(") < init_src.index("self.model_runner")
         # LOAD sets kv_cache_memory_bytes: vLLM then skips the profiling measurement and graph estimate.
         dam = inspect.getsource(Worker.determine_available_memory)
         assert "if kv_cache_memory_bytes := self.cache_config.kv_cache_memory_bytes" in dam
@@ -71,8 +78,13 @@ def test_vllm_internals_that_the_worker_relies_on(tmp_path):
         assert "self.hidden_states" in inspect.getsource(cu.ModelCudaGraphManager.__init__)
         assert "self.graphs[desc].replay()" in inspect.getsource(cu.CudaGraphManager.run_fullgraph)
         assert "self.hidden_states[: desc.num_tokens]" in inspect.getsource(cu.ModelCudaGraphManager.run_fullgraph)
-        assert "profile_only" in inspect.signature(GPUModelRunner.capture_model).parameters
-        assert "lock_workspace()" in inspect.getsource(GPUModelRunner.capture_model)
+        # LOAD mirrors the workspace lock that vLLM's own capture left at SAVE (0.26's V2 capture leaves
+        # it unlocked, later ones lock it): the state is read through these.
+        from vllm.v1.worker import workspace
+
+        assert callable(workspace.is_workspace_manager_initialized)
+        assert "def is_locked" in inspect.getsource(workspace.WorkspaceManager)
+        assert graphs.workspace_locked() is None  # no manager in this process
 
         a = cu.BatchExecutionDescriptor(cg_mode=CUDAGraphMode.FULL, num_tokens=8, num_reqs=8, uniform_token_count=1)
         b = dataclasses.replace(a)
@@ -140,6 +152,27 @@ def test_keep_captured_graphs_is_scoped():
     assert torch.cuda.CUDAGraph is base
 
 
+def test_captured_graphs_are_built_with_keep_graph():
+    # foundry_core.save calls raw_cuda_graph(), which torch allows only for keep_graph=True graphs
+    # (enable_debug_mode() keeps the cudaGraph_t too but is refused there).  The flag is an argument of
+    # CUDAGraph.__new__; constructing a real one needs a GPU, so a stand-in base with that signature is used.
+    import inspect
+
+    import torch
+
+    assert "keep_graph" in inspect.signature(torch.cuda.CUDAGraph.__new__).parameters
+
+    class Base:
+        def __new__(cls, keep_graph=False):
+            obj = super().__new__(cls)
+            obj.keep_graph = keep_graph
+            return obj
+
+    kept = graphs.kept_graph_class(Base)
+    assert issubclass(kept, Base)
+    assert kept().keep_graph is True and kept(keep_graph=False).keep_graph is True
+
+
 def test_unknown_runner_is_refused():
     with pytest.raises(FoundryUnsupportedError, match="no known CUDA graph layout"):
         graphs.adapter_for(object())
@@ -197,6 +230,132 @@ def test_v2_adapter_installs_exactly_the_planned_graphs(tmp_path):
                 assert text in str(e), e
             else:
                 raise AssertionError(text)
+        print("OK")
+        """,
+        tmp_path,
+    )
+
+
+def test_worker_routes_the_runner_build_of_the_0_26_layout(tmp_path):
+    # vLLM 0.26's Worker has no _init_workspace_and_model_runner: init_device calls the module-level
+    # init_workspace_manager and then builds the runner.  Reshape the installed Worker that way and check
+    # that FoundryWorker opens the region at that call and routes until init_device returns.
+    _in_fresh_process(
+        """
+        import contextlib
+        import vllm.v1.worker.gpu_worker as gw
+        from foundry_vllm_plugin.worker import FoundryWorker
+
+        events = []
+
+        def init_device_026(self):
+            self.device = "cuda:0"
+            events.append("set_device")
+            gw.init_workspace_manager(self.device, 1)
+            self.model_runner = "runner"
+            events.append("runner")
+
+        del gw.Worker._init_workspace_and_model_runner
+        gw.Worker.init_device = init_device_026
+        gw.init_workspace_manager = lambda device, n: events.append(("workspace", device, n))
+        original = gw.init_workspace_manager
+
+        class Session:
+            report = {"phases_s": {}}
+
+            def open(self, device):
+                events.append(("open", device))
+
+            @contextlib.contextmanager
+            def routing(self, label):
+                events.append(f"route+{label}")
+                yield
+                events.append(f"route-{label}")
+
+        import foundry_vllm_plugin.worker as fw
+        fw.start_module_recording = lambda: events.append("recording")
+        w = FoundryWorker.__new__(FoundryWorker)
+        w._foundry = Session()
+        w.init_device()
+        assert events == ["recording", "set_device", ("open", "cuda:0"), "route+vllm.runner",
+                          ("workspace", "cuda:0", 1), "runner", "route-vllm.runner"], events
+        assert gw.init_workspace_manager is original and w.model_runner == "runner"
+        assert "init_device" in w._foundry.report["phases_s"]
+        print("OK")
+        """,
+        tmp_path,
+    )
+
+
+def test_compile_or_warm_up_model_saves_unrouted_and_loads_without_capturing(tmp_path):
+    # vLLM's warmup sequence is replaced by a stand-in that calls capture_model the way vLLM does; the
+    # session records the order of routing, capture, save and restore.
+    _in_fresh_process(
+        """
+        import types
+        import torch
+        import vllm.v1.worker.gpu_worker as gw
+        from foundry_vllm_plugin.worker import FoundryWorker
+
+        events = []
+
+        def compile_or_warm_up_model(self):
+            events.append("warmup")
+            size = self.model_runner.capture_model()
+            events.append(("after_capture", size))
+            return "times"
+
+        gw.Worker.compile_or_warm_up_model = compile_or_warm_up_model
+
+        class Runner:
+            def __init__(self):
+                self.cudagraph_manager = types.SimpleNamespace(graphs={}, _capture_descs={})
+
+            def capture_model(self):
+                kept = torch.cuda.CUDAGraph is not BASE
+                events.append(("vllm_capture", kept))
+                return 123
+
+        BASE = torch.cuda.CUDAGraph
+
+        class Session:
+            def __init__(self, mode):
+                self.mode, self.report, self.workspace_locked = mode, {"phases_s": {}}, "unset"
+
+            def begin_capture_routing(self):
+                events.append("route+")
+
+            def end_capture_routing(self):
+                events.append("route-")
+
+            def save(self, adapter):
+                events.append(("save", adapter.kind))
+
+            def restore(self, adapter):
+                events.append(("restore", adapter.kind))
+
+            def write_report(self):
+                events.append("report")
+
+        for mode in ("save", "load"):
+            events.clear()
+            w = FoundryWorker.__new__(FoundryWorker)
+            w._foundry, w.model_runner = Session(mode), Runner()
+            assert w.compile_or_warm_up_model() == "times"
+            assert "capture_model" not in vars(w.model_runner)  # vLLM's own method again
+            assert torch.cuda.CUDAGraph is BASE
+            if mode == "save":
+                i = events.index(("vllm_capture", True))
+                assert events[0] == "route+" and events[i + 1] == "route-", events
+                assert events.index(("save", "v2")) > i + 1 and ("after_capture", 123) in events
+                assert w._foundry.workspace_locked is None  # no workspace manager in this process
+                assert "capture_s" in w._foundry.report
+            else:
+                assert "route+" not in events and not any(e[0] == "vllm_capture" for e in events if isinstance(e, tuple))
+                assert ("restore", "v2") in events and ("after_capture", 0) in events
+            assert events[-1] == "report", events
+            phases = w._foundry.report["phases_s"]
+            assert {"compile_or_warm_up_model", "warmup_before_graphs", "graphs", "warmup_after_graphs"} <= set(phases)
         print("OK")
         """,
         tmp_path,

@@ -1,0 +1,678 @@
+"""Foundry with real vLLM on one GPU: stock vLLM, a Foundry SAVE start and a Foundry LOAD start.
+
+    python benchmarks/vllm_h200.py --out $OUT/vllm-h200.json --logs $OUT
+
+Each start runs in a fresh process (its own session, its own timeout) with the same engine flags: a
+4-layer Qwen3-shaped model with dummy weights (examples/vllm/qwen3-tiny), no tokenizer, token-id
+prompts, greedy decoding, FULL_DECODE_ONLY graphs for batch sizes 1, 2, 4 and 8.  Every child reports
+start-to-ready seconds, the output token ids and decode tokens per second; the Foundry children also
+report what their worker wrote to ``rank0.start.json`` (mode, graphs, capture/save or restore seconds,
+CUDA stream captures counted by the core's CUPTI recorder).  The parent writes one JSON file with the
+comparison and keeps each child's stdout and stderr in ``--logs`` (six files).  It writes the JSON after
+every child, so a failure or a hang still leaves what was measured, with the error.
+
+Order: SAVE first, then stock, then LOAD.  All children share one set of compile caches (vLLM,
+Inductor, Triton) under the work directory, so the first child pays the cold caches; with stock second,
+stock and LOAD both start with warm kernel caches (stock still compiles its own graph: vLLM keys its
+compile cache by a config hash that includes ``additional_config``).
+
+The plugin is found the way vLLM finds it in production, through the ``vllm.general_plugins`` entry
+point: the Foundry children get a directory on ``PYTHONPATH`` holding a minimal ``.dist-info`` with the
+same entry point as pyproject.toml (the package itself is imported from ``src``, which is not installed
+there).  The stock child does not get it, so it runs vLLM without the plugin.
+
+Environment, the same for all three children: ``VLLM_USE_FLASHINFER_SAMPLER=0``.  vLLM 0.26's V2 model
+runner warms its sampler up after the graph capture with top-k/top-p sampling
+(``warmup_kernels`` with ``SamplingParams.for_sampler_warmup()``), which makes FlashInfer compile its
+sampling kernels with nvcc at first use (flashinfer-python ships sources only): most likely the ~89 s
+seen after "Graph capturing finished" in the vLLM 0.26 probe.  Greedy decoding never uses that sampler.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL_CONFIG = ROOT / "examples" / "vllm" / "qwen3-tiny" / "config.json"
+RUN_NAMES = ("save", "stock", "load")
+CAPTURE_SIZES = [1, 2, 4, 8]
+# Decode batch sizes timed and compared: 1 (graph 1), 3 (padded to graph 4), 8 (graph 8).
+BATCHES = (1, 3, 8)
+# Fixed token-id prompts of different lengths (no tokenizer: skip_tokenizer_init).
+PROMPTS = [[3 + 11 * i + j for j in range(4 + i % 4)] for i in range(8)]
+PLUGIN_DIST = "foundry_graphs_bench_plugin-0.0.0"
+ENTRY_POINT = "foundry = foundry_vllm_plugin:register"
+SUMMARY_KEYS = (
+    "date",
+    "commit",
+    "machine",
+    "command",
+    "vllm_version",
+    "graphs",
+    "load_decode_captures",
+    "tokens_identical_to_save",
+    "tokens_identical_to_stock",
+    "capture_s",
+    "restore_s",
+    "ready_s_stock",
+    "ready_s_save",
+    "ready_s_load",
+    "decode_tok_s_stock",
+    "decode_tok_s_save",
+    "decode_tok_s_load",
+)
+# vLLM log lines (first occurrence) whose time is reported per child, relative to the child's start.
+LOG_MARKS = {
+    "engine_core_started": r"Initializing a V1 LLM engine",
+    "v2_model_runner": r"Using V2 Model Runner",
+    "model_loaded": r"Model loading took",
+    "foundry_mode": r"Foundry rank 0: (SAVE|LOAD)",
+    "compile_done": r"torch\.compile took",
+    "kv_from_archive": r"Foundry rank 0: KV cache \d+ bytes from the archive",
+    "graphs_captured": r"Graph capturing finished",
+    "foundry_saved": r"Foundry rank 0: saved",
+    "foundry_restored": r"Foundry rank 0: restored",
+    "engine_ready": r"init engine \(profile, create kv cache, warmup model\) took",
+}
+_LOG_TIME = re.compile(r"(?:^|\s)(?:INFO|WARNING|ERROR|DEBUG)\s+(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)\s")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Pure helpers (unit-tested on CPU: tests/vllm/test_vllm_h200_bench.py)
+
+
+def engine_kwargs(model_dir: str, gpu_memory_utilization: float) -> dict:
+    """The vllm.LLM arguments shared by all three children (Foundry adds only additional_config)."""
+    return {
+        "model": model_dir,
+        "load_format": "dummy",
+        "skip_tokenizer_init": True,
+        "dtype": "bfloat16",
+        "gpu_memory_utilization": gpu_memory_utilization,
+        "max_model_len": 1024,
+        "max_num_seqs": max(BATCHES),
+        "seed": 0,
+        "enable_prefix_caching": False,
+        "compilation_config": {
+            "cudagraph_mode": "FULL_DECODE_ONLY",
+            "cudagraph_capture_sizes": list(CAPTURE_SIZES),
+        },
+    }
+
+
+def foundry_toml(archive_dir: Path, region_size: str) -> str:
+    return f'mode = "auto"\narchive_dir = "{archive_dir}"\n\n[region]\nsize = "{region_size}"\n'
+
+
+def write_plugin_dist_info(directory: Path) -> Path:
+    """A minimal installed-distribution record that makes ``vllm.general_plugins: foundry`` discoverable.
+
+    importlib.metadata (which vLLM's plugin loader uses) finds ``*.dist-info`` folders on ``sys.path``
+    and reads their ``entry_points.txt``; the entry point is the one pyproject.toml declares.
+    """
+    info = directory / f"{PLUGIN_DIST}.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    name, version = PLUGIN_DIST.rsplit("-", 1)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    (info / "entry_points.txt").write_text(f"[vllm.general_plugins]\n{ENTRY_POINT}\n")
+    return info
+
+
+def child_env(base: dict, name: str, plugin_dir: Path, cache_dir: Path) -> dict:
+    """The environment of one child: identical for all three except the plugin directory on the path."""
+    env = dict(base)
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    src = str(ROOT / "src")
+    if src not in paths:
+        paths.append(src)
+    if name != "stock":
+        paths.insert(0, str(plugin_dir))
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    env.update(
+        {
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "PYTHONUNBUFFERED": "1",
+            "VLLM_LOGGING_LEVEL": "INFO",
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+            "VLLM_USE_FLASHINFER_SAMPLER": "0",
+            "VLLM_CACHE_ROOT": str(cache_dir / "vllm"),
+            "TRITON_CACHE_DIR": str(cache_dir / "triton"),
+            "TORCHINDUCTOR_CACHE_DIR": str(cache_dir / "inductor"),
+        }
+    )
+    return env
+
+
+def parse_log(text: str, t0_epoch: float | None, year: int | None = None) -> dict:
+    """Timings, graph count and flags that a child's vLLM log shows.
+
+    ``marks_s``: seconds from the child's start to the first line matching each of :data:`LOG_MARKS`
+    (vLLM stamps lines to the second, local time, without a year).
+    """
+    out: dict = {"marks_s": {}}
+    year = year or _dt.datetime.now().year
+    for line in text.splitlines():
+        for key, pattern in LOG_MARKS.items():
+            if key in out["marks_s"] or not re.search(pattern, line):
+                continue
+            m = _LOG_TIME.search(line)
+            if m and t0_epoch is not None:
+                mo, d, hh, mm, ss = (int(g) for g in m.groups())
+                try:
+                    stamp = _dt.datetime(year, mo, d, hh, mm, ss).timestamp()
+                    out["marks_s"][key] = round(stamp - t0_epoch, 1)
+                except ValueError:
+                    pass
+    m = re.search(r"torch\.compile took ([\d.]+) s in total", text)
+    if m:
+        out["compile_s"] = float(m.group(1))
+    m = re.search(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s", text)
+    if m:
+        out["engine_init_log_s"] = float(m.group(1))
+    m = re.search(r"Graph capturing finished in (\d+) secs?", text)
+    if m:
+        out["capture_log_s"] = int(m.group(1))
+    counts = re.findall(r"Capturing CUDA graphs[^\r\n]*?(\d+)/(\d+)", text)
+    if counts:
+        out["graphs_captured"] = max(int(total) for _, total in counts)
+    out["v2_model_runner"] = "Using V2 Model Runner" in text
+    out["flashinfer_sampler"] = "Using FlashInfer for top-p & top-k sampling" in text
+    return out
+
+
+def _tokens(run: dict | None):
+    return (run or {}).get("tokens")
+
+
+def _same(a, b) -> bool | None:
+    return None if a is None or b is None else a == b
+
+
+def _captures_total(report: dict | None, key: str = "end") -> int | None:
+    value = ((report or {}).get("stream_captures") or {}).get(key)
+    return None if value is None else int(value)
+
+
+def assemble(meta: dict, runs: dict) -> dict:
+    """The result JSON: ``meta`` (date, commit, machine, command, ...), the summary fields, every run."""
+    save, stock, load = (runs.get(n) or {} for n in ("save", "stock", "load"))
+    save_report, load_report = save.get("foundry_report") or {}, load.get("foundry_report") or {}
+    errors = {n: r["error"] for n, r in runs.items() if r and r.get("error")}
+    result = dict(meta)
+    if not result.get("vllm_version"):
+        result["vllm_version"] = next((r.get("vllm_version") for r in runs.values() if r), None)
+    result.update(
+        graphs=save_report.get("graphs", load_report.get("graphs")),
+        graphs_restored=load_report.get("graphs"),
+        graphs_stock=(stock.get("log") or {}).get("graphs_captured"),
+        load_decode_captures=_captures_total(load_report),
+        save_stream_captures=_captures_total(save_report),
+        tokens_identical_to_save=_same(_tokens(load), _tokens(save)),
+        tokens_identical_to_stock=_same(_tokens(load), _tokens(stock)),
+        save_tokens_identical_to_stock=_same(_tokens(save), _tokens(stock)),
+        capture_s=save_report.get("capture_s"),
+        save_s=save_report.get("save_s"),
+        restore_s=load_report.get("restore_s"),
+        ready_s_stock=stock.get("ready_s"),
+        ready_s_save=save.get("ready_s"),
+        ready_s_load=load.get("ready_s"),
+        decode_tok_s_stock=stock.get("decode_tok_s"),
+        decode_tok_s_save=save.get("decode_tok_s"),
+        decode_tok_s_load=load.get("decode_tok_s"),
+        save_mode=save_report.get("mode"),
+        load_mode=load_report.get("mode"),
+        load_mode_reason=load_report.get("reason"),
+        runner=load_report.get("runner", save_report.get("runner")),
+        attention_backends=load_report.get("attention_backends", save_report.get("attention_backends")),
+    )
+    checks = {
+        "save_mode_is_save": result["save_mode"] == "save",
+        "load_mode_is_load": result["load_mode"] == "load",
+        "graphs_restored": bool(result["graphs"]) and result["graphs_restored"] == result["graphs"],
+        "no_captures_in_load": result["load_decode_captures"] == 0,
+        # The counter saw the SAVE's captures: a 0 in LOAD then means something.
+        "capture_counter_saw_save": bool(result["graphs"])
+        and (result["save_stream_captures"] or 0) >= result["graphs"],
+        "tokens_identical_to_save": result["tokens_identical_to_save"] is True,
+        "tokens_identical_to_stock": result["tokens_identical_to_stock"] is True,
+    }
+    result["checks"] = checks
+    result["ok"] = all(checks.values()) and not errors
+    result["errors"] = errors
+    result["runs"] = runs
+    return result
+
+
+def summary_lines(result: dict) -> list[str]:
+    def f(key, unit=""):
+        v = result.get(key)
+        return "n/a" if v is None else (f"{v:.2f}{unit}" if isinstance(v, float) else f"{v}{unit}")
+
+    lines = [
+        f"vLLM {f('vllm_version')} on {f('machine')}, commit {f('commit')}: {'OK' if result.get('ok') else 'FAILED'}",
+        f"  graphs {f('graphs')} (restored {f('graphs_restored')}, stock captured {f('graphs_stock')}); "
+        f"stream captures in LOAD {f('load_decode_captures')}",
+        f"  ready s: stock {f('ready_s_stock')}, SAVE {f('ready_s_save')}, LOAD {f('ready_s_load')}; "
+        f"capture {f('capture_s')} s + save {f('save_s')} s, restore {f('restore_s')} s",
+        f"  decode tok/s (batch {max(BATCHES)}): stock {f('decode_tok_s_stock')}, SAVE {f('decode_tok_s_save')}, "
+        f"LOAD {f('decode_tok_s_load')}",
+        f"  tokens LOAD==SAVE {f('tokens_identical_to_save')}, LOAD==stock {f('tokens_identical_to_stock')}, "
+        f"SAVE==stock {f('save_tokens_identical_to_stock')}",
+    ]
+    failed = [k for k, v in (result.get("checks") or {}).items() if not v]
+    if failed:
+        lines.append("  failed checks: " + ", ".join(failed))
+    for name, err in (result.get("errors") or {}).items():
+        lines.append(f"  {name}: {str(err).strip().splitlines()[-1][:300] if str(err).strip() else err}")
+    return lines
+
+
+def child_timeout(remaining_s: float, runs_left_after: int, cap_s: float, reserve_s: float = 90.0) -> float:
+    """This child's timeout: at most ``cap_s``, leaving ``reserve_s`` for each later child and 20 s spare."""
+    return max(30.0, min(cap_s, remaining_s - 20.0 - reserve_s * runs_left_after))
+
+
+def write_json(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=False, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Child: one vLLM start in this process
+
+
+def _ensure_plugin(result: dict) -> None:
+    from importlib.metadata import entry_points
+
+    names = sorted({ep.name for ep in entry_points(group="vllm.general_plugins")})
+    result["general_plugins"] = names
+    if "foundry" in names:
+        result["plugin_loaded_by"] = "entry_point"
+        return
+    import foundry_vllm_plugin  # the entry point is missing: the same function, called directly
+
+    foundry_vllm_plugin.register()
+    result["plugin_loaded_by"] = "explicit register()"
+
+
+def child_main(spec_path: str) -> int:
+    t0_epoch, t0 = time.time(), time.perf_counter()
+    spec = json.loads(Path(spec_path).read_text())
+    out = Path(spec["result"])
+    result: dict = {"name": spec["name"], "pid": os.getpid(), "t0_epoch": t0_epoch, "stage": "start"}
+    print(f"[bench] {spec['name']}: child start, epoch {t0_epoch:.3f}", flush=True)
+    rc = 0
+
+    def checkpoint(stage: str) -> None:
+        result["stage"] = stage
+        write_json(out, result)
+
+    try:
+        checkpoint("start")
+        if spec["foundry"]:
+            _ensure_plugin(result)
+        else:
+            from importlib.metadata import entry_points
+
+            result["general_plugins"] = sorted({ep.name for ep in entry_points(group="vllm.general_plugins")})
+        import torch
+
+        import vllm
+        from vllm import LLM, SamplingParams
+
+        result.update(vllm_version=vllm.__version__, torch_version=torch.__version__)
+        result["import_s"] = round(time.perf_counter() - t0, 3)
+        kwargs = dict(spec["engine"])
+        if spec["foundry"]:
+            kwargs["additional_config"] = {"foundry": {"config": spec["foundry_toml"]}}
+        checkpoint("engine_init")
+        t1 = time.perf_counter()
+        llm = LLM(**kwargs)
+        t2 = time.perf_counter()
+        result.update(engine_init_s=round(t2 - t1, 3), ready_s=round(t2 - t0, 3))
+        print(f"[bench] {spec['name']}: engine ready after {t2 - t0:.1f} s", flush=True)
+        if spec["foundry"]:
+            import foundry_vllm_plugin
+
+            result["plugin_registered"] = foundry_vllm_plugin.is_registered()
+            report_path = Path(spec["start_report"])  # removed by the parent before this child started
+            report = json.loads(report_path.read_text()) if report_path.is_file() else None
+            result["foundry_report"] = report
+            if not result["plugin_registered"] or not report or report.get("mode") not in ("save", "load"):
+                raise RuntimeError(
+                    "Foundry did not run in the worker (no plugin registration or start report)"
+                )
+        checkpoint("warmup")
+
+        def params(n: int):
+            return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, detokenize=False)
+
+        def prompts(batch: int):
+            return [{"prompt_token_ids": p} for p in PROMPTS[:batch]]
+
+        llm.generate(prompts(max(BATCHES)), params(8), use_tqdm=False)  # warm-up, not timed
+        checkpoint("timed")
+        max_tokens = int(spec["max_tokens"])
+        tokens, decode = {}, {}
+        for batch in BATCHES:
+            ts = time.perf_counter()
+            llm.generate(prompts(batch), params(1), use_tqdm=False)
+            prefill_s = time.perf_counter() - ts
+            ts = time.perf_counter()
+            outs = llm.generate(prompts(batch), params(max_tokens), use_tqdm=False)
+            total_s = time.perf_counter() - ts
+            tokens[str(batch)] = [list(o.outputs[0].token_ids) for o in outs]
+            decode_tokens = sum(max(0, len(t) - 1) for t in tokens[str(batch)])
+            decode_s = max(total_s - prefill_s, 1e-9)
+            decode[str(batch)] = {
+                "prefill_s": round(prefill_s, 4),
+                "generate_s": round(total_s, 4),
+                "decode_tokens": decode_tokens,
+                "decode_tok_s": round(decode_tokens / decode_s, 1),
+            }
+        result.update(tokens=tokens, decode=decode, decode_tok_s=decode[str(max(BATCHES))]["decode_tok_s"])
+        result["total_s"] = round(time.perf_counter() - t0, 3)
+        checkpoint("done")
+        print(f"[bench] {spec['name']}: done after {result['total_s']:.1f} s", flush=True)
+    except BaseException:
+        result["error"] = traceback.format_exc()[-6000:]
+        print(result["error"], file=sys.stderr, flush=True)
+        rc = 1
+        try:
+            checkpoint(result.get("stage", "start"))
+        except Exception:
+            pass
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # vLLM's engine core runs in a child process of this one; the parent ends the whole session.
+    os._exit(rc)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Parent
+
+
+def _kill_session(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _gpu_query(fields: str) -> list[str]:
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", f"--query-{fields}", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line.strip() for line in out.stdout.splitlines() if line.strip()] if out.returncode == 0 else []
+
+
+def gpu_memory_used_mib() -> int | None:
+    rows = _gpu_query("gpu=memory.used")
+    try:
+        return sum(int(r.split()[0]) for r in rows) if rows else None
+    except ValueError:
+        return None
+
+
+def wait_gpu_idle(baseline_mib: int | None, limit_s: float = 30.0) -> float:
+    """Wait until the GPU is back to its memory use before the children (a killed engine core frees
+    its memory asynchronously) and no compute process is listed; at most ``limit_s``."""
+    t0 = time.perf_counter()
+    time.sleep(1.0)
+    while time.perf_counter() - t0 < limit_s:
+        used = gpu_memory_used_mib()
+        settled = used is None or baseline_mib is None or used <= baseline_mib + 1024
+        if settled and not _gpu_query("compute-apps=pid"):
+            break
+        time.sleep(1.0)
+    return round(time.perf_counter() - t0, 1)
+
+
+_BASELINE_MIB: list[int | None] = [None]
+
+
+def launch_child(name: str, spec: dict, env: dict, logs: Path, timeout_s: float) -> dict:
+    """Run one child in its own session; returns its result (or what is known) with exit status."""
+    spec_path = Path(spec["result"]).with_suffix(".spec.json")
+    write_json(spec_path, spec)
+    stdout_path, stderr_path = logs / f"vllm-{name}.stdout.log", logs / f"vllm-{name}.stderr.log"
+    t0 = time.perf_counter()
+    with open(stdout_path, "wb") as so, open(stderr_path, "wb") as se:
+        proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "--child", str(spec_path)],
+            stdout=so,
+            stderr=se,
+            env=env,
+            cwd=str(ROOT),
+            start_new_session=True,
+        )
+        timed_out = False
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _kill_session(proc.pid, signal.SIGTERM)
+            try:
+                rc = proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                _kill_session(proc.pid, signal.SIGKILL)
+                rc = proc.wait()
+    _kill_session(proc.pid, signal.SIGKILL)  # the engine core and anything else the child left behind
+    wall = round(time.perf_counter() - t0, 1)
+    try:
+        result = json.loads(Path(spec["result"]).read_text())
+    except (OSError, ValueError):
+        result = {"name": name, "stage": "no result file"}
+    result.update(exit_code=rc, wall_s=wall, timeout_s=round(timeout_s), timed_out=timed_out)
+    if timed_out:
+        result["error"] = (
+            f"timed out after {timeout_s:.0f} s in stage {result.get('stage')!r}\n" + result.get("error", "")
+        )
+    elif rc != 0 and not result.get("error"):
+        result["error"] = f"exit status {rc} in stage {result.get('stage')!r} (see vllm-{name}.stderr.log)"
+    if spec.get("start_report") and not result.get("foundry_report"):
+        try:  # the worker may have written it before the child failed
+            result["foundry_report"] = json.loads(Path(spec["start_report"]).read_text())
+        except (OSError, ValueError):
+            pass
+    text = ""
+    for path in (stdout_path, stderr_path):
+        try:
+            text += path.read_text(errors="replace") + "\n"
+        except OSError:
+            pass
+    result["log"] = parse_log(text, result.get("t0_epoch"))
+    result["gpu_idle_wait_s"] = wait_gpu_idle(_BASELINE_MIB[0])
+    return result
+
+
+def machine_info() -> dict:
+    gpus = _gpu_query("gpu=name,driver_version,memory.total")
+    info = {"host": socket.gethostname(), "gpus": gpus}
+    if gpus:
+        name, driver, mem = (s.strip() for s in (gpus[0].split(",") + ["", "", ""])[:3])
+        info["description"] = f"{len(gpus)}x {name} ({mem}), driver {driver}"
+    return info
+
+
+def commit_hash() -> str:
+    env = os.environ.get("FOUNDRY_COMMIT")
+    if env:
+        return env
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+        )
+        if out.returncode == 0:
+            return out.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return "unknown"
+
+
+def vllm_version() -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version("vllm")
+    except Exception:
+        return None
+
+
+def run_benchmark(args, launch=launch_child) -> dict:
+    t_start = time.perf_counter()
+    out, logs = Path(args.out), Path(args.logs)
+    logs.mkdir(parents=True, exist_ok=True)
+    work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="foundry-vllm-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    machine = machine_info()
+    _BASELINE_MIB[0] = machine["gpu_memory_used_mib"] = gpu_memory_used_mib()
+    meta = {
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "commit": commit_hash(),
+        "machine": machine.get("description") or machine["host"],
+        "machine_info": machine,
+        "command": " ".join(shlex.quote(a) for a in ["python", *args.argv]),
+        "vllm_version": vllm_version(),
+        "python": sys.version.split()[0],
+        "order": list(args.order),
+        "engine": None,
+        "env": None,
+        "workdir": str(work),
+        "max_tokens": args.max_tokens,
+        "batches": list(BATCHES),
+        "prompts": PROMPTS,
+    }
+    runs: dict = {}
+
+    def flush() -> dict:
+        meta["elapsed_s"] = round(time.perf_counter() - t_start, 1)
+        result = assemble(meta, runs)
+        write_json(out, result)
+        return result
+
+    try:
+        model_dir = work / "qwen3-tiny"
+        model_dir.mkdir(exist_ok=True)
+        shutil.copyfile(MODEL_CONFIG, model_dir / "config.json")
+        plugin_dir = work / "plugin-path"
+        write_plugin_dist_info(plugin_dir)
+        archive_dir = work / "archive"
+        toml = work / "foundry.toml"
+        toml.write_text(foundry_toml(archive_dir, args.region_size))
+        cache_dir = work / "cache"
+        engine = engine_kwargs(str(model_dir), args.gpu_memory_utilization)
+        meta["engine"] = engine
+        common_env = {
+            k: v for k, v in child_env({}, "stock", plugin_dir, cache_dir).items() if k != "PYTHONPATH"
+        }
+        meta["env"] = common_env
+        native = sorted((ROOT / "src" / "foundry_core").glob("_foundry_native*.so"))
+        meta["native_library"] = str(native[-1]) if native else None
+    except Exception:
+        meta["setup_error"] = traceback.format_exc()[-4000:]
+        return flush()
+    flush()
+    for i, name in enumerate(args.order):
+        if name == "load" and (runs.get("save") or {}).get("error"):
+            runs[name] = {"name": name, "error": "skipped: the SAVE run failed"}
+            flush()
+            continue
+        remaining = args.budget - (time.perf_counter() - t_start)
+        timeout_s = child_timeout(remaining, len(args.order) - i - 1, args.child_timeout)
+        if remaining < 60:
+            runs[name] = {"name": name, "error": f"skipped: {remaining:.0f} s of the budget left"}
+            flush()
+            continue
+        spec = {
+            "name": name,
+            "foundry": name != "stock",
+            "engine": engine,
+            "foundry_toml": str(toml),
+            "start_report": str(archive_dir / "rank0.start.json") if name != "stock" else None,
+            "max_tokens": args.max_tokens,
+            "result": str(work / f"result-{name}.json"),
+        }
+        if spec["start_report"]:
+            Path(spec["start_report"]).unlink(missing_ok=True)  # only this child's worker may write it
+        print(f"[bench] {name}: starting (timeout {timeout_s:.0f} s)", flush=True)
+        env = child_env(dict(os.environ), name, plugin_dir, cache_dir)
+        try:
+            runs[name] = launch(name, spec, env, logs, timeout_s)
+        except Exception:
+            runs[name] = {"name": name, "error": "launch failed:\n" + traceback.format_exc()[-4000:]}
+        r = runs[name]
+        print(
+            f"[bench] {name}: exit {r.get('exit_code')} after {r.get('wall_s')} s, ready {r.get('ready_s')} s"
+            + (" ERROR" if r.get("error") else ""),
+            flush=True,
+        )
+        flush()
+    return flush()
+
+
+def parse_args(argv: list[str]):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True, help="result JSON (written after every child)")
+    p.add_argument("--logs", required=True, help="directory for the children's stdout/stderr logs")
+    p.add_argument("--workdir", help="model, archive, caches (default: a new temporary directory)")
+    p.add_argument("--order", default=",".join(RUN_NAMES), help="comma-separated: save, stock, load")
+    p.add_argument("--max-tokens", type=int, default=128, help="tokens per request in the timed runs")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.1)
+    p.add_argument("--region-size", default="64GiB", help="Foundry region size (virtual)")
+    p.add_argument("--child-timeout", type=float, default=300.0, help="seconds, per child")
+    p.add_argument(
+        "--budget", type=float, default=540.0, help="seconds for everything (one device call: 600)"
+    )
+    args = p.parse_args(argv)
+    args.order = [n.strip() for n in args.order.split(",") if n.strip()]
+    if sorted(args.order) != sorted(set(args.order)) or not set(args.order) <= set(RUN_NAMES):
+        p.error(f"--order takes each of {', '.join(RUN_NAMES)} at most once")
+    if "load" in args.order and "save" in args.order and args.order.index("load") < args.order.index("save"):
+        p.error("--order: load needs the archive of save, so save comes first")
+    args.argv = [os.path.relpath(Path(__file__).resolve(), ROOT), *argv]
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) == 2 and argv[0] == "--child":
+        return child_main(argv[1])
+    args = parse_args(argv)
+    try:
+        result = run_benchmark(args)
+    except BaseException:
+        result = {"error": traceback.format_exc()[-4000:]}
+        write_json(Path(args.out), result)
+        print(result["error"], file=sys.stderr)
+        return 2
+    print("\n".join(summary_lines(result)), flush=True)
+    return 0 if result.get("ok") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
