@@ -506,6 +506,8 @@ def launch_child(name: str, spec: dict, env: dict, logs: Path, timeout_s: float)
         except OSError:
             pass
     result["log"] = parse_log(text, result.get("t0_epoch"))
+    report = result.get("foundry_report") or {}
+    result["graphs"] = report.get("graphs", result["log"].get("graphs_captured"))
     result["gpu_idle_wait_s"] = wait_gpu_idle(_BASELINE_MIB[0])
     return result
 
