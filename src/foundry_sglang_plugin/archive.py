@@ -70,8 +70,11 @@ FINGERPRINT_FIELDS = (
     "disable_custom_all_reduce",
     "enable_deterministic_inference",
     "disable_radix_cache",
-    "random_seed",
 )
+# Not fingerprinted: ``random_seed``. It changes no graph and no memory layout (graph-side Philox
+# state is restored from the generator at each replay), and SGLang before the msgspec record
+# (0.5.20) resolves an unset seed to a fresh random number in every launch, so with it ``auto`` would
+# never find a matching archive there.
 
 
 def _plain(value: Any) -> Any:

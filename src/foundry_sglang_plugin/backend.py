@@ -38,8 +38,14 @@ def _graphs_keep_topology():
     original = torch.cuda.CUDAGraph
 
     class KeptCUDAGraph(original):
-        def __new__(cls, keep_graph: bool = True):
+        # torch's CUDAGraph forwards ``keep_graph`` to ``__new__``, but the C++ object is built by the
+        # pybind ``__init__(self, keep_graph=False)``, which Python calls with the caller's arguments
+        # (none, in SGLang): both must be overridden, or the graph silently drops its topology.
+        def __new__(cls, *args: Any, **kwargs: Any):
             return super().__new__(cls, keep_graph=True)
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(keep_graph=True)
 
     torch.cuda.CUDAGraph = KeptCUDAGraph
     try:

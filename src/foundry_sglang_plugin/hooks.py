@@ -97,18 +97,23 @@ def around_scheduler_init(original: Any, self: Any, *args: Any, **kwargs: Any) -
     if server_args is not None and _session is None:
         hint = {name: bound.get(name) for name in ("gpu_id", "tp_rank", "dp_rank")}
         _session = Session.begin(server_args, hint)
-    return original(self, *args, **kwargs)
+    try:
+        return original(self, *args, **kwargs)
+    except BaseException as e:
+        if _session is not None and _session.report.get("ok") is None:
+            _session.abort(e)  # anything that ends the scheduler's start-up ends up in the report
+        raise
 
 
 def around_model_runner_init(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
     bound = _bound(original, self, *args, **kwargs)
     if _session is None or bound.get("is_draft_worker", False):
         return original(self, *args, **kwargs)
-    _session.enter_region(bound.get("gpu_id"))
     try:
+        _session.enter_region(bound.get("gpu_id"))
         return original(self, *args, **kwargs)
-    except BaseException:
-        _session.abort()
+    except BaseException as e:
+        _session.abort(e)
         raise
 
 
@@ -137,14 +142,23 @@ def _target_runner(runner: Any) -> bool:
 
 
 def around_decode_capture(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
-    if _target_runner(self):
-        _session.capture_begins()
-    return original(self, *args, **kwargs)
+    """``DecodeCudaGraphRunner.capture``: the setup a LOAD repeats ends here (SAVE marks it, LOAD
+    restores the archive), before the runner's warmup and its per-shape capture loop."""
+    if not _target_runner(self):
+        return original(self, *args, **kwargs)
+    _session.capture_begins()
+    result = original(self, *args, **kwargs)
+    _session.capture_done()
+    return result
 
 
 def around_runner_warmup(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
-    if _target_runner(self) and _session.mode == "load":
-        return None  # LOAD: no warmup forward; what warmups create lazily came back with the archive
+    """``BaseRunner.warmup``. SGLang warms up once per process, normally in ``EagerRunner.__init__``,
+    which runs *before* the decode capture: that warmup is part of the setup and runs at LOAD too (its
+    allocations must retrace SAVE's). A warmup that would run after the capture began is skipped at
+    LOAD: what it created lazily at SAVE came back with the archive."""
+    if _target_runner(self) and _session.mode == "load" and _session.capture_started:
+        return None
     return original(self, *args, **kwargs)
 
 
@@ -153,8 +167,8 @@ def around_init_cuda_graphs(original: Any, self: Any, *args: Any, **kwargs: Any)
         return original(self, *args, **kwargs)
     try:
         result = original(self, *args, **kwargs)
-    except BaseException:
-        _session.abort()
+    except BaseException as e:
+        _session.abort(e)
         raise
     _session.finish()
     return result
@@ -179,6 +193,12 @@ WORKER_HOOKS = (
         around_resolve_decode_backend,
         "AROUND",
     ),
+    (
+        "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.capture",
+        around_decode_capture,
+        "AROUND",
+    ),
+    ("sglang.srt.model_executor.runner.base_runner.BaseRunner.warmup", around_runner_warmup, "AROUND"),
     (
         "sglang.srt.model_executor.model_runner.ModelRunner.init_cuda_graphs",
         around_init_cuda_graphs,

@@ -16,6 +16,11 @@ Order of events in a scheduler process (each step is called from a hook in :mod:
 6. ``finish`` (end of ``ModelRunner.init_cuda_graphs``): SAVE persists (``fc.save`` then the
    sidecar); LOAD checks that every archived shape was installed; routing ends.
 
+Each session keeps a small report (mode, graphs, capture/restore seconds, stream captures counted by
+CUPTI during the decode-graph phase, the error if one ended it). It is logged at the end and, when
+the environment names a directory in :data:`REPORT_ENV`, written there as ``rank<r>.json``: the
+scheduler is a subprocess, so this is how a benchmark or a test reads what happened inside it.
+
 GPU VALIDATION PENDING: none of steps 2-6 has run on a GPU yet.
 """
 
@@ -23,7 +28,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
+import os
+import time
 from typing import Any
 
 from foundry_sglang_plugin import archive, settings
@@ -32,6 +40,8 @@ from foundry_sglang_plugin.outputs import flatten, unflatten
 from foundry_sglang_plugin.support import check_supported
 
 logger = logging.getLogger("foundry.sglang")
+
+REPORT_ENV = "FOUNDRY_SGLANG_REPORT_DIR"
 
 
 class FoundrySessionError(RuntimeError):
@@ -85,6 +95,9 @@ class Session:
         self.installed: set[str] = set()
         self.capture_started = False
         self.sidecar: dict[str, Any] | None = None
+        self.report: dict[str, Any] = {"mode": mode, "rank": rank, "archive": str(self.path), "ok": None}
+        self._t_capture: float | None = None
+        self._captures_at_capture: dict[str, int] | None = None
         if mode == "load":
             self.sidecar = archive.read_sidecar(cfg, rank)
             if self.sidecar is None or self.sidecar.get("fingerprint") != self.fingerprint:
@@ -142,6 +155,7 @@ class Session:
                 "max_mamba_cache_size": _schedule_value("max_mamba_cache_size"),
             }
             return config
+        _mirror_profiling_side_effects()
         slots = self.sidecar["slots"]
         if slots.get("max_mamba_cache_size") is not None:
             _override_schedule("foundry.load", max_mamba_cache_size=slots["max_mamba_cache_size"])
@@ -159,10 +173,19 @@ class Session:
                 "elastic EP recapture); Foundry archives one capture"
             )
         self.capture_started = True
+        self._t_capture = time.perf_counter()
+        self._captures_at_capture = _stream_captures()
         if self.mode == "save":
             self.region.end_setup()
         else:
             self.restore()
+
+    def capture_done(self) -> None:
+        """End of the decode runner's capture: SAVE captured every shape, LOAD installed them."""
+        if self._t_capture is None:
+            return
+        seconds = time.perf_counter() - self._t_capture
+        self.report["capture_s" if self.mode == "save" else "restore_s"] = round(seconds, 4)
 
     def graph_pool(self) -> Any:
         return self.region.graph_pool_id()
@@ -172,6 +195,7 @@ class Session:
             return
         import foundry_core as fc
 
+        t0 = time.perf_counter()
         self.restored = _call(
             fc.load,
             str(self.path),
@@ -182,6 +206,8 @@ class Session:
             expected_digest=self.cfg.digest_for_rank(self.rank),
             trusted_root=self.cfg.archive_dir,  # the archive must resolve inside the configured directory
         )
+        self.report["fc_load_s"] = round(time.perf_counter() - t0, 4)
+        self.report["fc_load_timings"] = dict(getattr(self.restored, "timings", {}) or {})
         if self.restored.slots != self.sidecar["slots"]:
             raise FoundrySessionError(
                 f"archive {self.path}: pool sizing differs between the core archive and its .sglang.json"
@@ -207,14 +233,21 @@ class Session:
     # -- step 6 -------------------------------------------------------------------------------
     def finish(self) -> None:
         try:
+            self._count_captures()
             if self.mode == "save":
                 self._persist()
             else:
                 missing = sorted(set(self.sidecar["outputs"]) - self.installed)
                 if missing:
                     raise FoundrySessionError(f"decode graphs {missing} were archived but not installed")
+                self.report["graphs"] = len(self.installed)
+            self.report["ok"] = True
+        except BaseException as e:
+            self.report.update(ok=False, error=f"{type(e).__name__}: {e}")
+            raise
         finally:
             self._routing.close()
+            self.write_report()
 
     def _persist(self) -> None:
         if self.slots is None:
@@ -227,6 +260,7 @@ class Session:
             )
         import foundry_core as fc
 
+        t0 = time.perf_counter()
         _call(
             fc.save,
             str(self.path),
@@ -238,6 +272,8 @@ class Session:
             rank=self.rank,
             world_size=self.world_size,
         )
+        self.report["fc_save_s"] = round(time.perf_counter() - t0, 4)
+        self.report["graphs"] = len(self.graphs)
         archive.write_sidecar(
             self.cfg,
             self.rank,
@@ -245,8 +281,40 @@ class Session:
         )
         logger.info("Foundry SAVE: %d decode graphs persisted to %s", len(self.graphs), self.path)
 
-    def abort(self) -> None:
+    def abort(self, error: BaseException | None = None) -> None:
         self._routing.close()
+        self._count_captures()
+        self.report["ok"] = False
+        if error is not None:
+            self.report["error"] = f"{type(error).__name__}: {error}"
+        self.write_report()
+
+    def _count_captures(self) -> None:
+        """Stream captures (CUPTI: runtime and driver API) since the decode capture began, and in the
+        whole process since recording started. A LOAD must show none in the decode-graph phase."""
+        now = _stream_captures()
+        if now is None:
+            return
+        self.report["stream_captures_total"] = now
+        if self._captures_at_capture is not None:
+            self.report["decode_phase_stream_captures"] = {
+                k: now[k] - self._captures_at_capture.get(k, 0) for k in now
+            }
+
+    def write_report(self) -> None:
+        """Log the report and write it to ``$FOUNDRY_SGLANG_REPORT_DIR/rank<r>.json`` when that is set."""
+        logger.info("Foundry %s report: %s", self.mode.upper(), json.dumps(self.report, sort_keys=True))
+        directory = os.environ.get(REPORT_ENV)
+        if not directory:
+            return
+        try:
+            os.makedirs(directory, exist_ok=True)
+            path = os.path.join(directory, f"rank{self.rank}.json")
+            with open(path + ".tmp", "w") as f:
+                json.dump(self.report, f, indent=1, sort_keys=True, default=str)
+            os.replace(path + ".tmp", path)
+        except OSError as e:  # a report must never take the server down
+            logger.warning("Foundry: cannot write the report to %s: %s", directory, e)
 
 
 def settle(server_args: Any) -> tuple[Any, str] | None:
@@ -277,6 +345,26 @@ def _call(fn: Any, *args: Any, **kwargs: Any) -> Any:
     if not any(p.kind is p.VAR_KEYWORD for p in accepted.values()):
         kwargs = {k: v for k, v in kwargs.items() if k in accepted}
     return fn(*args, **kwargs)
+
+
+def _stream_captures() -> dict[str, int] | None:
+    try:
+        import foundry_core as fc
+
+        return fc.stream_captures() if fc.modules.recording() else None
+    except Exception:  # no native library (CPU tests): nothing to count
+        return None
+
+
+def _mirror_profiling_side_effects() -> None:
+    """LOAD skips SGLang's memory profiling, whose one device-side effect is emptying torch's cache
+    (``get_available_gpu_memory(empty_cache=True)``); doing the same keeps the allocator's state, and
+    so the setup's allocations, the same as at SAVE."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 def _env_mode() -> str | None:

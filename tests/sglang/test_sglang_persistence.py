@@ -76,7 +76,7 @@ def cfg(foundry_toml, tmp_path):
 
 def test_fingerprint_is_the_same_in_the_scheduler(parse, cfg):
     sa = parse(*BASE_ARGV)
-    sa.resolve_once()
+    getattr(sa, "resolve_once", lambda: None)()  # 0.5.20+ resolves lazily; older records are resolved
     child = pickle.loads(pickle.dumps(sa))  # how the record reaches a scheduler process
     assert archive.fingerprint(child, cfg) == archive.fingerprint(sa, cfg)
 
@@ -227,21 +227,40 @@ def test_backend_refuses_other_decode_backends():
         install(object.__new__(BreakableCudaGraphBackend), _FakeSession({}))
 
 
+class _PybindGraph:
+    """Shaped like torch's ``_CUDAGraph``: a generic ``__new__`` that ignores its arguments (pybind's)
+    and an ``__init__(keep_graph=False)`` that builds the C++ object."""
+
+    def __new__(cls, *args, **kwargs):
+        return object.__new__(cls)
+
+    def __init__(self, keep_graph=False):
+        self.cpp_keep_graph = keep_graph
+
+
+class _TorchGraph(_PybindGraph):
+    """Shaped like ``torch.cuda.CUDAGraph`` (2.9-2.14): ``keep_graph`` goes to ``__new__`` only."""
+
+    def __new__(cls, keep_graph=False):
+        instance = super().__new__(cls, keep_graph)
+        instance.py_keep_graph = keep_graph
+        return instance
+
+
 def test_save_graphs_keep_their_topology(monkeypatch):
     from foundry_sglang_plugin.backend import _graphs_keep_topology
 
-    class FakeGraph:
-        def __new__(cls, keep_graph=False):
-            obj = object.__new__(cls)
-            obj.keep_graph = keep_graph
-            return obj
+    # The shape check first: a plain subclass overriding __new__ alone would leave the C++ graph at
+    # keep_graph=False, because Python calls __init__ with the caller's (empty) arguments.
+    assert _TorchGraph(keep_graph=True).cpp_keep_graph is True
+    assert _TorchGraph().cpp_keep_graph is False
 
-    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", _TorchGraph)
     with _graphs_keep_topology():
-        kept = torch.cuda.CUDAGraph()
-        assert isinstance(kept, FakeGraph)
-    assert kept.keep_graph is True
-    assert torch.cuda.CUDAGraph is FakeGraph and FakeGraph().keep_graph is False
+        kept = torch.cuda.CUDAGraph()  # as FullCudaGraphBackend.capture_one builds it
+        assert isinstance(kept, _TorchGraph)
+    assert kept.cpp_keep_graph is True and kept.py_keep_graph is True
+    assert torch.cuda.CUDAGraph is _TorchGraph and _TorchGraph().cpp_keep_graph is False
 
 
 def test_sglang_backend_still_has_the_shape_the_plugin_relies_on():
@@ -256,7 +275,22 @@ def test_sglang_backend_still_has_the_shape_the_plugin_relies_on():
     assert "self._pool is None" in inspect.getsource(FullCudaGraphBackend.capture_session)
     runner = inspect.getsource(DecodeCudaGraphRunner)
     assert "resolve_decode_backend(self)" in runner
-    assert "self.warmup()" in inspect.getsource(DecodeCudaGraphRunner._capture)
+    # capture() warms up, then captures (0.5.2x moved the body into _capture(), called by capture()).
+    body = getattr(DecodeCudaGraphRunner, "_capture", DecodeCudaGraphRunner.capture)
+    assert "self.warmup()" in inspect.getsource(body)
+    if body is not DecodeCudaGraphRunner.capture:
+        assert "self._capture()" in inspect.getsource(DecodeCudaGraphRunner.capture)
+
+
+def test_eager_runner_warms_up_before_the_decode_capture():
+    """Why the warmup gate keys on the capture having begun: SGLang's one warmup per process runs in
+    EagerRunner.__init__, which capture_cuda_graphs builds before the decode runner."""
+    from sglang.srt.model_executor.model_runner_components import cuda_graph_setup
+    from sglang.srt.model_executor.runner.eager_runner import EagerRunner
+
+    assert "self.warmup()" in inspect.getsource(EagerRunner.__init__)
+    source = inspect.getsource(cuda_graph_setup.capture_cuda_graphs)
+    assert source.index("EagerRunner(") < source.index("capture_decode_graph(")
 
 
 class _FakeRegion:
@@ -311,3 +345,114 @@ def test_enum_members_keep_their_type():
 
     layout, tensors = outputs.flatten({"mode": CaptureHiddenMode.LAST}, "p")
     assert outputs.unflatten(layout, tensors)["mode"] is CaptureHiddenMode.LAST
+
+
+# --- worker hooks around the decode capture -------------------------------------------------------
+
+
+class _Runner:
+    def __init__(self, draft=False):
+        self.model_runner = type("MR", (), {"is_draft_worker": draft})()
+
+
+@pytest.fixture
+def hooks_with(monkeypatch):
+    from foundry_sglang_plugin import hooks
+
+    def install(session):
+        monkeypatch.setattr(hooks, "_session", session)
+        return hooks
+
+    return install
+
+
+@pytest.mark.parametrize("mode", ["save", "load"])
+def test_warmup_before_the_capture_is_setup_and_runs_in_both_modes(parse, cfg, hooks_with, mode):
+    sa = parse(*BASE_ARGV)
+    if mode == "load":
+        _complete(sa, cfg, 0)
+    hooks = hooks_with(Session(sa, cfg, mode, rank=0, gpu_id=0))
+    ran = []
+    hooks.around_runner_warmup(lambda self: ran.append(self), _Runner())
+    assert len(ran) == 1
+
+
+def test_warmup_after_the_capture_began_is_skipped_only_at_load(parse, cfg, hooks_with):
+    sa = parse(*BASE_ARGV)
+    for mode, expected in (("save", 1), ("load", 0)):
+        _complete(sa, cfg, 0)  # (a SAVE session drops it)
+        session = Session(sa, cfg, mode, rank=0, gpu_id=0)
+        session.capture_started = True
+        hooks = hooks_with(session)
+        ran = []
+        hooks.around_runner_warmup(lambda self, ran=ran: ran.append(self), _Runner())
+        assert len(ran) == expected, mode
+
+
+def test_decode_capture_hook_marks_setup_then_times_the_capture(parse, cfg, hooks_with):
+    session = Session(parse(*BASE_ARGV), cfg, "save", rank=0, gpu_id=0)
+    session.region = _FakeRegion()
+    hooks = hooks_with(session)
+    seen = []
+
+    def capture(runner):
+        seen.append(session.region.setup_marks)  # setup was marked before the runner's capture ran
+        return "captured"
+
+    assert hooks.around_decode_capture(capture, _Runner()) == "captured"
+    assert seen == [1] and session.capture_started
+    assert session.report["capture_s"] >= 0
+
+
+def test_draft_runners_are_left_alone(parse, cfg, hooks_with):
+    session = Session(parse(*BASE_ARGV), cfg, "save", rank=0, gpu_id=0)
+    session.region = _FakeRegion()
+    hooks = hooks_with(session)
+    hooks.around_decode_capture(lambda runner: None, _Runner(draft=True))
+    assert session.region.setup_marks == 0 and not session.capture_started
+
+
+# --- fingerprint: launch-to-launch stability -------------------------------------------------------
+
+
+def test_fingerprint_ignores_the_random_seed(parse, cfg):
+    # SGLang before 0.5.20 resolves an unset seed to a new random number at every launch.
+    base = archive.fingerprint(parse(*BASE_ARGV, "--random-seed", "1"), cfg)
+    assert archive.fingerprint(parse(*BASE_ARGV, "--random-seed", "2"), cfg) == base
+    assert "random_seed" not in base["server_args"]
+
+
+# --- the session report (read by benchmarks from outside the scheduler process) --------------------
+
+
+def test_report_is_written_where_the_environment_says(parse, cfg, monkeypatch, tmp_path):
+    import json
+
+    from foundry_sglang_plugin.session import REPORT_ENV
+
+    monkeypatch.setenv(REPORT_ENV, str(tmp_path / "report"))
+    session = Session(parse(*BASE_ARGV), cfg, "save", rank=0, gpu_id=0)
+    with pytest.raises(FoundrySessionError):
+        session.finish()  # nothing recorded: refused, and the report says why
+    report = json.loads((tmp_path / "report" / "rank0.json").read_text())
+    assert report["mode"] == "save" and report["ok"] is False
+    assert "memory-pool sizing was not recorded" in report["error"]
+
+
+def test_abort_reports_the_error(parse, cfg, monkeypatch, tmp_path):
+    import json
+
+    from foundry_sglang_plugin.session import REPORT_ENV
+
+    monkeypatch.setenv(REPORT_ENV, str(tmp_path))
+    session = Session(parse(*BASE_ARGV), cfg, "save", rank=0, gpu_id=0)
+    session.abort(RuntimeError("placement diverged"))
+    report = json.loads((tmp_path / "rank0.json").read_text())
+    assert report == {**report, "ok": False, "error": "RuntimeError: placement diverged"}
+
+
+def test_no_report_file_without_the_environment(parse, cfg, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    session = Session(parse(*BASE_ARGV), cfg, "save", rank=0, gpu_id=0)
+    session.abort()
+    assert list(tmp_path.iterdir()) == []

@@ -71,6 +71,12 @@ def test_worker_hooks_in_a_process_spawned_by_a_foundry_launch(fresh_python, fou
     )
     # Every worker target exists in this SGLang release and was patched by SGLang's apply_hooks.
     assert out["patched"] == out["targets"]
+    # The end of setup (SAVE) / the restore point (LOAD) and the warmup gate are among them: without
+    # the capture hook a SAVE has no setup mark and fc.save refuses.
+    assert {
+        "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.capture",
+        "sglang.srt.model_executor.runner.base_runner.BaseRunner.warmup",
+    } <= set(out["targets"])
 
 
 def test_register_is_idempotent(plugins_loaded):

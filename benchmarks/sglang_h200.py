@@ -1,0 +1,619 @@
+"""SGLang with and without Foundry on one GPU: stock, SAVE and LOAD, each in a fresh process.
+
+    python benchmarks/sglang_h200.py --out $OUT/sglang-h200.json --logs $OUT
+
+Three runs of the same ``sglang.Engine`` (a 4-layer Qwen3 configuration written locally, dummy
+weights, token-id prompts, FlashAttention 3, prefill CUDA graphs off, decode graphs for batch sizes
+up to 8), each in its own subprocess with its own timeout:
+
+1. ``stock``: SGLang alone (the Foundry plugin is kept out through ``SGLANG_PLUGINS``);
+2. ``save``: ``--enable-foundry``, mode ``auto``, empty archive directory: captures and persists;
+3. ``load``: the same configuration again: restores the archive, captures nothing.
+
+Each run measures engine start-to-ready seconds, the greedy output token ids of a fixed prompt
+set, and decode throughput (8 prompts x ``--decode-tokens`` tokens, timed after warm-up, minus a
+1-token run for the prefill). The Foundry runs also report what happened inside the scheduler
+process (graphs, capture/restore seconds, stream captures counted by CUPTI during the decode-graph
+phase) through the plugin's report file (``FOUNDRY_SGLANG_REPORT_DIR``).
+
+The JSON at ``--out`` is written after every run and always at the end, failures included, with
+each run's error; each run's stdout and stderr (SGLang's scheduler logs included) are kept as
+``--logs/sglang-h200-<run>.std{out,err}.log`` (six files). Needs SGLang, an NVIDIA GPU and the
+native library built in ``src/foundry_core``. ``FOUNDRY_COMMIT`` names the commit when ``.git`` is
+not there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+SRC = REPO / "src"
+RUNS = ("stock", "save", "load")
+PLUGIN_GROUP = "sglang.srt.plugins"
+PLUGIN_NAME = "foundry"
+REPORT_ENV = "FOUNDRY_SGLANG_REPORT_DIR"  # foundry_sglang_plugin.session.REPORT_ENV
+#: Foundry settings a run must not inherit from the calling shell (foundry_sglang_plugin.settings).
+SETTINGS_ENV = (
+    "FOUNDRY_SGLANG",
+    "FOUNDRY_MODE",
+    "FOUNDRY_ARCHIVE_DIR",
+    "FOUNDRY_REGION_BASE",
+    "FOUNDRY_REGION_SIZE",
+    "FOUNDRY_ARCHIVE_DIGEST",
+    "FOUNDRY_CONFIG",
+    REPORT_ENV,
+)
+
+#: The fields the result always has (None where a run did not get that far).
+FIELDS = (
+    "date",
+    "commit",
+    "machine",
+    "command",
+    "sglang_version",
+    "graphs",
+    "load_decode_captures",
+    "tokens_identical_to_save",
+    "tokens_identical_to_stock",
+    "capture_s",
+    "restore_s",
+    "ready_s_stock",
+    "ready_s_load",
+    "decode_tok_s_stock",
+    "decode_tok_s_load",
+)
+
+QWEN3_4_LAYERS = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "hidden_size": 1024,
+    "intermediate_size": 3072,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 32000,
+    "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "hidden_act": "silu",
+    "attention_bias": False,
+}
+
+#: Eight fixed token-id prompts of different lengths (one decode batch of 8 = the largest graph).
+PROMPTS = [[3 + (7 * i + 13 * j) % 31000 for j in range(4 + 3 * i)] for i in range(8)]
+
+LOG_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
+MIN_RUN_S = 60  # a run is not started with less time than this left in the budget
+
+
+# --- arguments ------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="sglang-h200.json", help="result JSON (written after every run)")
+    p.add_argument("--logs", default=".", help="directory for the six run logs")
+    p.add_argument("--workdir", default=None, help="model config, archive, reports (default: a new temp dir)")
+    p.add_argument("--timeout", type=float, default=240.0, help="seconds per run")
+    p.add_argument("--budget", type=float, default=540.0, help="seconds for all three runs together")
+    p.add_argument("--attention-backend", default="fa3")
+    p.add_argument("--max-bs", type=int, default=8, help="largest decode graph batch size")
+    p.add_argument("--mem-fraction-static", type=float, default=0.3)
+    p.add_argument("--region-size", default="96GiB", help="Foundry region per rank ([region] size)")
+    p.add_argument("--new-tokens", type=int, default=32, help="tokens per prompt in the compared generate")
+    p.add_argument("--decode-tokens", type=int, default=128, help="tokens per prompt in the timed generates")
+    p.add_argument("--reps", type=int, default=3, help="timed repetitions (the median is used)")
+    p.add_argument("--log-level", default="info", help="SGLang log level in every run")
+    # Internal: one run, in the subprocess the parent started.
+    p.add_argument("--child", choices=RUNS, help=argparse.SUPPRESS)
+    p.add_argument("--result", help=argparse.SUPPRESS)
+    opts = p.parse_args(argv)
+    if opts.max_bs < 1 or opts.new_tokens < 1 or opts.decode_tokens < 1 or opts.reps < 1:
+        p.error("--max-bs, --new-tokens, --decode-tokens and --reps must be at least 1")
+    return opts
+
+
+def engine_kwargs(opts: argparse.Namespace, model_dir: str) -> dict[str, Any]:
+    """The ServerArgs of every run: identical in all three (Foundry is switched on separately)."""
+    return {
+        "model_path": model_dir,
+        "load_format": "dummy",
+        "skip_tokenizer_init": True,
+        "sampling_backend": "pytorch",
+        "attention_backend": opts.attention_backend,
+        "cuda_graph_backend_prefill": "disabled",  # Foundry persists decode graphs only
+        "cuda_graph_max_bs_decode": opts.max_bs,
+        "mem_fraction_static": opts.mem_fraction_static,
+        "random_seed": 0,
+        "log_level": opts.log_level,
+    }
+
+
+def foundry_toml(archive_dir: Path, region_size: str) -> str:
+    return f'mode = "auto"\narchive_dir = "{archive_dir}"\n\n[region]\nsize = "{region_size}"\n'
+
+
+def log_names(kind: str) -> tuple[str, str]:
+    names = (f"sglang-h200-{kind}.stdout.log", f"sglang-h200-{kind}.stderr.log")
+    assert all(LOG_NAME.match(n) for n in names)
+    return names
+
+
+# --- plugin discovery and the runs' environment ----------------------------------------------------
+
+
+def general_plugins() -> list[str]:
+    """Names of the SGLang general plugins this interpreter's path exposes (no SGLang import)."""
+    from importlib.metadata import entry_points
+
+    return sorted({ep.name for ep in entry_points(group=PLUGIN_GROUP)})
+
+
+def make_entry_point_shim(root: Path) -> Path:
+    """A directory holding just the distribution metadata that makes SGLang find the plugin when the
+    package is on PYTHONPATH (``src/``) but not pip-installed: SGLang discovers plugins through entry
+    points only. Put it on PYTHONPATH of the Foundry runs."""
+    m = re.search(r'^__version__ = "([^"]+)"', (SRC / "foundry_core" / "__init__.py").read_text(), re.M)
+    version = m.group(1) if m else "0"
+    info = root / f"foundry_graphs-{version}.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: foundry-graphs\nVersion: {version}\n")
+    (info / "entry_points.txt").write_text(
+        f"[{PLUGIN_GROUP}]\n{PLUGIN_NAME} = foundry_sglang_plugin:register\n"
+    )
+    return root
+
+
+def run_env(
+    kind: str, base: dict[str, str], workdir: Path, shim: Path | None, plugins: list[str]
+) -> dict[str, str]:
+    """Environment of one run: the repository's ``src`` (and, for Foundry runs, the entry-point shim)
+    first on PYTHONPATH, no Foundry settings from outside, no network; the stock run keeps the
+    plugin out, the Foundry runs make sure SGLang loads it and writes its report."""
+    env = {k: v for k, v in base.items() if k not in SETTINGS_ENV}
+    paths = [str(SRC)]
+    if kind != "stock" and shim is not None:
+        paths.insert(0, str(shim))
+    if env.get("PYTHONPATH"):
+        paths.append(env["PYTHONPATH"])
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TRANSFORMERS_OFFLINE", "1")
+    env["PYTHONUNBUFFERED"] = "1"
+    others = [name for name in plugins if name != PLUGIN_NAME]
+    if kind == "stock":
+        # SGLANG_PLUGINS is an allow-list; a name no plugin has keeps every plugin out.
+        env["SGLANG_PLUGINS"] = ",".join(others) or "none"
+    else:
+        allowed = [x.strip() for x in env.get("SGLANG_PLUGINS", "").split(",") if x.strip()]
+        if allowed and PLUGIN_NAME not in allowed:
+            env["SGLANG_PLUGINS"] = ",".join([*allowed, PLUGIN_NAME])
+        env[REPORT_ENV] = str(workdir / f"report-{kind}")
+    return env
+
+
+# --- one run (in its own process) ------------------------------------------------------------------
+
+
+def _write_json(path: str | Path, data: dict) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True, default=str))
+    os.replace(tmp, path)
+
+
+def measure_decode(generate, prompts: list[list[int]], decode_tokens: int, reps: int) -> dict[str, Any]:
+    """Decode tokens per second: the median time of ``reps`` generates of ``decode_tokens + 1`` tokens
+    minus the median of 1-token generates (prefill and request overhead), over the decoded tokens."""
+
+    def timed(n: int) -> tuple[float, int]:
+        t0 = time.perf_counter()
+        outs = generate(prompts, n)
+        return time.perf_counter() - t0, sum(len(o) for o in outs)
+
+    timed(decode_tokens + 1)  # warm-up at the measured length
+    short = [timed(1) for _ in range(reps)]
+    long = [timed(decode_tokens + 1) for _ in range(reps)]
+    t_short = statistics.median(t for t, _ in short)
+    t_long = statistics.median(t for t, _ in long)
+    decoded = statistics.median(n for _, n in long) - statistics.median(n for _, n in short)
+    return {
+        "decode_tok_s": decoded / (t_long - t_short) if t_long > t_short else None,
+        "decode_tokens": decoded,
+        "timed_long_s": [round(t, 4) for t, _ in long],
+        "timed_short_s": [round(t, 4) for t, _ in short],
+    }
+
+
+def child_main(opts: argparse.Namespace) -> int:
+    kind = opts.child
+    workdir = Path(opts.workdir)
+    res: dict[str, Any] = {"kind": kind, "ok": False, "stage": "import", "pid": os.getpid()}
+    foundry = kind != "stock"
+
+    def stage(name: str) -> None:
+        res["stage"] = name
+        _write_json(opts.result, res)
+        print(f"[sglang_h200] {kind}: {name}", flush=True)
+
+    try:
+        stage("import")
+        t0 = time.perf_counter()
+        from sglang.srt.server_args import ServerArgs
+
+        import sglang
+
+        res["import_s"] = round(time.perf_counter() - t0, 3)
+        res["sglang_version"] = getattr(sglang, "__version__", None)
+        res["general_plugins"] = general_plugins()
+        stage("configure")
+        server_args = ServerArgs(**engine_kwargs(opts, str(workdir / "model")))
+        if foundry:
+            import foundry_sglang_plugin
+
+            foundry_sglang_plugin.enable(server_args, str(workdir / "foundry.toml"))
+
+        stage("engine")
+        t0 = time.perf_counter()
+        engine = sglang.Engine(server_args=server_args)
+        res["ready_s"] = round(time.perf_counter() - t0, 3)
+        res["foundry_mode"] = server_args.__dict__.get("foundry_mode")
+        res["foundry_plugin_loaded"] = "foundry_sglang_plugin" in sys.modules
+        if foundry:
+            res["foundry_hooks"] = sorted(sys.modules["foundry_sglang_plugin"]._registered)
+            if not res["foundry_mode"]:
+                raise RuntimeError(
+                    "SGLang did not run the Foundry plugin (no mode was settled): is its entry point visible?"
+                )
+        elif res["foundry_plugin_loaded"]:
+            raise RuntimeError("the stock run loaded the Foundry plugin")
+        try:
+
+            def generate(prompts: list[list[int]], n: int) -> list[list[int]]:
+                params = {"max_new_tokens": n, "temperature": 0, "ignore_eos": True}
+                return [o["output_ids"] for o in engine.generate(input_ids=prompts, sampling_params=params)]
+
+            stage("generate")
+            res["output_ids"] = generate(PROMPTS, opts.new_tokens)
+            # The same again from an empty prefix cache: a run that disagrees with itself says the
+            # engine is not deterministic here, whatever Foundry does.
+            try:
+                engine.flush_cache()
+            except Exception as e:
+                res["flush_cache_error"] = f"{type(e).__name__}: {e}"
+            res["self_consistent"] = generate(PROMPTS, opts.new_tokens) == res["output_ids"]
+            stage("decode-throughput")
+            res.update(measure_decode(generate, PROMPTS, opts.decode_tokens, opts.reps))
+        finally:
+            stage("shutdown")
+            engine.shutdown()
+        res["ok"] = True
+        res["stage"] = "done"
+    except BaseException as e:  # everything goes into the result
+        res["error"] = f"{type(e).__name__}: {e}"
+        res["traceback"] = traceback.format_exc()[-6000:]
+    finally:
+        if foundry:
+            res["foundry_report"] = read_reports(workdir / f"report-{kind}")
+        _write_json(opts.result, res)
+    return 0 if res["ok"] else 1
+
+
+def read_reports(directory: Path) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for path in sorted(directory.glob("rank*.json")) if directory.is_dir() else []:
+        try:
+            out[path.stem] = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            out[path.stem] = {"unreadable": str(e)}
+    return out
+
+
+# --- the parent: three runs, one result ------------------------------------------------------------
+
+
+def _kill_group(pgid: int, wait_s: float = 15.0) -> None:
+    """End what a run left behind (its SGLang scheduler and detokenizer processes), so the next run
+    starts with the GPU memory free."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + (5.0 if sig == signal.SIGTERM else wait_s)
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.2)
+
+
+def child_argv(kind: str, opts: argparse.Namespace, workdir: Path, result: Path) -> list[str]:
+    argv = [sys.executable, str(Path(__file__).resolve()), "--child", kind, "--workdir", str(workdir)]
+    argv += ["--result", str(result), "--attention-backend", opts.attention_backend]
+    argv += ["--max-bs", str(opts.max_bs), "--mem-fraction-static", str(opts.mem_fraction_static)]
+    argv += ["--new-tokens", str(opts.new_tokens), "--decode-tokens", str(opts.decode_tokens)]
+    argv += ["--reps", str(opts.reps), "--log-level", opts.log_level]
+    return argv
+
+
+def run_one(
+    kind: str, argv: list[str], env: dict[str, str], logs: Path, result: Path, timeout: float
+) -> dict[str, Any]:
+    out_name, err_name = log_names(kind)
+    t0 = time.monotonic()
+    timed_out = False
+    with open(logs / out_name, "wb") as out, open(logs / err_name, "wb") as err:
+        proc = subprocess.Popen(argv, stdout=out, stderr=err, env=env, cwd=REPO, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            rc = None
+        finally:
+            _kill_group(proc.pid)
+            if proc.poll() is None:
+                proc.wait()
+    run: dict[str, Any] = {}
+    try:
+        run = json.loads(result.read_text())
+    except (OSError, ValueError):
+        pass
+    run.update(
+        returncode=rc if rc is not None else proc.returncode,
+        timed_out=timed_out,
+        wall_s=round(time.monotonic() - t0, 2),
+        logs=[out_name, err_name],
+    )
+    run.update(
+        parse_logs(
+            (logs / out_name).read_text(errors="replace") + (logs / err_name).read_text(errors="replace")
+        )
+    )
+    if timed_out:
+        run["ok"] = False
+        run["error"] = f"timed out after {timeout:.0f} s in stage {run.get('stage', 'start')!r}" + (
+            f" ({run['error']})" if run.get("error") else ""
+        )
+    elif not run.get("ok"):
+        run.setdefault("error", f"exited with status {rc} before reporting")
+        run["stderr_tail"] = (logs / err_name).read_text(errors="replace")[-3000:]
+    return run
+
+
+_CAPTURE_BEGIN = re.compile(r"Capture (?:target )?decode \S+ graph begin\..*?bs=\[([^\]]*)\]")
+_CAPTURE_END = re.compile(r"Capture (?:target )?decode \S+ graph end\. elapsed=([0-9.]+) s")
+
+
+def parse_logs(text: str) -> dict[str, Any]:
+    """What SGLang's own scheduler log says about the decode graphs (needs --log-level info)."""
+    found: dict[str, Any] = {}
+    m = _CAPTURE_BEGIN.search(text)
+    if m:
+        found["log_decode_graph_bs"] = [int(x) for x in m.group(1).replace(" ", "").split(",") if x]
+    m = _CAPTURE_END.search(text)
+    if m:
+        found["log_decode_graph_phase_s"] = float(m.group(1))
+    found["log_tracebacks"] = text.count("Traceback (most recent call last)")
+    return found
+
+
+def _report(run: dict[str, Any] | None) -> dict[str, Any]:
+    reports = (run or {}).get("foundry_report") or {}
+    return reports.get("rank0") or {}
+
+
+def assemble(meta: dict[str, Any], runs: dict[str, dict[str, Any]], errors: list[str]) -> dict[str, Any]:
+    """The result document from what the runs reported (any of them may be missing or failed)."""
+    stock, save, load = (runs.get(k) or {} for k in RUNS)
+    rep_save, rep_load = _report(save), _report(load)
+    out: dict[str, Any] = {field: None for field in FIELDS}
+    out.update(meta)
+    if not out.get("sglang_version"):
+        out["sglang_version"] = next(
+            (r["sglang_version"] for r in (stock, save, load) if r.get("sglang_version")), None
+        )
+
+    def same(a: dict, b: dict) -> bool | None:
+        if a.get("output_ids") is None or b.get("output_ids") is None:
+            return None
+        return a["output_ids"] == b["output_ids"]
+
+    captures = rep_load.get("decode_phase_stream_captures")
+    out.update(
+        graphs=rep_load.get("graphs", rep_save.get("graphs")),
+        load_decode_captures=sum(captures.values()) if isinstance(captures, dict) else None,
+        tokens_identical_to_save=same(load, save),
+        tokens_identical_to_stock=same(load, stock),
+        capture_s=rep_save.get("capture_s"),
+        restore_s=rep_load.get("restore_s"),
+        ready_s_stock=stock.get("ready_s"),
+        ready_s_load=load.get("ready_s"),
+        decode_tok_s_stock=_round(stock.get("decode_tok_s")),
+        decode_tok_s_load=_round(load.get("decode_tok_s")),
+    )
+    # Extras.
+    out["ready_s_save"] = save.get("ready_s")
+    out["decode_tok_s_save"] = _round(save.get("decode_tok_s"))
+    out["save_tokens_identical_to_stock"] = same(save, stock)
+    out["fc_save_s"] = rep_save.get("fc_save_s")
+    out["fc_load_s"] = rep_load.get("fc_load_s")
+    out["graphs_saved"] = rep_save.get("graphs")
+    out["self_consistent"] = {k: (runs.get(k) or {}).get("self_consistent") for k in RUNS}
+    save_captures = rep_save.get("decode_phase_stream_captures")
+    out["save_decode_captures"] = sum(save_captures.values()) if isinstance(save_captures, dict) else None
+    out["graphs_stock_log"] = len(stock["log_decode_graph_bs"]) if stock.get("log_decode_graph_bs") else None
+    out["modes"] = {k: (runs.get(k) or {}).get("foundry_mode") for k in ("save", "load")}
+    out["load_stream_captures_process_total"] = rep_load.get("stream_captures_total")
+    out["runs"] = runs
+    checks = {
+        "every run finished": all((runs.get(k) or {}).get("ok") for k in RUNS),
+        "save run saved": out["modes"]["save"] == "save" and rep_save.get("ok") is True,
+        "load run loaded": out["modes"]["load"] == "load" and rep_load.get("ok") is True,
+        "no decode capture at LOAD": out["load_decode_captures"] == 0,
+        "LOAD tokens == SAVE tokens": out["tokens_identical_to_save"] is True,
+        "LOAD tokens == stock tokens": out["tokens_identical_to_stock"] is True,
+    }
+    out["checks"] = checks
+    out["errors"] = list(errors) + [
+        f"{k}: {(runs.get(k) or {}).get('error')}" for k in RUNS if (runs.get(k) or {}).get("error")
+    ]
+    out["ok"] = all(checks.values()) and not out["errors"]
+    return out
+
+
+def _round(x: Any, digits: int = 1) -> Any:
+    return round(x, digits) if isinstance(x, float) else x
+
+
+def machine() -> str:
+    gpu = None
+    try:
+        q = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        gpu = q.stdout.strip().splitlines()[0] if q.returncode == 0 and q.stdout.strip() else None
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return f"{gpu or 'GPU unknown (nvidia-smi failed)'}; host {platform.node()}; Python {platform.python_version()}"
+
+
+def commit() -> str | None:
+    if os.environ.get("FOUNDRY_COMMIT"):
+        return os.environ["FOUNDRY_COMMIT"]
+    try:
+        q = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10)
+        return q.stdout.strip() or None if q.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def sglang_version() -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("sglang")
+    except PackageNotFoundError:
+        return None
+
+
+def summary(result: dict[str, Any]) -> str:
+    lines = [f"sglang-h200: {'OK' if result.get('ok') else 'NOT OK'} (sglang {result.get('sglang_version')})"]
+    for key in FIELDS[5:]:
+        lines.append(f"  {key}: {result.get(key)}")
+    for name, passed in (result.get("checks") or {}).items():
+        lines.append(f"  [{'x' if passed else ' '}] {name}")
+    for err in result.get("errors") or []:
+        lines.append(f"  error: {err[:300]}")
+    return "\n".join(lines)
+
+
+def parent_main(opts: argparse.Namespace) -> int:
+    started = time.monotonic()
+    out_path = Path(opts.out).resolve()
+    logs = Path(opts.logs).resolve()
+    logs.mkdir(parents=True, exist_ok=True)
+    workdir = Path(opts.workdir or tempfile.mkdtemp(prefix="foundry-sglang-h200-")).resolve()
+    meta = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "commit": commit(),
+        "machine": machine(),
+        "command": shlex.join([sys.executable, *sys.argv]),
+        "sglang_version": sglang_version(),
+        "workdir": str(workdir),
+        "engine": {k: v for k, v in engine_kwargs(opts, "<model>").items() if k != "model_path"},
+        "prompts": PROMPTS,
+        "new_tokens": opts.new_tokens,
+        "decode_tokens": opts.decode_tokens,
+    }
+    runs: dict[str, dict[str, Any]] = {}
+    errors: list[str] = []
+
+    def write() -> dict[str, Any]:
+        result = assemble(meta, runs, errors)
+        result["wall_s"] = round(time.monotonic() - started, 1)
+        _write_json(out_path, result)
+        return result
+
+    result = write()
+    # A SIGTERM (the caller's own time limit) still ends the current run and writes the result.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    try:
+        (workdir / "model").mkdir(parents=True, exist_ok=True)
+        (workdir / "model" / "config.json").write_text(json.dumps(QWEN3_4_LAYERS))
+        (workdir / "foundry.toml").write_text(foundry_toml(workdir / "archive", opts.region_size))
+        meta["native_library"] = [p.name for p in (SRC / "foundry_core").glob("_foundry_native*.so")]
+        if not meta["native_library"]:
+            errors.append("src/foundry_core/_foundry_native*.so is missing: build the native library first")
+        plugins = general_plugins()
+        shim = None if PLUGIN_NAME in plugins else make_entry_point_shim(workdir / "entry-point")
+        meta["plugin_entry_point"] = "installed" if shim is None else f"shim at {shim}"
+        for kind in RUNS:
+            left = opts.budget - (time.monotonic() - started)
+            timeout = min(opts.timeout, left - 25)  # room to end the run's processes and write
+            if kind == "load" and not (runs.get("save") or {}).get("ok"):
+                runs[kind] = {"ok": False, "skipped": True, "error": "skipped: the SAVE run did not succeed"}
+            elif timeout < MIN_RUN_S:
+                runs[kind] = {
+                    "ok": False,
+                    "skipped": True,
+                    "error": f"skipped: {left:.0f} s of the budget left",
+                }
+            else:
+                result_file = workdir / f"result-{kind}.json"
+                result_file.unlink(missing_ok=True)
+                env = run_env(kind, dict(os.environ), workdir, shim, plugins)
+                print(f"[sglang_h200] {kind}: starting (timeout {timeout:.0f} s)", flush=True)
+                runs[kind] = run_one(
+                    kind, child_argv(kind, opts, workdir, result_file), env, logs, result_file, timeout
+                )
+                if kind != "stock" and not runs[kind].get("foundry_report"):
+                    # The run died before reading it (SGLang ends its launcher when a scheduler fails).
+                    runs[kind]["foundry_report"] = read_reports(workdir / f"report-{kind}")
+                print(
+                    f"[sglang_h200] {kind}: {'ok' if runs[kind].get('ok') else 'FAILED'} "
+                    f"in {runs[kind]['wall_s']} s {runs[kind].get('error') or ''}",
+                    flush=True,
+                )
+            result = write()
+    except BaseException as e:  # the result is written whatever happens
+        errors.append(f"benchmark: {type(e).__name__}: {e} | {traceback.format_exc()[-1500:]}")
+    finally:
+        result = write()
+    print(summary(result), flush=True)
+    return 0 if result.get("ok") else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts = parse_args(argv)
+    return child_main(opts) if opts.child else parent_main(opts)
+
+
+if __name__ == "__main__":  # SGLang spawns its schedulers: the guard is required
+    sys.exit(main())
