@@ -201,6 +201,9 @@ def run_env(
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("TRANSFORMERS_OFFLINE", "1")
     env["PYTHONUNBUFFERED"] = "1"
+    # Same string hashing in every process (SGLang's spawned schedulers inherit it): setup code that
+    # walks a set of names then allocates in the same order at SAVE and at LOAD.
+    env.setdefault("PYTHONHASHSEED", "0")
     others = [name for name in plugins if name != PLUGIN_NAME]
     if kind == "stock":
         # SGLANG_PLUGINS is an allow-list; a name no plugin has keeps every plugin out.

@@ -88,6 +88,7 @@ def test_run_environments(bench, tmp_path):
     assert "FOUNDRY_MODE" not in stock and "FOUNDRY_SGLANG" not in stock  # no settings from outside
     assert stock["FOUNDRY_COMMIT"] == "abc" and stock["FOUNDRY_CUPTI"] == "/x/libcupti.so"
     assert bench.run_env("stock", base, tmp_path, shim, ["foundry"])["SGLANG_PLUGINS"] == "none"
+    assert stock["PYTHONHASHSEED"] == "0" and stock["HF_HUB_OFFLINE"] == "1"
 
     save = bench.run_env("save", base, tmp_path, shim, ["foundry"])
     assert save["PYTHONPATH"].split(":") == [str(shim), str(bench.SRC), "/tmp/site"]
