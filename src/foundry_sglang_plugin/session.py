@@ -3,7 +3,7 @@
 Order of events in a scheduler process (each step is called from a hook in :mod:`.hooks`):
 
 1. ``begin`` (``Scheduler.__init__``, before any CUDA work): settings, refusal rules, mode,
-   fingerprint; ``fc.start_module_recording()``.
+   fingerprint; ``fc.start_recording()`` (LOAD: counting captures only, no images kept).
 2. ``enter_region`` (``ModelRunner.__init__`` of the target model): reserve the fixed-VA region and
    route this thread's torch allocations into it; model, KV pools and static graph buffers follow.
 3. ``pool_config`` (``KVCacheConfigurator._resolve_memory_pool_config``): SAVE records the profiled
@@ -127,9 +127,8 @@ class Session:
         session.world_size = archive.world_size(server_args)
         import foundry_core as fc
 
-        # Named start_module_recording in the plugin contract, start_recording in foundry_core.
-        start = getattr(fc, "start_module_recording", None) or fc.start_recording
-        start()
+        # SAVE keeps every module image; LOAD only counts stream captures (it must begin none).
+        fc.start_recording(keep_images=mode == "save")
         logger.info("Foundry %s: rank %d, archive %s", mode.upper(), rank, session.path)
         return session
 
