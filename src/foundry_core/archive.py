@@ -82,7 +82,7 @@ _MANIFEST_KEYS = (
     "meta",
 )
 _ENTRY_KEYS = ("sha256", "size")
-# Threads that read and check archive files at open; sha256 runs at ~1-2 GB/s per core.
+# Threads that hash archive files at open; sha256 runs at ~1-2 GB/s per core.
 _READ_THREADS = max(1, min(8, os.cpu_count() or 1))
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _MAX_RELPATH_BYTES = 1024
@@ -887,12 +887,14 @@ def _verify(root_fd: int, where: str, expected_fingerprint: dict | None, expecte
                 f"{where}: file {_one_line(repr(rel), 120)} listed in the manifest is missing; SAVE again"
             )
 
-    # 5. contents: exact size and sha256, bytes kept for read_bytes. Files are read and hashed on a
-    # few threads (file reads and sha256 of large buffers release the GIL: most of a LOAD's archive
-    # time); results are taken in sorted order, so the first damaged file reported is the same as
-    # with one thread.
-    def read_member(rel: str) -> bytes:
-        size, sha = files[rel]["size"], files[rel]["sha256"]
+    # 5. contents: exact size and sha256, bytes kept for read_bytes. Files are read on this thread
+    # (so their memory comes from the main allocator arena), then hashed on a few threads (sha256 of
+    # large buffers releases the GIL: most of a LOAD's archive time). The first damaged file in
+    # sorted order is the one reported, as with one thread.
+    names = sorted(files)
+    contents: dict[str, bytes] = {}
+    for rel in names:
+        size = files[rel]["size"]
         shown = _one_line(repr(rel), 120)
         try:
             fd = _open_member(root_fd, rel)
@@ -906,22 +908,25 @@ def _verify(root_fd: int, where: str, expected_fingerprint: dict | None, expecte
                 raise ArchiveError(
                     f"{where}: file {shown} is {st.st_size} bytes, the manifest lists {size}; it is damaged, SAVE again"
                 )
-            data = _read_exact(fd, size, f"{where}: file {shown}")
+            contents[rel] = _read_exact(fd, size, f"{where}: file {shown}")
         except OSError as e:
             raise _member_error(where, rel, e) from None
         finally:
             os.close(fd)
-        if hashlib.sha256(data).hexdigest() != sha:
-            raise ArchiveError(f"{where}: file {shown} fails its sha256 check; it is damaged, SAVE again")
-        return data
 
-    names = sorted(files)
+    def digest_of(rel: str) -> str:
+        return hashlib.sha256(contents[rel]).hexdigest()
+
     workers = min(_READ_THREADS, len(names))
     if workers <= 1:
-        contents = {rel: read_member(rel) for rel in names}
+        digests = [digest_of(rel) for rel in names]
     else:
-        with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="foundry-read") as pool:
-            contents = dict(zip(names, pool.map(read_member, names)))
+        with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="foundry-sha") as pool:
+            digests = list(pool.map(digest_of, names))
+    for rel, got in zip(names, digests):
+        if got != files[rel]["sha256"]:
+            shown = _one_line(repr(rel), 120)
+            raise ArchiveError(f"{where}: file {shown} fails its sha256 check; it is damaged, SAVE again")
     return manifest, digest, contents
 
 

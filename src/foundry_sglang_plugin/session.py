@@ -270,6 +270,9 @@ class Session:
             slots=self.slots,
             rank=self.rank,
             world_size=self.world_size,
+            # SGLang samples outside its decode graphs, and replaying them here would run on
+            # whatever its buffers hold after capture: no replay to look for RNG state.
+            detect_rng=False,
         )
         self.report["fc_save_s"] = round(time.perf_counter() - t0, 4)
         self.report["graphs"] = len(self.graphs)

@@ -68,6 +68,12 @@ def kept_graph_class(base: type) -> type:
         def __new__(cls, *args, **kwargs):  # vLLM passes nothing; any keep_graph given is overridden
             return super().__new__(cls, keep_graph=True)
 
+        # The C++ object is built by pybind's ``__init__(self, keep_graph=False)``, which Python calls
+        # with the caller's (empty) arguments: without this override the flag is lost (seen on torch
+        # 2.11: "You cannot access the raw cudaGraph_t instance unless ... keep_graph=true").
+        def __init__(self, *args, **kwargs):
+            super().__init__(keep_graph=True)
+
     _KeptCUDAGraph.__name__ = _KeptCUDAGraph.__qualname__ = "KeptCUDAGraph"
     return _KeptCUDAGraph
 

@@ -214,6 +214,9 @@ class FoundrySession:
             slots=dict(sizing),
             rank=self.rank,
             world_size=self.world_size,
+            # vLLM samples outside its decode graphs, and replaying them here would run on whatever
+            # its persistent buffers hold after capture: no replay to look for RNG state.
+            detect_rng=False,
         )
         archive.write_manifest(mpath, self.fingerprint, sizing, listing)
         elapsed = time.perf_counter() - t0
