@@ -29,11 +29,12 @@ export PYTHONUNBUFFERED=1 FOUNDRY_NO_PROGRESS=1
 left=$((585 - $(date +%s) + t0))
 
 (CUDA_VISIBLE_DEVICES=0 PYTHONPATH=/tmp/site-sglang:$PWD/src timeout "$left" \
-  python3 benchmarks/sglang_h200.py --out "$out/sglang-h200.json" --logs "$logs" --budget $((left - 15)) \
+  python3 benchmarks/sglang_h200.py --out "$out/sglang-h200.json" --logs "$logs" --budget $((left - 15)) ${SGLANG_ARGS:-} \
   >"$logs/sglang-driver.log" 2>&1; echo "sglang rc=$?" >>"$logs/sglang-driver.log") &
 
-(CUDA_VISIBLE_DEVICES=1 FOUNDRY_SITE=/tmp/site-vllm timeout "$left" bash benchmarks/vllm_h200.sh "$logs" --budget $((left - 15)) \
-  >"$logs/vllm-driver.log" 2>&1; echo "vllm rc=$?" >>"$logs/vllm-driver.log"; cp "$logs/vllm-h200.json" "$out/" 2>/dev/null) &
+(CUDA_VISIBLE_DEVICES=1 PYTHONPATH=/tmp/site-vllm:$PWD/src timeout "$left" \
+  python3 benchmarks/vllm_h200.py --out "$out/vllm-h200.json" --logs "$logs" --budget $((left - 15)) \
+  >"$logs/vllm-driver.log" 2>&1; echo "vllm rc=$?" >>"$logs/vllm-driver.log") &
 wait
 tail -n 30 "$logs/sglang-driver.log"; tail -n 30 "$logs/vllm-driver.log"
 tar -czf "$out/engine-logs.tar.gz" -C "$logs" .

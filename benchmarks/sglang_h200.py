@@ -126,6 +126,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--reps", type=int, default=3, help="timed repetitions (the median is used)")
     p.add_argument("--log-level", default="info", help="SGLang log level in every run")
     # Internal: one run, in the subprocess the parent started.
+    p.add_argument(
+        "--stock-from",
+        default=None,
+        help="take the stock run from this earlier result JSON (same flags) instead of running it again",
+    )
     p.add_argument("--child", choices=RUNS, help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     opts = p.parse_args(argv)
@@ -577,7 +582,15 @@ def parent_main(opts: argparse.Namespace) -> int:
         plugins = general_plugins()
         shim = None if PLUGIN_NAME in plugins else make_entry_point_shim(workdir / "entry-point")
         meta["plugin_entry_point"] = "installed" if shim is None else f"shim at {shim}"
+        if opts.stock_from:
+            earlier = json.loads(Path(opts.stock_from).read_text())
+            runs["stock"] = dict(
+                earlier["runs"]["stock"], reused_from=f"{opts.stock_from} (commit {earlier.get('commit')})"
+            )
+            meta["stock_reused_from"] = runs["stock"]["reused_from"]
         for kind in RUNS:
+            if kind in runs:
+                continue
             left = opts.budget - (time.monotonic() - started)
             timeout = min(opts.timeout, left - 25)  # room to end the run's processes and write
             if kind == "load" and not (runs.get("save") or {}).get("ok"):
