@@ -26,7 +26,7 @@ rm -f src/foundry_core/_foundry_native*.so
 gcc -shared -fPIC -O2 -std=c11 -fvisibility=hidden -Inative native/*.c \
   -o src/foundry_core/_foundry_native.so -ldl -lpthread || exit 3
 export PYTHONUNBUFFERED=1 FOUNDRY_NO_PROGRESS=1
-left=$((585 - $(date +%s) + t0))
+left=$((${ENGINES_BUDGET_S:-585} - $(date +%s) + t0))
 
 (CUDA_VISIBLE_DEVICES=0 PYTHONPATH=/tmp/site-sglang:$PWD/src timeout "$left" \
   python3 benchmarks/sglang_h200.py --out "$out/sglang-h200.json" --logs "$logs" --budget $((left - 15)) ${SGLANG_ARGS:-} \
