@@ -87,3 +87,26 @@ def test_save_preconditions(monkeypatch, tmp_path):
     with pytest.raises(api.SaveError, match=r"region.end_setup\(\)"):
         foundry_core.save(tmp_path / "a", graphs={"g": object()}, region=region)
     assert not (tmp_path / "a").exists()
+
+
+def test_random_kernels_refused_without_rng_detection():
+    """save(detect_rng=False) replays nothing; a graph with a Philox-drawing kernel is refused instead."""
+    from foundry_core import api
+
+    def graph(*names):
+        return {"nodes": [{"type": "kernel", "name": n} for n in names] + [{"type": "empty"}], "edges": []}
+
+    api._refuse_random_kernels(
+        graph("_ZN5flash11flash_fwd_kernelI", "triton_poi_fused_add_mul_0", "nvjet_hsh")
+    )
+    for name in (
+        "_ZN2at6native43distribution_elementwise_grid_stride_kernelIfLi4E",
+        "_ZN2at6native20fused_dropout_kernelIN3c104HalfE",
+        "triton_poi_fused_rand_0",
+        "_ZN2at6native24sampleMultinomialOnceIfE",
+    ):
+        with pytest.raises(api.SaveError, match="random-number kernel"):
+            api._refuse_random_kernels(graph("nvjet_hsh", name))
+    nested = {"nodes": [{"type": "graph", "graph": graph("triton_poi_fused_randn_1")}], "edges": []}
+    with pytest.raises(api.SaveError, match="detect_rng=False"):
+        api._refuse_random_kernels(nested)

@@ -162,15 +162,24 @@ def test_captured_graphs_are_built_with_keep_graph():
 
     assert "keep_graph" in inspect.signature(torch.cuda.CUDAGraph.__new__).parameters
 
+    # Like torch: __new__ takes the flag, but the C++ object (and so the flag that counts) is built by
+    # pybind's __init__(self, keep_graph=False), which Python calls with the caller's own arguments.
     class Base:
         def __new__(cls, keep_graph=False):
-            obj = super().__new__(cls)
-            obj.keep_graph = keep_graph
-            return obj
+            return super().__new__(cls)
+
+        def __init__(self, keep_graph=False):
+            self.keep_graph = keep_graph
 
     kept = graphs.kept_graph_class(Base)
     assert issubclass(kept, Base)
     assert kept().keep_graph is True and kept(keep_graph=False).keep_graph is True
+
+    class NewOnly(Base):  # what the plugin did first: overriding __new__ alone loses the flag
+        def __new__(cls, *args, **kwargs):
+            return super().__new__(cls, keep_graph=True)
+
+    assert NewOnly().keep_graph is False
 
 
 def test_unknown_runner_is_refused():
