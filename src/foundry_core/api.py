@@ -417,14 +417,10 @@ def load(
     timings["memory_s"] = t2 - t1
     modules = LoadedModules()
     graphs: dict[str, RestoredGraph] = {}
-    pool = _driver_pool(load_threads())
     try:
         with Progress("foundry: loading modules", len(meta["images"]), progress) as bar:
-
-            def load_image(digest: str) -> None:
+            for digest in meta["images"]:
                 modules.load(digest, archive.read_bytes(f"modules/{digest}.cubin"))
-
-            for _ in _map(pool, load_image, meta["images"]):
                 bar.advance()
         kernel_attrs = {(image, name): attrs for image, name, attrs in meta["kernels"]}
         for image, name, attrs in meta["kernels"]:
@@ -433,7 +429,7 @@ def load(
         timings["modules_s"] = t3 - t2
         stream = torch.cuda.current_stream(region.device).cuda_stream
         builders = _rebuild_all(
-            archive, meta, modules, kernel_attrs, stream, graphs, region, progress, timings, pool
+            archive, meta, modules, kernel_attrs, stream, graphs, region, progress, timings
         )
         torch.cuda.synchronize(region.device)
         t4 = time.perf_counter()
@@ -444,9 +440,6 @@ def load(
         modules.unload()
         region.unmap(mapped)
         raise
-    finally:
-        if pool is not None:
-            pool.shutdown()
     tensors = {
         name: tensor_at(rec["addr"], rec["shape"], rec["stride"], rec["dtype"], region.device)
         for name, rec in meta["tensors"].items()
@@ -457,70 +450,11 @@ def load(
     return restored
 
 
-def load_threads() -> int:
-    """Threads a LOAD uses for module loading and native graph builds: FOUNDRY_LOAD_THREADS, else 1.
-
-    One by default: on an H200 (driver 580) eight threads gave no gain (warm reload 1.147 s on one
-    thread, 1.158 s on eight; the driver serializes module loads and graph instantiation) and host
-    memory grew across load/unload cycles (per-thread malloc arenas)."""
-    raw = os.environ.get("FOUNDRY_LOAD_THREADS", "")
-    if raw:
-        try:
-            n = int(raw)
-        except ValueError:
-            raise ValueError(f"FOUNDRY_LOAD_THREADS must be a whole number, not {raw!r}") from None
-        if n < 1:
-            raise ValueError(f"FOUNDRY_LOAD_THREADS must be at least 1, not {n}")
-        return n
-    return 1
-
-
-def _driver_pool(threads: int):
-    """A thread pool whose threads have this thread's CUDA context current (driver calls made on a
-    thread without one fail), or None for one thread. Driver calls and the native builder release
-    the GIL, so module loads and graph instantiations overlap."""
-    if threads <= 1:
-        return None
-    import concurrent.futures
-
-    ctx = call("cuCtxGetCurrent")
-    return concurrent.futures.ThreadPoolExecutor(
-        threads, thread_name_prefix="foundry-load", initializer=lambda: call("cuCtxSetCurrent", ctx)
-    )
-
-
-def _map(pool, fn, items):
-    """``fn`` over ``items``, results in order; on the pool when there is one. When one call fails,
-    the others are waited for before the first failure (in order) is raised, so nothing is left
-    running or half-registered behind the caller's cleanup."""
-    if pool is None:
-        for item in items:
-            yield fn(item)
-        return
-    futures = [pool.submit(fn, item) for item in items]
-    try:
-        for f in futures:
-            yield f.result()
-    except BaseException:
-        for f in futures:
-            f.cancel()
-        for f in futures:
-            if not f.cancelled():
-                try:
-                    f.result()
-                except BaseException:
-                    pass
-        raise
-
-
-def _rebuild_all(
-    archive, meta, modules, kernel_attrs, stream, graphs, region, progress, timings, pool=None
-) -> set[str]:
+def _rebuild_all(archive, meta, modules, kernel_attrs, stream, graphs, region, progress, timings) -> set[str]:
     """Rebuild every graph of ``meta`` into ``graphs``; returns the builders used ("native", "python").
 
     Adds to ``timings``: graph_read_s (reading, and decoding or encoding where the stored form is
-    not the one the builder takes), graph_build_s, graph_instantiate_s, graph_upload_s (with a
-    pool, these sum the time of every thread, and graphs_s is the wall time).
+    not the one the builder takes), graph_build_s, graph_instantiate_s, graph_upload_s.
     """
     choice = builder_choice()
     native = None
@@ -534,25 +468,6 @@ def _rebuild_all(
             warnings.warn(
                 "foundry: the native library has no graph builder; using the Python builder", stacklevel=3
             )
-    if (
-        native is not None
-        and pool is not None
-        and all(entry.get("encoding") == ENCODING for entry in meta["graphs"])
-    ):
-        return _rebuild_native_parallel(
-            archive,
-            meta,
-            native,
-            choice,
-            modules,
-            kernel_attrs,
-            stream,
-            graphs,
-            region,
-            progress,
-            timings,
-            pool,
-        )
     ids = None
     split: dict[str, float] = {}
     read_s = 0.0
@@ -598,71 +513,6 @@ def _rebuild_all(
             graphs[entry["name"]] = RestoredGraph(entry["name"], rebuilt, region.device, rng, entry["nodes"])
             bar.advance()
     timings["graph_read_s"] = read_s
-    for key in ("build_s", "instantiate_s", "upload_s"):
-        timings[f"graph_{key}"] = split.get(key, 0.0)
-    return used
-
-
-def _rebuild_native_parallel(
-    archive, meta, native, choice, modules, kernel_attrs, stream, graphs, region, progress, timings, pool
-) -> set[str]:
-    """:func:`_rebuild_all` for FGB1 archives with the native builder and a thread pool: every graph
-    is built, instantiated and uploaded on a pool thread; results are registered in archive order.
-    A graph the native builder refuses is rebuilt by the Python builder in auto mode (with a
-    warning) and fails the load with ``FOUNDRY_BUILDER=native``, once every other build is back and
-    registered, so the caller's cleanup destroys them all."""
-
-    def build(entry):
-        local: dict[str, float] = {}
-        r0 = time.perf_counter()
-        data = archive.read_bytes(entry["file"])
-        local["read_s"] = time.perf_counter() - r0
-        try:
-            return native.rebuild(data, stream, local), data, local, None
-        except GraphError as e:
-            return None, data, local, e
-
-    futures = [pool.submit(build, entry) for entry in meta["graphs"]]
-    split: dict[str, float] = {}
-    used: set[str] = set()
-    refused = None
-    try:
-        with Progress("foundry: rebuilding graphs", len(meta["graphs"]), progress) as bar:
-            for entry, future in zip(meta["graphs"], futures):
-                rebuilt, data, local, error = future.result()
-                for key, value in local.items():
-                    split[key] = split.get(key, 0.0) + value
-                if error is not None:
-                    if choice == "native":
-                        refused = refused or GraphError(f"graph {entry['name']!r}: {error}")
-                        continue
-                    warnings.warn(
-                        f"foundry: graph {entry['name']!r}: {error}; falling back to the Python builder",
-                        stacklevel=4,
-                    )
-                    rebuilt = rebuild(decode(data, meta["kernels"]), modules, kernel_attrs, stream, split)
-                    used.add("python")
-                else:
-                    used.add("native")
-                graphs[entry["name"]] = RestoredGraph(
-                    entry["name"], rebuilt, region.device, entry.get("rng_state"), entry["nodes"]
-                )
-                bar.advance()
-    except BaseException:
-        # Builds still in flight would leave graphs nobody destroys: wait for them, destroy theirs.
-        for future in futures:
-            if future.cancel():
-                continue
-            try:
-                rebuilt = future.result()[0]
-            except BaseException:
-                continue
-            if rebuilt is not None and all(g._rebuilt is not rebuilt for g in graphs.values()):
-                rebuilt.destroy()
-        raise
-    if refused is not None:
-        raise refused
-    timings["graph_read_s"] = split.get("read_s", 0.0)
     for key in ("build_s", "instantiate_s", "upload_s"):
         timings[f"graph_{key}"] = split.get(key, 0.0)
     return used

@@ -61,8 +61,6 @@ def summarize(result: dict) -> dict:
         "load_stream_captures": result["load_stream_captures"],
         "archive_breakdown": archive_breakdown(result["archive"]),
         "builder": result.get("builder"),
-        # Warm reloads in the LOAD process, one thread against the configured pool (same run).
-        "reload_s": result.get("reload_s", {}),
         "replay_method": result.get("replay_method"),
         "replay_us_native_save_process": result.get("replay_us_native_save_process", {}),
         "scaling": result.get("scaling", []),
@@ -136,12 +134,6 @@ def print_table(summary: dict) -> None:
         if key in b:
             print(f"      {key[:-2]:<20} {b[key]:8.3f} s")
     print(f"  builder                  {summary.get('builder')}")
-    reload = summary.get("reload_s") or {}
-    if "serial" in reload and "threaded" in reload:
-        print(
-            f"  warm reload              {reload['serial']:8.3f} s on 1 thread, "
-            f"{reload['threaded']:.3f} s on {reload.get('threads')}"
-        )
     print(f"  per node                 {summary['us_per_node']:8.1f} us")
     print(f"  archive                  {summary['archive_bytes'] / 2**20:8.1f} MiB")
     for kind, n in sorted(summary.get("archive_breakdown", {}).items()):

@@ -238,13 +238,6 @@ def run_save(args) -> dict:
     }
 
 
-def _set_env(name: str, value: str | None) -> None:
-    if value is None:
-        os.environ.pop(name, None)
-    else:
-        os.environ[name] = value
-
-
 def run_load(args) -> dict:
     import torch
 
@@ -287,24 +280,8 @@ def run_load(args) -> dict:
     captures_after = fc.stream_captures()
     warmup_forwards = workload.forward_calls
     state_digest = _state_digest(workload)
-    replay_us, native_us, reload_s = {}, {}, {}
+    replay_us, native_us = {}, {}
     if args.replays:
-        # Threads against one thread, side by side: reload the archive (warm: files in the page
-        # cache, kernels' modules seen before) with FOUNDRY_LOAD_THREADS=1, then as configured.
-        from .api import load_threads
-
-        configured = os.environ.get("FOUNDRY_LOAD_THREADS")
-        for key, threads in (("serial", "1"), ("threaded", configured)):
-            restored.unload()
-            _set_env("FOUNDRY_LOAD_THREADS", threads)
-            try:
-                t0 = time.perf_counter()
-                restored = fc.load(args.archive, region=region, fingerprint_model=spec.fingerprint())
-                torch.cuda.synchronize()
-                reload_s[key] = time.perf_counter() - t0
-            finally:
-                _set_env("FOUNDRY_LOAD_THREADS", configured)
-        reload_s["threads"] = load_threads()
         # Replay parity, fairly: native twins captured in this same process, timed alternately with
         # the restored graphs on the same inputs (see _time_interleaved).
         twins, _ = _warmup_and_capture(workload, region, spec, "twin-")
@@ -326,7 +303,6 @@ def run_load(args) -> dict:
         "state_digest": state_digest,
         "replay_us": replay_us,
         "replay_us_native_twins": native_us,
-        "reload_s": reload_s,
         "nodes": nodes,
     }
 
@@ -449,7 +425,6 @@ def orchestrate(args) -> dict:
         "live_segments_at_save": save["live_segments"],
         "nodes": load["nodes"],
         "builder": load.get("builder"),
-        "reload_s": load.get("reload_s", {}),
         # Native twins captured and timed in the LOAD process, interleaved with the restored graphs.
         "replay_us_native": load.get("replay_us_native_twins") or save["replay_us"],
         "replay_us_restored": load["replay_us"],
