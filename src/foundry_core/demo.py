@@ -130,8 +130,8 @@ def _time_interleaved(workload, native, restored, n: int) -> tuple[dict[str, flo
     return out_native, out_restored
 
 
-def _warmup_and_capture(workload, region, spec, label: str):
-    """Warm up and capture every batch size natively, as a SAVE does; returns (graphs, outputs)."""
+def _warmup(workload, region, spec, label: str = "") -> None:
+    """Compile and run every batch size twice on a side stream, as a SAVE does before capturing."""
     import torch
 
     with region.routing(), region.label(f"{label}warmup"):
@@ -145,6 +145,12 @@ def _warmup_and_capture(workload, region, spec, label: str):
                     workload.step(bs)
         torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
+
+
+def _capture(workload, region, spec, label: str = ""):
+    """Capture every batch size (largest first) into the region's graph pool; (graphs, outputs)."""
+    import torch
+
     graphs, outputs = {}, {}
     # Under routing too: torch allocates the generator's graph-side seed/offset words at capture
     # start, outside the capture pool, and graphs that sample read them.
@@ -157,6 +163,12 @@ def _warmup_and_capture(workload, region, spec, label: str):
             graphs[f"bs{bs}"] = g
     torch.cuda.synchronize()
     return graphs, outputs
+
+
+def _warmup_and_capture(workload, region, spec, label: str):
+    """Warm up and capture every batch size natively, as a SAVE does; returns (graphs, outputs)."""
+    _warmup(workload, region, spec, label)
+    return _capture(workload, region, spec, label)
 
 
 def _state_digest(workload) -> str:
@@ -186,29 +198,9 @@ def run_save(args) -> dict:
     region.end_setup()
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    with region.routing(), region.label("warmup"):
-        workload.compile()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for bs in spec.batch_sizes:
-                workload.set_inputs(bs)
-                for _ in range(2):
-                    workload.step(bs)
-        torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
+    _warmup(workload, region, spec)
     t1 = time.perf_counter()
-    graphs, outputs = {}, {}
-    # Under routing too: torch allocates the generator's graph-side seed/offset words at capture
-    # start, outside the capture pool, and graphs that sample read them.
-    with region.routing(), region.label("capture"):
-        for bs in sorted(spec.batch_sizes, reverse=True):
-            g = torch.cuda.CUDAGraph(keep_graph=True)
-            with torch.cuda.graph(g, pool=region.graph_pool_id()):
-                outputs[bs] = workload.step(bs)
-            g.instantiate()
-            graphs[f"bs{bs}"] = g
-    torch.cuda.synchronize()
+    graphs, outputs = _capture(workload, region, spec)
     t2 = time.perf_counter()
     tensors = {f"bs{bs}.{k}": v for bs, out in outputs.items() for k, v in out.items()}
     digest = fc.save(

@@ -401,6 +401,7 @@ def run_save(args) -> dict:
 
     import foundry_core as fc
 
+    from .demo import _capture, _warmup
     from .workloads import Workload
 
     fc.start_recording()
@@ -412,27 +413,8 @@ def run_save(args) -> dict:
     region.end_setup()
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    with region.routing(), region.label("warmup"):
-        workload.compile()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for bs in spec.batch_sizes:
-                workload.set_inputs(bs)
-                for _ in range(2):
-                    workload.step(bs)
-        torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graphs, outputs = {}, {}
-    # Under routing: torch allocates the generator's graph-side seed/offset words at capture start.
-    with region.routing(), region.label("capture"):
-        for bs in sorted(spec.batch_sizes, reverse=True):
-            g = torch.cuda.CUDAGraph(keep_graph=True)
-            with torch.cuda.graph(g, pool=region.graph_pool_id()):
-                outputs[bs] = workload.step(bs)
-            g.instantiate()
-            graphs[f"bs{bs}"] = g
-    torch.cuda.synchronize()
+    _warmup(workload, region, spec)
+    graphs, outputs = _capture(workload, region, spec)
     t1 = time.perf_counter()
     tensors = {f"bs{bs}.{k}": v for bs, out in outputs.items() for k, v in out.items()}
     digest = fc.save(
