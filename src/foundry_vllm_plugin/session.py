@@ -36,6 +36,17 @@ def count_captures_only() -> None:
         fc.start_recording(keep_images=False)
 
 
+def _accepts(fn: Any, name: str) -> bool:
+    """Whether ``fn`` takes the keyword ``name`` (named, or through ``**kwargs``)."""
+    import inspect
+
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
 def stream_captures() -> int | None:
     """CUDA stream captures begun in this process since module recording started (CUPTI), or None."""
     try:
@@ -126,14 +137,8 @@ class FoundrySession:
             "cuda": torch.version.cuda,
         }
         self.fingerprint = archive.engine_fingerprint(self.vllm_config, dev)
-        self.mode, self.manifest, why = archive.resolve_mode(self.cfg, self.rank, self.fingerprint)
-        self.report.update(mode=self.mode, reason=why, vllm=self.fingerprint.get("vllm"), device=dev["name"])
-        logger.info("Foundry rank %d: %s (%s)", self.rank, self.mode.upper(), why)
-        if self.mode == "load":
-            try:  # a LOAD restores code from the archive; it needs no recorded images, only the counts
-                count_captures_only()
-            except Exception as e:  # an optimisation only
-                logger.warning("Foundry rank %d: module images are still recorded (%s)", self.rank, e)
+        self.report.update(vllm=self.fingerprint.get("vllm"), device=dev["name"])
+        self.decide_mode(index)  # before the region is reserved and before any model memory
         self.region = fc.Region(
             base=self.cfg.rank_region_base(self.rank), size=self.cfg.region_size, device=index
         )
@@ -141,6 +146,75 @@ class FoundrySession:
         from vllm.platforms import current_platform
 
         type(current_platform)._global_graph_pool = self.region.graph_pool_id()
+
+    def decide_mode(self, device_index: int) -> str:
+        """SAVE or LOAD for this rank (``self.fingerprint`` set); returns the reason.
+
+        When the manifest says LOAD, the core archive is verified first (checksums, pinned digest,
+        machine and model fingerprint; GPU properties only, no kernel): in ``auto`` mode a refused
+        archive on a single-rank engine turns the start into a SAVE that replaces it, with a warning;
+        with several data-parallel ranks, or in ``load`` mode, the refusal is a one-line error.
+        Module recording keeps images unless the final mode is LOAD.
+        """
+        mode, manifest, why = archive.resolve_mode(self.cfg, self.rank, self.fingerprint)
+        if mode == "load":
+            refusal = self.check_core_archive(device_index)
+            if refusal is not None:
+                path = archive.core_archive_dir(self.cfg, self.rank)
+                if self.cfg.mode == "load":
+                    raise archive.ArchiveStateError(
+                        f"foundry mode = load, but rank {self.rank}'s archive {path} was refused ({refusal})"
+                    )
+                if self.world_size > 1:
+                    raise archive.ArchiveStateError(
+                        f"Foundry rank {self.rank}: archive {path} refused ({refusal}); with "
+                        f"data_parallel_size={self.world_size} every rank must size its KV cache the same "
+                        "way, so auto mode does not re-save one rank alone: start once with foundry "
+                        "mode = save to save every rank again"
+                    )
+                logger.warning(
+                    "Foundry rank %d: archive %s refused (%s); capturing and saving a fresh one",
+                    self.rank,
+                    path,
+                    refusal,
+                )
+                mode, manifest, why = "save", None, f"archive {path} refused ({refusal})"
+                self.report["refused"] = refusal
+        self.mode, self.manifest = mode, manifest
+        self.report.update(mode=mode, reason=why)
+        logger.info("Foundry rank %d: %s (%s)", self.rank, mode.upper(), why)
+        if mode == "load":
+            try:  # a LOAD restores code from the archive; it needs no recorded images, only the counts
+                count_captures_only()
+            except Exception as e:  # an optimisation only
+                logger.warning("Foundry rank %d: module images are still recorded (%s)", self.rank, e)
+        return why
+
+    def check_core_archive(self, device_index: int) -> str | None:
+        """Verify this rank's core archive as ``foundry_core.load`` will; the one-line reason it is
+        refused, or None when it would load.  Configuration errors (an unpinned rank) still raise."""
+        import foundry_core as fc
+        from foundry_core.archive import ArchiveError
+
+        path = archive.core_archive_dir(self.cfg, self.rank)
+        kwargs: dict[str, Any] = dict(
+            device=device_index,
+            fingerprint_model=self.fingerprint,
+            rank=self.rank,
+            world_size=self.world_size,
+            expected_digest=self.cfg.digest_for_rank(self.rank),
+        )
+        try:
+            if _accepts(fc.verify, "trusted_root"):
+                kwargs["trusted_root"] = self.cfg.archive_dir
+            else:  # the check load makes first: the archive must resolve inside the configured directory
+                from foundry_core.trust import check_location
+
+                check_location(path, self.cfg.archive_dir)
+            fc.verify(path, **kwargs)
+        except ArchiveError as e:
+            return " ".join(str(e).split())[:500] or type(e).__name__
+        return None
 
     @contextlib.contextmanager
     def routing(self, label: str):

@@ -5,9 +5,11 @@ vLLM imports this module only in a worker process of an engine with Foundry on (
 
 1. ``__init__``: ``check_supported`` again (no CUDA yet); parse the Foundry TOML.
 2. ``init_device``: module recording starts first (before any kernel loads), then vLLM's own device
-   setup; right after the device is set, the rank's fingerprint decides SAVE or LOAD (auto), the
-   fixed-VA region is reserved and made vLLM's global CUDA-graph pool, and the workspace manager and
-   the model runner (its persistent input buffers) are built with allocations routed into the region.
+   setup; right after the device is set, the rank's fingerprint decides SAVE or LOAD (auto), a core
+   archive about to be loaded is verified (``foundry_core.verify``: in auto mode a refused one turns the
+   start into a SAVE on a single-rank engine, and is an error otherwise), the fixed-VA region is
+   reserved and made vLLM's global CUDA-graph pool, and the workspace manager and the model runner
+   (its persistent input buffers) are built with allocations routed into the region.
    Recent releases build both in ``Worker._init_workspace_and_model_runner``, which is overridden;
    older ones (0.26) build them at the end of ``init_device`` right after ``init_workspace_manager``,
    so that call opens the region and starts the routing, which ends when ``init_device`` returns.
