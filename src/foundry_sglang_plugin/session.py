@@ -2,8 +2,11 @@
 
 Order of events in a scheduler process (each step is called from a hook in :mod:`.hooks`):
 
-1. ``begin`` (``Scheduler.__init__``, before any CUDA work): settings, refusal rules, mode,
-   fingerprint; ``fc.start_recording()`` (LOAD: counting captures only, no images kept).
+1. ``begin`` (``Scheduler.__init__``, before any model memory exists): settings, refusal rules,
+   mode, fingerprint; ``fc.start_recording()`` (LOAD: counting captures only, no images kept). A LOAD
+   first checks the core archive against this machine (``fc.verify``: files, digest pin, GPU,
+   driver, torch, fingerprint); in ``auto`` mode a refused archive turns the start into a SAVE
+   (single-rank engines only), in ``load`` mode it is a one-line error.
 2. ``enter_region`` (``ModelRunner.__init__`` of the target model): reserve the fixed-VA region and
    route this thread's torch allocations into it; model, KV pools and static graph buffers follow.
 3. ``pool_config`` (``KVCacheConfigurator._resolve_memory_pool_config``): SAVE records the profiled
@@ -127,10 +130,62 @@ class Session:
         session.world_size = archive.world_size(server_args)
         import foundry_core as fc
 
+        # Recording starts before anything touches CUDA (checking the archive reads the device's
+        # properties). An auto LOAD keeps images until its archive is accepted: it may still SAVE.
+        fc.start_recording(keep_images=mode == "save" or cfg.mode == "auto")
+        if mode == "load":
+            session.check_archive()
         # SAVE keeps every module image; LOAD only counts stream captures (it must begin none).
-        fc.start_recording(keep_images=mode == "save")
-        logger.info("Foundry %s: rank %d, archive %s", mode.upper(), rank, session.path)
+        fc.start_recording(keep_images=session.mode == "save")
+        logger.info("Foundry %s: rank %d, archive %s", session.mode.upper(), rank, session.path)
         return session
+
+    def check_archive(self) -> None:
+        """LOAD, before the region is reserved or any model memory allocated: verify the core
+        archive against this machine and this configuration (``fc.verify`` reads GPU properties
+        only). ``fc.load`` checks the same later, once the model is built; refusing here lets an
+        ``auto`` start fall back to a SAVE instead of failing."""
+        import foundry_core as fc
+        from foundry_core.trust import check_location
+
+        expected_digest = self.cfg.digest_for_rank(self.rank)  # a bad pin table is a config error
+        try:
+            check_location(self.path, self.cfg.archive_dir)  # fc.load(trusted_root=...) does the same
+            verified = _call(
+                fc.verify,
+                str(self.path),
+                device=self.gpu_id if self.gpu_id is not None else 0,
+                fingerprint_model=self.fingerprint,
+                rank=self.rank,
+                world_size=self.world_size,
+                expected_digest=expected_digest,
+                trusted_root=self.cfg.archive_dir,
+            )
+            saved_slots = (getattr(verified, "meta", None) or {}).get("slots")
+            if saved_slots is not None and saved_slots != self.sidecar["slots"]:
+                raise fc.ArchiveError("pool sizing differs between the core archive and its .sglang.json")
+        except fc.ArchiveError as e:
+            reason = " ".join(str(e).split()) or type(e).__name__
+        else:
+            return
+        self._refused(reason)  # outside the handler: the error that follows is one line, no chain
+
+    def _refused(self, reason: str) -> None:
+        head = f"Foundry: archive {self.path} refused ({reason})"
+        if self.cfg.mode != "auto":
+            raise FoundrySessionError(f"{head}; mode=load cannot go on: SAVE again (mode=save or auto)")
+        if self.world_size > 1:
+            # Each rank decides alone here: one falling back would size its pools unlike the others.
+            raise FoundrySessionError(
+                f"{head}; auto mode falls back to a fresh capture only with one rank, this engine has "
+                f"{self.world_size}: start once with mode=save to SAVE again"
+            )
+        logger.warning("%s; capturing and saving a fresh one", head)
+        self.mode = "save"
+        self.sidecar = None
+        archive.drop_sidecar(self.cfg, self.rank)  # the old archive is invalid until the new one is saved
+        settings.set_mode(self.server_args, "save")
+        self.report.update(mode="save", fallback=reason)
 
     # -- step 2 -------------------------------------------------------------------------------
     def enter_region(self, gpu_id: int | None) -> None:
