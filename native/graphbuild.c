@@ -6,7 +6,7 @@
  * read ever leaves the buffer. The build then mirrors the Python builder (graphs._build) call for
  * call: nodes are added in order without dependencies, then every edge on its own with its edge
  * data (one cuGraphAddDependencies_v2 call per edge, never a batch: some drivers apply the first
- * edge's data to a whole batch), then cuGraphInstantiateWithFlags(0) and cuGraphUpload.
+ * edge's data to a whole batch), then cuGraphInstantiateWithFlags (torch's flags) and cuGraphUpload.
  *
  * Driver entry points are resolved once from libcuda.so.1. Every function here is reentrant:
  * errors go to the caller's buffer.
@@ -514,12 +514,16 @@ static double now(void) {
 
 #define BUILD_INSTANTIATE 1
 #define BUILD_UPLOAD 2
+/* The flags torch instantiates its captured graphs with (CUDAGraph::instantiate): auto-free on launch
+ * and per-node priority. With flags 0 a restored graph's kernels would run at the launch stream's
+ * priority instead of the priority they were captured with. Keep equal to graphs.INSTANTIATE_FLAGS. */
+#define FOUNDRY_INSTANTIATE_FLAGS (1ULL | 8ULL)
 
 /* Builds the graph an FGB1 encoding describes in the current context. funcs[i] is the CUfunction of
  * function index i, events[i] the CUevent of slot i. With BUILD_INSTANTIATE, also instantiates it
- * (flags 0) into *out_exec, and with BUILD_UPLOAD uploads that to `stream`. times receives the
- * seconds spent building, instantiating and uploading. Returns 0, or -1 with a message in err and
- * nothing left allocated. */
+ * (FOUNDRY_INSTANTIATE_FLAGS) into *out_exec, and with BUILD_UPLOAD uploads that to `stream`. times receives
+ * the seconds spent building, instantiating and uploading. Returns 0, or -1 with a message in err and nothing
+ * left allocated. */
 EXPORT int foundry_graph_build(const uint8_t *data, size_t len, void *const *funcs, size_t n_funcs,
                                void *const *events, size_t n_events, void *stream, int flags,
                                void **out_graph, void **out_exec, double *times, char *err, size_t errlen) {
@@ -576,7 +580,7 @@ EXPORT int foundry_graph_build(const uint8_t *data, size_t len, void *const *fun
   t1 = now();
   if (times) times[0] = t1 - t0;
   if (flags & BUILD_INSTANTIATE) {
-    rc = cu.instantiate(&exec, graph, 0);
+    rc = cu.instantiate(&exec, graph, FOUNDRY_INSTANTIATE_FLAGS);
     if (rc != CUDA_SUCCESS) {
       snprintf(err, errlen, "cuGraphInstantiateWithFlags failed: %s", err_name(rc));
       cu.graph_destroy(graph);

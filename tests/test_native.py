@@ -59,3 +59,15 @@ def test_modules_start_reports_missing_cupti():
         pytest.skip("recording already running in this process")
     assert lib.foundry_modules_start(b"/nonexistent/libcupti.so") == -1
     assert "cannot open CUPTI" in _native.modules_error()
+
+
+def test_instantiate_flags_match_between_builders_and_torch():
+    """Both builders instantiate restored graphs with torch's own flags (auto-free on launch, per-node
+    priority), so a restored graph keeps the kernel priorities it was captured with."""
+    from foundry_core import graphs
+
+    text = (ROOT / "native" / "graphbuild.c").read_text()
+    m = re.search(r"#define FOUNDRY_INSTANTIATE_FLAGS \((\d+)ULL \| (\d+)ULL\)", text)
+    assert m, "FOUNDRY_INSTANTIATE_FLAGS not found in native/graphbuild.c"
+    assert int(m.group(1)) | int(m.group(2)) == graphs.INSTANTIATE_FLAGS == 1 | 8
+    assert "cu.instantiate(&exec, graph, FOUNDRY_INSTANTIATE_FLAGS)" in text

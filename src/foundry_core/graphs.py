@@ -37,6 +37,10 @@ CU_LAUNCH_PARAM_END = 0
 CU_LAUNCH_PARAM_BUFFER_POINTER = 1
 CU_LAUNCH_PARAM_BUFFER_SIZE = 2
 CU_EVENT_DISABLE_TIMING = 2
+# What torch instantiates its captured graphs with (CUDAGraph::instantiate): AUTO_FREE_ON_LAUNCH (1)
+# and USE_NODE_PRIORITY (8). A restored graph gets the same, so its kernels keep the priority they
+# were captured with rather than taking the launch stream's. native/graphbuild.c uses the same value.
+INSTANTIATE_FLAGS = 1 | 8
 MEMORYTYPE_DEVICE = 2
 MEMORYTYPE_UNIFIED = 4
 _POINTER_FLOOR = 1 << 32  # smaller words are sizes, strides, flags; no device allocation lives there
@@ -360,7 +364,7 @@ def rebuild(
             call("cuEventDestroy", event)
         raise
     t1 = time.perf_counter()
-    exec_ = call("cuGraphInstantiate", graph, 0)
+    exec_ = call("cuGraphInstantiate", graph, INSTANTIATE_FLAGS)
     t2 = time.perf_counter()
     call("cuGraphUpload", exec_, cu().CUstream(init_value=stream))
     t3 = time.perf_counter()
