@@ -37,3 +37,17 @@ def test_world_writable_warns_and_sticky_does_not(tmp_path):
         assert trust.warn_if_world_writable(d, stop_at=tmp_path) == []
     os.chmod(d, 0o755)
     assert trust.world_writable(d, stop_at=tmp_path) == []
+
+
+def test_verify_checks_the_location_first(tmp_path, monkeypatch):
+    """verify(trusted_root=...) refuses an archive outside the root before opening it, as load does."""
+    from foundry_core import api
+
+    root = tmp_path / "archives"
+    root.mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    os.symlink(elsewhere, root / "rank0")
+    monkeypatch.setattr(api, "open_archive", lambda *a, **k: pytest.fail("opened before the location check"))
+    with pytest.raises(trust.ArchiveLocationError, match="outside the configured directory"):
+        api.verify(root / "rank0", trusted_root=root)

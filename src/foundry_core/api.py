@@ -296,12 +296,16 @@ def verify(
     rank: int = 0,
     world_size: int = 1,
     expected_digest: str | None = None,
+    trusted_root: str | os.PathLike | None = None,
 ):
     """Check an archive against this machine without touching the GPU beyond reading its properties.
 
     With ``fingerprint_model=None`` the saved model facts are not compared (only the machine's).
-    Returns the verified :class:`~foundry_core.archive.Archive`.
+    ``trusted_root``, when given, is checked first, as :func:`load` does: the archive must resolve
+    under it. Returns the verified :class:`~foundry_core.archive.Archive`.
     """
+    if trusted_root is not None:
+        check_location(path, trusted_root)
     archive = open_archive(path, expected_digest=expected_digest)
     saved_model = archive.fingerprint.get("model", {})
     expected = current_fingerprint(

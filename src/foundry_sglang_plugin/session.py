@@ -146,11 +146,9 @@ class Session:
         only). ``fc.load`` checks the same later, once the model is built; refusing here lets an
         ``auto`` start fall back to a SAVE instead of failing."""
         import foundry_core as fc
-        from foundry_core.trust import check_location
 
         expected_digest = self.cfg.digest_for_rank(self.rank)  # a bad pin table is a config error
         try:
-            check_location(self.path, self.cfg.archive_dir)  # fc.load(trusted_root=...) does the same
             verified = _call(
                 fc.verify,
                 str(self.path),
@@ -159,7 +157,7 @@ class Session:
                 rank=self.rank,
                 world_size=self.world_size,
                 expected_digest=expected_digest,
-                trusted_root=self.cfg.archive_dir,
+                trusted_root=self.cfg.archive_dir,  # checked first, as fc.load does
             )
             saved_slots = (getattr(verified, "meta", None) or {}).get("slots")
             if saved_slots is not None and saved_slots != self.sidecar["slots"]:

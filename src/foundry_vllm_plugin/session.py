@@ -19,32 +19,17 @@ logger = logging.getLogger("vllm.foundry")  # under vLLM's logger: same handlers
 
 
 def start_module_recording() -> None:
-    """Start the core's CUDA module recorder (idempotent); the name differs between core revisions."""
+    """Start the core's CUDA module recorder, keeping images (idempotent)."""
     import foundry_core as fc
 
-    start = getattr(fc, "start_module_recording", None) or fc.start_recording
-    start()
+    fc.start_recording()
 
 
 def count_captures_only() -> None:
-    """LOAD: keep counting stream captures but stop copying module images (where the core can)."""
-    import inspect
-
+    """LOAD: keep counting stream captures but stop copying module images."""
     import foundry_core as fc
 
-    if "keep_images" in inspect.signature(fc.start_recording).parameters:
-        fc.start_recording(keep_images=False)
-
-
-def _accepts(fn: Any, name: str) -> bool:
-    """Whether ``fn`` takes the keyword ``name`` (named, or through ``**kwargs``)."""
-    import inspect
-
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    fc.start_recording(keep_images=False)
 
 
 def stream_captures() -> int | None:
@@ -197,21 +182,17 @@ class FoundrySession:
         from foundry_core.archive import ArchiveError
 
         path = archive.core_archive_dir(self.cfg, self.rank)
-        kwargs: dict[str, Any] = dict(
-            device=device_index,
-            fingerprint_model=self.fingerprint,
-            rank=self.rank,
-            world_size=self.world_size,
-            expected_digest=self.cfg.digest_for_rank(self.rank),
-        )
+        expected_digest = self.cfg.digest_for_rank(self.rank)  # a bad pin table is a config error
         try:
-            if _accepts(fc.verify, "trusted_root"):
-                kwargs["trusted_root"] = self.cfg.archive_dir
-            else:  # the check load makes first: the archive must resolve inside the configured directory
-                from foundry_core.trust import check_location
-
-                check_location(path, self.cfg.archive_dir)
-            fc.verify(path, **kwargs)
+            fc.verify(
+                path,
+                device=device_index,
+                fingerprint_model=self.fingerprint,
+                rank=self.rank,
+                world_size=self.world_size,
+                expected_digest=expected_digest,
+                trusted_root=self.cfg.archive_dir,  # checked first, as fc.load does
+            )
         except ArchiveError as e:
             return " ".join(str(e).split())[:500] or type(e).__name__
         return None

@@ -214,10 +214,10 @@ def test_an_archive_outside_the_archive_dir_is_refused(
     archive.core_archive_dir(s.cfg, 0).symlink_to(elsewhere, target_is_directory=True)
     archive.write_manifest(archive.manifest_path(s.cfg, 0), FP, SIZING, [])
 
-    def verify_without_trusted_root(path, *, device, fingerprint_model, rank, world_size, expected_digest):
-        pytest.fail("verify reached: the location check must come first")
-
-    monkeypatch.setattr(foundry_core, "verify", verify_without_trusted_root)
+    # The real fc.verify: it checks trusted_root before it opens anything.
+    monkeypatch.setattr(
+        foundry_core.api, "open_archive", lambda *a, **k: pytest.fail("opened before the location check")
+    )
     monkeypatch.setattr(session, "count_captures_only", lambda: None)
     s.decide_mode(0)
     assert s.mode == "save" and "outside the configured directory" in s.report["refused"]
