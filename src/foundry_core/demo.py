@@ -58,6 +58,20 @@ def _spec_from_args(args):
     )
 
 
+def _build(args, spec):
+    """The region and the model built inside it: the setup a SAVE and every LOAD repeat identically.
+    Returns (region, workload); SAVE then calls ``region.end_setup()``."""
+    import foundry_core as fc
+
+    from .workloads import Workload
+
+    region = fc.Region(args.region_base, args.region_size, spec.device)
+    workload = Workload(spec)
+    with region.routing():
+        workload.build(region)
+    return region, workload
+
+
 def _replay_all(workload, replay, out_tensors) -> dict:
     """Replay every batch size ROUNDS times from a fixed generator state; collect outputs on the CPU."""
     import torch
@@ -187,14 +201,9 @@ def run_save(args) -> dict:
 
     import foundry_core as fc
 
-    from .workloads import Workload
-
     fc.start_recording()
     spec = _spec_from_args(args)
-    region = fc.Region(args.region_base, args.region_size, spec.device)
-    workload = Workload(spec)
-    with region.routing():
-        workload.build(region)
+    region, workload = _build(args, spec)
     region.end_setup()
     torch.cuda.synchronize()
     t0 = time.perf_counter()
@@ -235,14 +244,9 @@ def run_load(args) -> dict:
 
     import foundry_core as fc
 
-    from .workloads import Workload
-
     fc.start_recording(keep_images=False)  # here only to count stream captures: a LOAD must begin none
     spec = _spec_from_args(args)
-    region = fc.Region(args.region_base, args.region_size, spec.device)
-    workload = Workload(spec)
-    with region.routing():
-        workload.build(region)
+    region, workload = _build(args, spec)
     torch.cuda.synchronize()
     captures_before = fc.stream_captures()
     t0 = time.perf_counter()

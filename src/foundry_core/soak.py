@@ -382,34 +382,17 @@ def _stepper(workload, replay, out):
     return step
 
 
-def _spec(args):
-    from .workloads import Spec
-
-    return Spec(
-        variant=args.variant,
-        preset=args.preset,
-        batch_sizes=tuple(args.batch_sizes),
-        max_seq_len=args.max_seq_len,
-        seed=args.seed,
-        device=args.device,
-    )
-
-
 def run_save(args) -> dict:
     """SAVE as ``foundry demo`` does, then the soak sequence on the native graphs (the baseline)."""
     import torch
 
     import foundry_core as fc
 
-    from .demo import _capture, _warmup
-    from .workloads import Workload
+    from .demo import _build, _capture, _spec_from_args, _warmup
 
     fc.start_recording()
-    spec = _spec(args)
-    region = fc.Region(args.region_base, args.region_size, spec.device)
-    workload = Workload(spec)
-    with region.routing():
-        workload.build(region)
+    spec = _spec_from_args(args)
+    region, workload = _build(args, spec)
     region.end_setup()
     torch.cuda.synchronize()
     t0 = time.perf_counter()
@@ -455,17 +438,14 @@ def run_load(args) -> dict:
 
     import foundry_core as fc
 
-    from .workloads import Workload
+    from .demo import _build, _spec_from_args
 
     # No start_recording() here: recording keeps a host copy of every module image loaded, the
     # archive's own included, which would add the archive's code to the RSS at every cycle.
-    spec = _spec(args)
+    spec = _spec_from_args(args)
     baseline = torch.load(args.baseline)
     schedule = list(baseline["schedule"])
-    region = fc.Region(args.region_base, args.region_size, spec.device)
-    workload = Workload(spec)
-    with region.routing():
-        workload.build(region)
+    region, workload = _build(args, spec)
     torch.cuda.synchronize()
     result: dict = {"phase": "load", "machine": machine_info(spec.device)}
 
