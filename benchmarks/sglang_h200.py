@@ -32,6 +32,7 @@ import os
 import platform
 import re
 import shlex
+import shutil
 import signal
 import statistics
 import subprocess
@@ -79,26 +80,8 @@ FIELDS = (
     "decode_tok_s_load",
 )
 
-QWEN3_4_LAYERS = {
-    "architectures": ["Qwen3ForCausalLM"],
-    "model_type": "qwen3",
-    "hidden_size": 1024,
-    "intermediate_size": 3072,
-    "num_hidden_layers": 4,
-    "num_attention_heads": 16,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-    "vocab_size": 32000,
-    "max_position_embeddings": 4096,
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 1000000.0,
-    "tie_word_embeddings": False,
-    "torch_dtype": "bfloat16",
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-    "hidden_act": "silu",
-    "attention_bias": False,
-}
+# The 4-layer Qwen3 of the engine examples (dummy weights: nothing is downloaded).
+MODEL_CONFIG = REPO / "examples" / "qwen3-tiny" / "config.json"
 
 #: Eight fixed token-id prompts of different lengths (one decode batch of 8 = the largest graph).
 PROMPTS = [[3 + (7 * i + 13 * j) % 31000 for j in range(4 + 3 * i)] for i in range(8)]
@@ -574,7 +557,7 @@ def parent_main(opts: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         (workdir / "model").mkdir(parents=True, exist_ok=True)
-        (workdir / "model" / "config.json").write_text(json.dumps(QWEN3_4_LAYERS))
+        shutil.copyfile(MODEL_CONFIG, workdir / "model" / "config.json")
         (workdir / "foundry.toml").write_text(foundry_toml(workdir / "archive", opts.region_size))
         meta["native_library"] = [p.name for p in (SRC / "foundry_core").glob("_foundry_native*.so")]
         if not meta["native_library"]:

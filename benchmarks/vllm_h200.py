@@ -3,7 +3,7 @@
     python benchmarks/vllm_h200.py --out $OUT/vllm-h200.json --logs $OUT
 
 Each start runs in a fresh process (its own session, its own timeout) with the same engine flags: a
-4-layer Qwen3-shaped model with dummy weights (examples/vllm/qwen3-tiny), no tokenizer, token-id
+4-layer Qwen3-shaped model with dummy weights (examples/qwen3-tiny), no tokenizer, token-id
 prompts, greedy decoding, FULL_DECODE_ONLY graphs for batch sizes 1, 2, 4 and 8.  Every child reports
 start-to-ready seconds, the output token ids and decode tokens per second; the Foundry children also
 report what their worker wrote to ``rank0.start.json`` (mode, graphs, capture/save or restore seconds,
@@ -47,7 +47,7 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-MODEL_CONFIG = ROOT / "examples" / "vllm" / "qwen3-tiny" / "config.json"
+MODEL_CONFIG = ROOT / "examples" / "qwen3-tiny" / "config.json"
 RUN_NAMES = ("save", "stock", "load")
 CAPTURE_SIZES = [1, 2, 4, 8]
 # Decode batch sizes timed and compared: 1 (graph 1), 3 (padded to graph 4), 8 (graph 8).

@@ -14,32 +14,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 
-QWEN3_4_LAYERS = {
-    "architectures": ["Qwen3ForCausalLM"],
-    "model_type": "qwen3",
-    "hidden_size": 1024,
-    "intermediate_size": 3072,
-    "num_hidden_layers": 4,
-    "num_attention_heads": 16,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-    "vocab_size": 32000,
-    "max_position_embeddings": 4096,
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 1000000.0,
-    "tie_word_embeddings": False,
-    "torch_dtype": "bfloat16",
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-    "hidden_act": "silu",
-    "attention_bias": False,
-}
+# The 4-layer Qwen3 both engine examples use (dummy weights: nothing is downloaded).
+MODEL_CONFIG = HERE.parent / "qwen3-tiny" / "config.json"
 
 PROMPTS = [[3, 4, 5, 6], [7, 8, 9], [10, 11, 12, 13, 14, 15]]
 
@@ -47,7 +30,7 @@ PROMPTS = [[3, 4, 5, 6], [7, 8, 9], [10, 11, 12, 13, 14, 15]]
 def model_dir() -> str:
     d = Path(tempfile.gettempdir()) / "foundry-sglang-qwen3-4l"
     d.mkdir(exist_ok=True)
-    (d / "config.json").write_text(json.dumps(QWEN3_4_LAYERS))
+    shutil.copyfile(MODEL_CONFIG, d / "config.json")
     return str(d)
 
 

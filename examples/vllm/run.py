@@ -22,7 +22,7 @@ PROMPTS = [[3, 4, 5, 6], [7, 8, 9], [10, 11, 12, 13, 14], [15, 16]]
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--foundry-config", help="Foundry TOML; omit for a plain vLLM run")
-    parser.add_argument("--model", default=str(HERE / "qwen3-tiny"), help="directory with config.json")
+    parser.add_argument("--model", default=str(HERE.parent / "qwen3-tiny"), help="directory with config.json")
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--out", help="also write the JSON result to this file")
     args = parser.parse_args()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -39,32 +40,14 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(pytest.mark.skip(reason=reason))
 
 
-QWEN3_CONFIG = {
-    "architectures": ["Qwen3ForCausalLM"],
-    "model_type": "qwen3",
-    "hidden_size": 1024,
-    "intermediate_size": 3072,
-    "num_hidden_layers": 4,
-    "num_attention_heads": 16,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-    "vocab_size": 32000,
-    "max_position_embeddings": 4096,
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 1000000.0,
-    "tie_word_embeddings": False,
-    "torch_dtype": "bfloat16",
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-    "hidden_act": "silu",
-    "attention_bias": False,
-}
+# The 4-layer Qwen3 of the engine examples.
+MODEL_CONFIG = HERE.parents[1] / "examples" / "qwen3-tiny" / "config.json"
 
 
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("qwen3")
-    (d / "config.json").write_text(json.dumps(QWEN3_CONFIG))
+    shutil.copyfile(MODEL_CONFIG, d / "config.json")
     return d
 
 

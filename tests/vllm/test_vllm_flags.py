@@ -187,7 +187,7 @@ def test_example_recipe_serve_command_reaches_the_engine_config():
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     example = Path(__file__).resolve().parents[2] / "examples" / "vllm"
-    argv = ["--model", str(example / "qwen3-tiny"), "--load-format", "dummy", "--skip-tokenizer-init"]
+    argv = ["--model", str(example.parent / "qwen3-tiny"), "--load-format", "dummy", "--skip-tokenizer-init"]
     argv += [
         "--max-model-len",
         "1024",
