@@ -5,9 +5,7 @@
 # Everything it produces goes to $OUT (results JSON, PNG, logs).
 set -u
 out=${OUT:?set OUT to the results folder}
-rm -f src/foundry_core/_foundry_native*.so
-gcc -shared -fPIC -O2 -std=c11 -fvisibility=hidden -Inative native/*.c \
-  -o src/foundry_core/_foundry_native.so -ldl -lpthread || exit 1
+bash benchmarks/build_native.sh || exit 1
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 FOUNDRY_NO_PROGRESS=1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 start=$(date +%s)

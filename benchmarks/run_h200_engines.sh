@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
-# Real engines on a 2-GPU H200 in one call, side by side:
-#   GPU 0: benchmarks/sglang_h200.py (SGLang 0.5.17: stock, SAVE, LOAD)
-#   GPU 1: benchmarks/vllm_h200.py   (vLLM 0.26.0: SAVE, stock, LOAD)
+# Real engines on the GPU machine in one call:
+#   benchmarks/sglang_h200.py (SGLang 0.5.17: stock, SAVE, LOAD)
+#   benchmarks/vllm_h200.py   (vLLM 0.26.0: SAVE, stock, LOAD)
+# ENGINES picks them (default "sglang vllm"). With as many GPUs as engines and ENGINES_PARALLEL=1
+# they run side by side, one per GPU; otherwise one after the other on GPU 0, alone on the host,
+# which is what a decode-throughput comparison of a small model needs (its decode loop is
+# host-bound, so a neighbour's CPU load shows up in tokens per second).
 # Wheels: the union of both wheel sets was sent beforehand as tar pieces into /tmp/dw (see
 # ../shared/tools/device-wheels); .devwheels/lists/{sglang,vllm}.list name each engine's wheels.
 # Each engine gets its own --target site, so their pins never meet.
-# Usage on the device, from the repository root: FOUNDRY_COMMIT=<hash> bash benchmarks/run_h200_engines.sh
+# Usage on the device, from the repository root:
+#   FOUNDRY_COMMIT=<hash> ENGINES=sglang bash benchmarks/run_h200_engines.sh
 set -u
 out=${OUT:?set OUT to the results folder}
+engines=${ENGINES:-sglang vllm}
 logs=/tmp/engine-logs
 mkdir -p "$logs" /tmp/wh
 t0=$(date +%s)
@@ -19,22 +25,46 @@ install() {  # engine
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "/tmp/site-$1" \
     $(sed 's|^|/tmp/wh/|' ".devwheels/lists/$1.list") >"$logs/install-$1.log" 2>&1 && touch "/tmp/site-$1/.done"
 }
-install sglang & install vllm & wait
-echo "wheels unpacked and installed in $(($(date +%s) - t0)) s"
-ls -d /tmp/site-*/.done || { tail -n 20 "$logs"/install-*.log; tar -czf "$out/engine-logs.tar.gz" -C "$logs" .; exit 2; }
-rm -f src/foundry_core/_foundry_native*.so
-gcc -shared -fPIC -O2 -std=c11 -fvisibility=hidden -Inative native/*.c \
-  -o src/foundry_core/_foundry_native.so -ldl -lpthread || exit 3
-export PYTHONUNBUFFERED=1 FOUNDRY_NO_PROGRESS=1
-left=$((${ENGINES_BUDGET_S:-585} - $(date +%s) + t0))
-
-(CUDA_VISIBLE_DEVICES=0 PYTHONPATH=/tmp/site-sglang:$PWD/src timeout "$left" \
-  python3 benchmarks/sglang_h200.py --out "$out/sglang-h200.json" --logs "$logs" --budget $((left - 15)) ${SGLANG_ARGS:-} \
-  >"$logs/sglang-driver.log" 2>&1; echo "sglang rc=$?" >>"$logs/sglang-driver.log") &
-
-(CUDA_VISIBLE_DEVICES=1 PYTHONPATH=/tmp/site-vllm:$PWD/src timeout "$left" \
-  python3 benchmarks/vllm_h200.py --out "$out/vllm-h200.json" --logs "$logs" --budget $((left - 15)) \
-  >"$logs/vllm-driver.log" 2>&1; echo "vllm rc=$?" >>"$logs/vllm-driver.log") &
+for e in $engines; do install "$e" & done
 wait
-tail -n 30 "$logs/sglang-driver.log"; tail -n 30 "$logs/vllm-driver.log"
+echo "wheels unpacked and installed in $(($(date +%s) - t0)) s"
+for e in $engines; do
+  [ -f "/tmp/site-$e/.done" ] || { tail -n 20 "$logs"/install-*.log; tar -czf "$out/engine-logs.tar.gz" -C "$logs" .; exit 2; }
+done
+bash benchmarks/build_native.sh || exit 3
+export PYTHONUNBUFFERED=1 FOUNDRY_NO_PROGRESS=1
+budget=${ENGINES_BUDGET_S:-585}
+
+run_engine() {  # engine gpu seconds
+  local extra=""
+  [ "$1" = sglang ] && extra=${SGLANG_ARGS:-}
+  [ "$1" = vllm ] && extra=${VLLM_ARGS:-}
+  CUDA_VISIBLE_DEVICES=$2 PYTHONPATH=/tmp/site-$1:$PWD/src timeout "$3" \
+    python3 "benchmarks/$1_h200.py" --out "$out/$1-h200.json" --logs "$logs" --budget $(($3 - 15)) $extra \
+    >"$logs/$1-driver.log" 2>&1
+  echo "$1 rc=$?" >>"$logs/$1-driver.log"
+}
+
+n_engines=$(echo $engines | wc -w)
+n_gpus=$(nvidia-smi --list-gpus | wc -l)
+if [ "${ENGINES_PARALLEL:-0}" = 1 ] && [ "$n_gpus" -ge "$n_engines" ]; then
+  gpu=0
+  for e in $engines; do
+    run_engine "$e" "$gpu" $((budget - $(date +%s) + t0)) &
+    gpu=$((gpu + 1))
+  done
+  wait
+else
+  for e in $engines; do
+    left=$((budget - $(date +%s) + t0))
+    [ "$left" -gt 60 ] || { echo "$e: no time left ($left s)" >"$logs/$e-driver.log"; continue; }
+    # Engines after the first get what is left, the first an equal share unless ENGINE_S says.
+    share=$((left / n_engines))
+    [ -n "${ENGINE_S:-}" ] && share=$ENGINE_S
+    [ "$share" -gt "$left" ] && share=$left
+    run_engine "$e" 0 "$share"
+    n_engines=$((n_engines - 1))
+  done
+fi
+for e in $engines; do tail -n 30 "$logs/$e-driver.log"; done
 tar -czf "$out/engine-logs.tar.gz" -C "$logs" .

@@ -49,6 +49,7 @@ RUNS = ("stock", "save", "load")
 PLUGIN_GROUP = "sglang.srt.plugins"
 PLUGIN_NAME = "foundry"
 REPORT_ENV = "FOUNDRY_SGLANG_REPORT_DIR"  # foundry_sglang_plugin.session.REPORT_ENV
+TIMING_ENV = "FOUNDRY_SGLANG_REPLAY_TIMING"  # foundry_sglang_plugin.replay_timing.ENV
 #: Foundry settings a run must not inherit from the calling shell (foundry_sglang_plugin.settings).
 SETTINGS_ENV = (
     "FOUNDRY_SGLANG",
@@ -108,6 +109,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--decode-tokens", type=int, default=128, help="tokens per prompt in the timed generates")
     p.add_argument("--reps", type=int, default=3, help="timed repetitions (the median is used)")
     p.add_argument("--log-level", default="info", help="SGLang log level in every run")
+    p.add_argument(
+        "--replay-timing",
+        type=int,
+        default=150,
+        help="SAVE and LOAD time their first N decode-graph replays (device and host time per shape, "
+        "in the scheduler); these happen before the throughput phase (0: off)",
+    )
     # Internal: one run, in the subprocess the parent started.
     p.add_argument(
         "--stock-from",
@@ -174,7 +182,12 @@ def make_entry_point_shim(root: Path) -> Path:
 
 
 def run_env(
-    kind: str, base: dict[str, str], workdir: Path, shim: Path | None, plugins: list[str]
+    kind: str,
+    base: dict[str, str],
+    workdir: Path,
+    shim: Path | None,
+    plugins: list[str],
+    replay_timing: int = 0,
 ) -> dict[str, str]:
     """Environment of one run: the repository's ``src`` (and, for Foundry runs, the entry-point shim)
     first on PYTHONPATH, no Foundry settings from outside, no network; the stock run keeps the
@@ -201,6 +214,8 @@ def run_env(
         if allowed and PLUGIN_NAME not in allowed:
             env["SGLANG_PLUGINS"] = ",".join([*allowed, PLUGIN_NAME])
         env[REPORT_ENV] = str(workdir / f"report-{kind}")
+        if replay_timing > 0:
+            env[TIMING_ENV] = str(replay_timing)
     return env
 
 
@@ -450,6 +465,16 @@ def assemble(meta: dict[str, Any], runs: dict[str, dict[str, Any]], errors: list
     out["ready_s_save"] = save.get("ready_s")
     out["decode_tok_s_save"] = _round(save.get("decode_tok_s"))
     out["save_tokens_identical_to_stock"] = same(save, stock)
+    for name, num, den in (
+        ("load_vs_stock", load, stock),
+        ("load_vs_save", load, save),
+        ("save_vs_stock", save, stock),
+    ):
+        a, b = num.get("decode_tok_s"), den.get("decode_tok_s")
+        out[f"decode_ratio_{name}"] = round(a / b, 4) if a and b else None
+    # Relative spread of each run's timed generates (max - min over median): the noise of one run.
+    out["decode_spread"] = {k: _spread((runs.get(k) or {}).get("timed_long_s")) for k in RUNS}
+    out["replay_timing"] = {"save": rep_save.get("replay_timing"), "load": rep_load.get("replay_timing")}
     out["fc_save_s"] = rep_save.get("fc_save_s")
     out["fc_load_s"] = rep_load.get("fc_load_s")
     out["graphs_saved"] = rep_save.get("graphs")
@@ -474,6 +499,12 @@ def assemble(meta: dict[str, Any], runs: dict[str, dict[str, Any]], errors: list
     ]
     out["ok"] = all(checks.values()) and not out["errors"]
     return out
+
+
+def _spread(times: Any) -> float | None:
+    if not times or len(times) < 2:
+        return None
+    return round((max(times) - min(times)) / statistics.median(times), 4)
 
 
 def _round(x: Any, digits: int = 1) -> Any:
@@ -518,6 +549,14 @@ def summary(result: dict[str, Any]) -> str:
     lines = [f"sglang-h200: {'OK' if result.get('ok') else 'NOT OK'} (sglang {result.get('sglang_version')})"]
     for key in FIELDS[5:]:
         lines.append(f"  {key}: {result.get(key)}")
+    for key in (
+        "decode_tok_s_save",
+        "decode_ratio_load_vs_stock",
+        "decode_ratio_load_vs_save",
+        "decode_spread",
+    ):
+        lines.append(f"  {key}: {result.get(key)}")
+    lines.append(f"  replay_timing: {json.dumps(result.get('replay_timing'))}")
     for name, passed in (result.get("checks") or {}).items():
         lines.append(f"  [{'x' if passed else ' '}] {name}")
     for err in result.get("errors") or []:
@@ -587,7 +626,7 @@ def parent_main(opts: argparse.Namespace) -> int:
             else:
                 result_file = workdir / f"result-{kind}.json"
                 result_file.unlink(missing_ok=True)
-                env = run_env(kind, dict(os.environ), workdir, shim, plugins)
+                env = run_env(kind, dict(os.environ), workdir, shim, plugins, opts.replay_timing)
                 print(f"[sglang_h200] {kind}: starting (timeout {timeout:.0f} s)", flush=True)
                 runs[kind] = run_one(
                     kind, child_argv(kind, opts, workdir, result_file), env, logs, result_file, timeout

@@ -39,6 +39,7 @@ import shlex
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -52,6 +53,7 @@ RUN_NAMES = ("save", "stock", "load")
 CAPTURE_SIZES = [1, 2, 4, 8]
 # Decode batch sizes timed and compared: 1 (graph 1), 3 (padded to graph 4), 8 (graph 8).
 BATCHES = (1, 3, 8)
+DECODE_REPS = 5  # timed generates of the largest batch, for the compared decode throughput
 # Fixed token-id prompts of different lengths (no tokenizer: skip_tokenizer_init).
 PROMPTS = [[3 + 11 * i + j for j in range(4 + i % 4)] for i in range(8)]
 PLUGIN_DIST = "foundry_graphs_bench_plugin-0.0.0"
@@ -200,6 +202,10 @@ def _tokens(run: dict | None):
     return (run or {}).get("tokens")
 
 
+def _ratio(a, b) -> float | None:
+    return round(a / b, 4) if a and b else None
+
+
 def _same(a, b) -> bool | None:
     return None if a is None or b is None else a == b
 
@@ -235,6 +241,11 @@ def assemble(meta: dict, runs: dict) -> dict:
         decode_tok_s_stock=stock.get("decode_tok_s"),
         decode_tok_s_save=save.get("decode_tok_s"),
         decode_tok_s_load=load.get("decode_tok_s"),
+        decode_ratio_load_vs_stock=_ratio(load.get("decode_tok_s"), stock.get("decode_tok_s")),
+        decode_ratio_load_vs_save=_ratio(load.get("decode_tok_s"), save.get("decode_tok_s")),
+        decode_spread={
+            k: r.get("decode_spread") for k, r in (("stock", stock), ("save", save), ("load", load))
+        },
         save_mode=save_report.get("mode"),
         load_mode=load_report.get("mode"),
         load_mode_reason=load_report.get("reason"),
@@ -388,7 +399,25 @@ def child_main(spec_path: str) -> int:
                 "decode_tokens": decode_tokens,
                 "decode_tok_s": round(decode_tokens / decode_s, 1),
             }
-        result.update(tokens=tokens, decode=decode, decode_tok_s=decode[str(max(BATCHES))]["decode_tok_s"])
+        # The compared figure: the largest batch again, DECODE_REPS times; the median, and the spread
+        # (max - min over median) as this run's own noise.
+        big, reps = max(BATCHES), []
+        for _ in range(DECODE_REPS):
+            ts = time.perf_counter()
+            llm.generate(prompts(big), params(1), use_tqdm=False)
+            prefill_s = time.perf_counter() - ts
+            ts = time.perf_counter()
+            outs = llm.generate(prompts(big), params(max_tokens), use_tqdm=False)
+            decode_s = max(time.perf_counter() - ts - prefill_s, 1e-9)
+            reps.append(round(sum(max(0, len(o.outputs[0].token_ids) - 1) for o in outs) / decode_s, 1))
+        median = statistics.median(reps)
+        result.update(
+            tokens=tokens,
+            decode=decode,
+            decode_tok_s=median,
+            decode_tok_s_reps=reps,
+            decode_spread=round((max(reps) - min(reps)) / median, 4),
+        )
         result["total_s"] = round(time.perf_counter() - t0, 3)
         checkpoint("done")
         print(f"[bench] {spec['name']}: done after {result['total_s']:.1f} s", flush=True)

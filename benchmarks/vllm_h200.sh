@@ -12,11 +12,5 @@ shift
 site=${FOUNDRY_SITE:-/tmp/site}
 export PYTHONPATH="$site:$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 mkdir -p "$out"
-so=src/foundry_core/_foundry_native.so
-flags=(-shared -fPIC -O2 -std=c11 -fvisibility=hidden -Inative)
-# The sources setup.py builds (graphbuild.c: the native graph builder LOAD uses); without it, the
-# two-file build the core needs at the least.
-if ! gcc "${flags[@]}" native/region.c native/modules.c native/graphbuild.c -o "$so" -ldl -lpthread; then
-    gcc "${flags[@]}" native/region.c native/modules.c -o "$so" -ldl -lpthread || exit 3
-fi
+bash benchmarks/build_native.sh || exit 3
 exec "${PYTHON:-python}" benchmarks/vllm_h200.py --out "$out/vllm-h200.json" --logs "$out" "$@"

@@ -30,6 +30,10 @@ static size_t n_images, cap_images;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static int started;
 static char last_error[256];
+/* Kept from foundry_modules_start for foundry_modules_stop. */
+static CUpti_SubscriberHandle subscriber;
+static CUptiResult (*cupti_unsubscribe)(CUpti_SubscriberHandle);
+static CUptiResult (*cupti_finalize)(void);
 static uint64_t captures_driver, captures_runtime;
 static int dropped; /* images lost to host out-of-memory: SAVE must refuse */
 
@@ -173,7 +177,33 @@ EXPORT int foundry_modules_start(const char *cupti_path) {
     result = -1;
     goto out;
   }
+  subscriber = sub;
+  cupti_unsubscribe = dlsym(h, "cuptiUnsubscribe");
+  cupti_finalize = dlsym(h, "cuptiFinalize");
   started = 1;
+out:
+  pthread_mutex_unlock(&lock);
+  return result;
+}
+
+/* Unsubscribe and detach CUPTI from the process. A subscribed CUPTI, even with only these few
+ * callbacks enabled, keeps the driver on its instrumented API paths: every later launch and copy
+ * pays for it, so a server stops recording once its graphs are saved or restored. Images already
+ * kept and the capture counts stay readable. Returns 0 (also when not started), or -1 with
+ * foundry_modules_error() set. */
+EXPORT int foundry_modules_stop(void) {
+  pthread_mutex_lock(&lock);
+  int result = 0;
+  if (!started) goto out;
+  CUptiResult rc = cupti_unsubscribe ? cupti_unsubscribe(subscriber) : 0;
+  if (!rc && cupti_finalize) rc = cupti_finalize();
+  if (rc) {
+    snprintf(last_error, sizeof last_error, "cuptiUnsubscribe/cuptiFinalize failed with CUPTI error %d", rc);
+    result = -1;
+    goto out;
+  }
+  subscriber = NULL;
+  started = 0;
 out:
   pthread_mutex_unlock(&lock);
   return result;

@@ -1203,3 +1203,24 @@ def test_open_reads_each_member_once_within_bounds(arch, monkeypatch):
     sizes = [manifest_size, *ar.files.values()]
     assert sum(got for _, got in requested) == sum(sizes)  # each file read exactly once
     assert max(n for n, _ in requested) <= max(sizes) + 1
+
+
+# --- load(archive=...): what verify() read is reused, but still checked -------------------------
+
+
+def test_verified_archive_reused_only_for_its_own_path_digest_and_fingerprint(tmp_path):
+    from foundry_core.api import _check_verified
+
+    digest = save(tmp_path / "a")
+    save(tmp_path / "b", fingerprint=fp(gpu_name="NVIDIA H100"))
+    verified = open_archive(tmp_path / "a")
+    _check_verified(verified, tmp_path / "a", fp(), None)
+    _check_verified(verified, tmp_path / "a", fp(), digest.upper())
+    with pytest.raises(ArchiveError, match="was verified at"):
+        _check_verified(verified, tmp_path / "b", fp(), None)
+    with pytest.raises(ArchiveError, match="does not match the pinned digest"):
+        _check_verified(verified, tmp_path / "a", fp(), "0" * 64)
+    with pytest.raises(FingerprintMismatch):
+        _check_verified(verified, tmp_path / "a", fp(gpu_name="NVIDIA H100"), None)
+    with pytest.raises(ArchiveError, match="takes what verify"):
+        _check_verified({"meta": {}}, tmp_path / "a", fp(), None)

@@ -61,6 +61,18 @@ def test_modules_start_reports_missing_cupti():
     assert "cannot open CUPTI" in _native.modules_error()
 
 
+def test_stop_recording_without_start_is_a_no_op():
+    import foundry_core as fc
+
+    lib = _native.lib()
+    if lib.foundry_modules_started():  # pragma: no cover
+        pytest.skip("recording already running in this process")
+    assert lib.foundry_modules_stop() == 0
+    fc.stop_recording()
+    fc.stop_recording()
+    assert not fc.modules.recording()
+
+
 def test_instantiate_flags_match_between_builders_and_torch():
     """Both builders instantiate restored graphs with torch's own flags (auto-free on launch, per-node
     priority), so a restored graph keeps the kernel priorities it was captured with."""

@@ -64,6 +64,7 @@ def lib() -> ctypes.CDLL:
         "foundry_modules_get": (c_int, [c_size_t, POINTER(c_void_p), POINTER(c_size_t), POINTER(c_uint64)]),
         "foundry_modules_dropped": (c_int, []),
         "foundry_modules_started": (c_int, []),
+        "foundry_modules_stop": (c_int, []),
         "foundry_modules_keep_images": (None, [c_int]),
         "foundry_captures_driver": (c_uint64, []),
         "foundry_captures_runtime": (c_uint64, []),

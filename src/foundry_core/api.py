@@ -32,7 +32,7 @@ import time
 import warnings
 
 from . import __version__
-from .archive import ArchiveError, ArchiveWriter, compare_fingerprint, open_archive
+from .archive import Archive, ArchiveError, ArchiveWriter, compare_fingerprint, open_archive
 from .driver import call, cu
 from .fingerprint import current_fingerprint
 from .graphs import (
@@ -319,6 +319,20 @@ def verify(
     return archive
 
 
+def _check_verified(archive, path, expected: dict, expected_digest: str | None) -> None:
+    """What :func:`load` checks on an archive :func:`verify` already read: same place, pinned digest,
+    and this process's fingerprint (verify may have been asked with other model facts)."""
+    if not isinstance(archive, Archive):
+        raise ArchiveError(f"archive= takes what verify() returned, not {type(archive).__name__}")
+    if os.path.realpath(archive.path) != os.path.realpath(path):
+        raise ArchiveError(f"archive= was verified at {archive.path}, not at {path}")
+    if expected_digest is not None and archive.digest != expected_digest.lower():
+        raise ArchiveError(
+            f"archive {path}: archive digest {archive.digest} does not match the pinned digest {expected_digest}"
+        )
+    compare_fingerprint(archive.fingerprint, expected)
+
+
 class RestoredGraph:
     """A graph rebuilt from an archive; replays on the current torch stream like ``torch.cuda.CUDAGraph``."""
 
@@ -383,12 +397,17 @@ def load(
     expected_digest: str | None = None,
     trusted_root: str | os.PathLike | None = None,
     progress: bool | None = None,
+    archive: Archive | None = None,
 ) -> Restored:
     """Rebuild the graphs of the archive at ``path`` in this process, without capture or warmup.
 
     Everything is verified first (location under ``trusted_root`` when given, checksums, digest
     when pinned, fingerprint, memory placement); a mismatch raises with a one-line reason before
     any kernel is launched. An archive that every user may write is loaded with a warning.
+
+    ``archive``: what :func:`verify` returned for this ``path``. Its files were read and checked
+    then and are held in memory, so they are used as they are instead of being read again; the
+    fingerprint, the pinned digest and the location are still checked here.
     """
     torch = _torch()
     timings = {}
@@ -399,7 +418,10 @@ def load(
     expected = current_fingerprint(
         region.device, model=fingerprint_model or {}, rank=rank, world_size=world_size
     )
-    archive = open_archive(path, expected_fingerprint=expected, expected_digest=expected_digest)
+    if archive is None:
+        archive = open_archive(path, expected_fingerprint=expected, expected_digest=expected_digest)
+    else:
+        _check_verified(archive, path, expected, expected_digest)
     _require_graph_archive(archive, path)
     meta = archive.meta
     if meta["device"] != region.device:

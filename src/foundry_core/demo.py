@@ -274,6 +274,7 @@ def run_load(args) -> dict:
         Path(args.dump_graphs).write_text(json.dumps(dump, sort_keys=True))
     # Everything a LOAD must not do is counted here, before the bench's native twins are captured.
     captures_after = fc.stream_captures()
+    fc.stop_recording()  # counted: the replays timed below run without CUPTI attached, as a server's do
     warmup_forwards = workload.forward_calls
     state_digest = _state_digest(workload)
     replay_us, native_us = {}, {}

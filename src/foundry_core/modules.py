@@ -74,6 +74,19 @@ def start_recording(keep_images: bool = True) -> None:
     raise ModuleError(f"cannot start CUPTI module recording: {errors[-1] if errors else 'no CUPTI found'}")
 
 
+def stop_recording() -> None:
+    """Stop recording and detach CUPTI from the process. Idempotent; a later start begins anew.
+
+    A subscribed CUPTI slows every later kernel launch and copy a little (the driver keeps its
+    instrumented paths), which a serving loop of many small launches notices: call this once the
+    graphs are saved or restored. Images kept so far stay available, and :func:`stream_captures`
+    keeps returning the counts reached, which no longer grow.
+    """
+    lib = _native.lib()
+    if lib.foundry_modules_stop() != 0:
+        raise ModuleError(f"cannot stop CUPTI module recording: {_native.modules_error()}")
+
+
 def recording() -> bool:
     return bool(_native.lib().foundry_modules_started())
 

@@ -14,9 +14,10 @@ Foundry backend keeps that loop untouched and changes only what ``capture_one`` 
   under the same shape key, after the runner has done the shape's host-side preparation.
 
 The instance SGLang built is re-classed to a subclass of its own class, so every other behaviour
-(replay, ``can_run``, replay scopes) is SGLang's.
+(replay, ``can_run``, replay scopes) is SGLang's; ``replay`` is wrapped only to time the first
+replays when :mod:`.replay_timing` is switched on.
 
-GPU VALIDATION PENDING: written against SGLang 0.5.23's FullCudaGraphBackend; not yet run on a GPU.
+Written against SGLang 0.5.23's FullCudaGraphBackend; run on an H200 with SGLang 0.5.17 (docs/sglang.md).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from __future__ import annotations
 import contextlib
 import functools
 from typing import Any
+
+from foundry_sglang_plugin import replay_timing
 
 
 @contextlib.contextmanager
@@ -60,6 +63,7 @@ def foundry_backend_class(base: type) -> type:
 
     class FoundryDecodeBackend(base):
         _foundry_session: Any = None
+        _foundry_timer: Any = None  # replay_timing.ReplayTimer when FOUNDRY_SGLANG_REPLAY_TIMING is set
 
         @contextlib.contextmanager
         def capture_session(self, stream):
@@ -83,6 +87,16 @@ def foundry_backend_class(base: type) -> type:
                 super().capture_one(shape_key, forward_fn, *args, **kwargs)
             session.record(shape_key, self._graphs[shape_key], self._outputs[shape_key])
 
+        def replay(self, shape_key, *args, **kwargs):
+            timer = self._foundry_timer
+            if timer is None:
+                return super().replay(shape_key, *args, **kwargs)
+            with timer.measure(str(shape_key)):
+                out = super().replay(shape_key, *args, **kwargs)
+            if not timer.active:
+                self._foundry_timer = None
+            return out
+
         def cleanup(self):
             if self._foundry_session is not None and self._foundry_session.mode == "load":
                 # Restored graphs belong to the archive's loader; drop references only.
@@ -104,4 +118,7 @@ def install(backend: Any, session: Any) -> Any:
         raise RuntimeError(f"Foundry needs SGLang's full decode-graph backend, got {type(backend).__name__}")
     backend.__class__ = foundry_backend_class(type(backend))
     backend._foundry_session = session
+    limit = replay_timing.replays_to_time()
+    if limit:
+        backend._foundry_timer = replay_timing.ReplayTimer(limit, session.replay_timing_done)
     return backend

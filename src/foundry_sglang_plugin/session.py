@@ -17,14 +17,15 @@ Order of events in a scheduler process (each step is called from a hook in :mod:
 5. decode backend (``resolve_decode_backend``): SAVE captures as usual, keeping each graph;
    LOAD installs the restored graph and outputs for each shape instead of warming up and capturing.
 6. ``finish`` (end of ``ModelRunner.init_cuda_graphs``): SAVE persists (``fc.save`` then the
-   sidecar); LOAD checks that every archived shape was installed; routing ends.
+   sidecar); LOAD checks that every archived shape was installed; routing ends and CUPTI is
+   detached (``fc.stop_recording()``), so the serving loop's launches run uninstrumented.
 
 Each session keeps a small report (mode, graphs, capture/restore seconds, stream captures counted by
 CUPTI during the decode-graph phase, the error if one ended it). It is logged at the end and, when
 the environment names a directory in :data:`REPORT_ENV`, written there as ``rank<r>.json``: the
 scheduler is a subprocess, so this is how a benchmark or a test reads what happened inside it.
 
-GPU VALIDATION PENDING: none of steps 2-6 has run on a GPU yet.
+Steps 1-6 have run on an H200 with SGLang 0.5.17 (docs/sglang.md, GPU results).
 """
 
 from __future__ import annotations
@@ -95,6 +96,7 @@ class Session:
         self.tensors: dict[str, Any] = {}
         self.layouts: dict[str, Any] = {}
         self.restored = None
+        self._verified = None  # the foundry_core Archive check_archive read, until fc.load takes it
         self.installed: set[str] = set()
         self.capture_started = False
         self.sidecar: dict[str, Any] | None = None
@@ -165,6 +167,8 @@ class Session:
         except fc.ArchiveError as e:
             reason = " ".join(str(e).split()) or type(e).__name__
         else:
+            if isinstance(verified, fc.Archive):  # held in memory: fc.load takes it instead of re-reading
+                self._verified = verified
             return
         self._refused(reason)  # outside the handler: the error that follows is one line, no chain
 
@@ -257,7 +261,9 @@ class Session:
             world_size=self.world_size,
             expected_digest=self.cfg.digest_for_rank(self.rank),
             trusted_root=self.cfg.archive_dir,  # the archive must resolve inside the configured directory
+            archive=self._verified,  # read and checked by check_archive; None: fc.load reads it
         )
+        self._verified = None
         self.report["fc_load_s"] = round(time.perf_counter() - t0, 4)
         self.report["fc_load_timings"] = dict(getattr(self.restored, "timings", {}) or {})
         if self.restored.slots != self.sidecar["slots"]:
@@ -299,6 +305,7 @@ class Session:
             raise
         finally:
             self._routing.close()
+            _stop_recording()
             self.write_report()
 
     def _persist(self) -> None:
@@ -336,9 +343,15 @@ class Session:
         )
         logger.info("Foundry SAVE: %d decode graphs persisted to %s", len(self.graphs), self.path)
 
+    def replay_timing_done(self, summary: dict[str, Any]) -> None:
+        """The timed replays (``FOUNDRY_SGLANG_REPLAY_TIMING``) are done: report their medians."""
+        self.report["replay_timing"] = summary
+        self.write_report()
+
     def abort(self, error: BaseException | None = None) -> None:
         self._routing.close()
         self._count_captures()
+        _stop_recording()
         self.report["ok"] = False
         if error is not None:
             self.report["error"] = f"{type(error).__name__}: {error}"
@@ -409,6 +422,17 @@ def _stream_captures() -> dict[str, int] | None:
         return fc.stream_captures() if fc.modules.recording() else None
     except Exception:  # no native library (CPU tests): nothing to count
         return None
+
+
+def _stop_recording() -> None:
+    """Detach CUPTI once the decode graphs are saved or restored: left subscribed, it slows every
+    launch of the serving loop. A failure here is logged, never raised: the graphs are fine."""
+    try:
+        import foundry_core as fc
+
+        fc.stop_recording()
+    except Exception as e:
+        logger.warning("Foundry: cannot stop CUDA module recording: %s", e)
 
 
 def _mirror_profiling_side_effects() -> None:

@@ -32,6 +32,17 @@ def count_captures_only() -> None:
     fc.start_recording(keep_images=False)
 
 
+def stop_module_recording() -> None:
+    """Detach CUPTI once the graphs are saved or restored: left subscribed, it slows every launch
+    of the serving loop. A failure is logged, never raised: the graphs are fine."""
+    try:
+        import foundry_core as fc
+
+        fc.stop_recording()
+    except Exception as e:
+        logger.warning("Foundry: cannot stop CUDA module recording: %s", e)
+
+
 def stream_captures() -> int | None:
     """CUDA stream captures begun in this process since module recording started (CUPTI), or None."""
     try:
@@ -98,6 +109,7 @@ class FoundrySession:
         self.setup: dict | None = None  # region layout when the setup ended (segments, cursor)
         self.workspace_locked: bool | None = None  # vLLM's workspace lock right after its capture (SAVE)
         self.restored = None  # the core's Restored: owns the modules and memory the graphs use
+        self.verified = None  # the core Archive check_core_archive read, until restore() hands it to load
         self._capture_routing: contextlib.ExitStack | None = None
         # What this start did, written next to the archive when graphs are ready (start report).
         self.report: dict[str, Any] = {
@@ -184,7 +196,7 @@ class FoundrySession:
         path = archive.core_archive_dir(self.cfg, self.rank)
         expected_digest = self.cfg.digest_for_rank(self.rank)  # a bad pin table is a config error
         try:
-            fc.verify(
+            verified = fc.verify(
                 path,
                 device=device_index,
                 fingerprint_model=self.fingerprint,
@@ -195,6 +207,8 @@ class FoundrySession:
             )
         except ArchiveError as e:
             return " ".join(str(e).split())[:500] or type(e).__name__
+        if isinstance(verified, fc.Archive):  # held in memory: restore() loads it without re-reading
+            self.verified = verified
         return None
 
     @contextlib.contextmanager
@@ -296,7 +310,9 @@ class FoundrySession:
             world_size=self.world_size,
             expected_digest=self.cfg.digest_for_rank(self.rank),
             trusted_root=self.cfg.archive_dir,  # the archive must resolve inside the configured directory
+            archive=self.verified,  # read and checked by check_core_archive; None: fc.load reads it
         )
+        self.verified = None
         sizing = (self.manifest or {}).get("sizing", {})
         slots = dict(getattr(restored, "slots", {}) or {})
         for key in ("kv_cache_memory_bytes", "num_gpu_blocks", "runner"):

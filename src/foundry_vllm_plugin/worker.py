@@ -49,6 +49,7 @@ from foundry_vllm_plugin.session import (
     FoundrySession,
     route_runner_build,
     start_module_recording,
+    stop_module_recording,
     stream_captures,
 )
 from foundry_vllm_plugin.support import check_supported
@@ -199,6 +200,7 @@ class FoundryWorker(_VllmGpuWorker):
             del runner.capture_model
             end = time.perf_counter()
             s.report["stream_captures"]["end"] = stream_captures()
+            stop_module_recording()
             phases = s.report["phases_s"]
             phases["compile_or_warm_up_model"] = round(end - t0, 3)
             if "graphs_begin" in marks:

@@ -216,6 +216,47 @@ def test_load_installs_restored_graphs_without_running_the_forward():
     assert backend.can_run(None, 8) and not backend.can_run(None, 4)
 
 
+class _CountingGraph:
+    def __init__(self):
+        self.replays = 0
+
+    def replay(self):
+        self.replays += 1
+
+
+def test_replay_is_sglangs_and_untimed_by_default(monkeypatch):
+    from foundry_sglang_plugin import replay_timing
+    from foundry_sglang_plugin.backend import install
+
+    monkeypatch.delenv(replay_timing.ENV, raising=False)
+    graph, out = _CountingGraph(), object()
+    backend = install(_bare_full_backend(), _FakeSession({8: (graph, out)}))
+    backend.capture_one(8, None)
+    assert backend._foundry_timer is None
+    assert backend.replay(8, None) is out and graph.replays == 1
+
+
+@pytest.mark.parametrize("value,expected", [("", 0), ("0", 0), ("-3", 0), ("x", 0), ("200", 200)])
+def test_replay_timing_switch(monkeypatch, value, expected):
+    from foundry_sglang_plugin import replay_timing
+
+    monkeypatch.setenv(replay_timing.ENV, value)
+    assert replay_timing.replays_to_time() == expected
+
+
+def test_replay_timer_reports_once_after_its_last_replay():
+    """Past its limit the timer records nothing and hands its summary over exactly once (no GPU:
+    with limit 0 no CUDA event is ever created)."""
+    from foundry_sglang_plugin.replay_timing import ReplayTimer
+
+    summaries = []
+    timer = ReplayTimer(0, summaries.append)
+    for _ in range(3):
+        with timer.measure("bs8"):
+            pass
+    assert summaries == [{}] and not timer.active
+
+
 def test_backend_refuses_other_decode_backends():
     from sglang.srt.model_executor.runner_backend.breakable_cuda_graph_backend import (
         BreakableCudaGraphBackend,
