@@ -53,7 +53,7 @@ RUN_NAMES = ("save", "stock", "load")
 CAPTURE_SIZES = [1, 2, 4, 8]
 # Decode batch sizes timed and compared: 1 (graph 1), 3 (padded to graph 4), 8 (graph 8).
 BATCHES = (1, 3, 8)
-DECODE_REPS = 5  # timed generates of the largest batch, for the compared decode throughput
+DECODE_REPS = int(os.environ.get("FOUNDRY_BENCH_DECODE_REPS", "5"))  # timed generates of the largest batch
 # Fixed token-id prompts of different lengths (no tokenizer: skip_tokenizer_init).
 PROMPTS = [[3 + 11 * i + j for j in range(4 + i % 4)] for i in range(8)]
 PLUGIN_DIST = "foundry_graphs_bench_plugin-0.0.0"
