@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import random
 import re
 import shutil
 import subprocess
@@ -1224,3 +1225,102 @@ def test_verified_archive_reused_only_for_its_own_path_digest_and_fingerprint(tm
         _check_verified(verified, tmp_path / "a", fp(gpu_name="NVIDIA H100"), None)
     with pytest.raises(ArchiveError, match="takes what verify"):
         _check_verified({"meta": {}}, tmp_path / "a", fp(), None)
+
+
+# --- compressed members (format 2) ----------------------------------------------------------------
+
+
+def _code_like(n: int) -> bytes:
+    """Compressible like a code image: repeated instruction-ish patterns with some noise."""
+    rng = random.Random(n)
+    block = bytes(range(256)) * 3 + rng.randbytes(256)
+    return (block * (n // len(block) + 1))[:n]
+
+
+def test_compressed_members_round_trip_in_chunks(tmp_path):
+    from foundry_core.archive import COMPRESS_CHUNK, ENCODING_KIND
+
+    big = _code_like(3 * COMPRESS_CHUNK + 12345)  # four chunks, the last one short
+    small = _code_like(COMPRESS_CHUNK // 2)
+    noise = random.Random(1).randbytes(200_000)  # does not compress: stored as it is
+    tiny = b"\x7fELF" * 10  # under the threshold: stored as it is
+    with ArchiveWriter(tmp_path / "a") as w:
+        w.add_bytes("modules/big.cubin", big, compress=True)
+        w.add_bytes("modules/small.cubin", small, compress=True)
+        w.add_bytes("memory/00001.bin", noise, compress=True)
+        w.add_bytes("memory/00002.bin", tiny, compress=True)
+        w.add_bytes("graphs/0000.bin", big)  # compress=False: as it is
+        w.commit(fingerprint=fp(), meta={})
+    files = manifest_of(tmp_path / "a")["files"]
+    enc = files["modules/big.cubin"]["encoding"]
+    assert enc["kind"] == ENCODING_KIND and enc["raw_size"] == len(big) and len(enc["chunks"]) == 4
+    assert sum(enc["chunks"]) == files["modules/big.cubin"]["size"] < len(big) // 4
+    assert "encoding" in files["modules/small.cubin"]
+    for rel in ("memory/00001.bin", "memory/00002.bin", "graphs/0000.bin"):
+        assert "encoding" not in files[rel], rel
+    on_disk = real(tmp_path / "a") / "modules" / "big.cubin"
+    assert on_disk.stat().st_size == files["modules/big.cubin"]["size"]
+    assert hashlib.sha256(on_disk.read_bytes()).hexdigest() == files["modules/big.cubin"]["sha256"]
+    ar = open_archive(tmp_path / "a")
+    assert ar.read_bytes("modules/big.cubin") == big
+    assert ar.read_bytes("modules/small.cubin") == small
+    assert ar.read_bytes("memory/00001.bin") == noise
+    assert ar.read_bytes("memory/00002.bin") == tiny
+    assert ar.read_bytes("graphs/0000.bin") == big
+
+
+def test_interrupted_save_with_compression_pending_leaves_nothing(tmp_path):
+    with pytest.raises(RuntimeError, match="stop"):
+        with ArchiveWriter(tmp_path / "a") as w:
+            w.add_bytes("modules/big.cubin", _code_like(5 << 20), compress=True)
+            raise RuntimeError("stop")
+    assert not os.path.lexists(tmp_path / "a")
+    assert [p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock")] == []
+
+
+def test_version_1_archives_still_open(tmp_path):
+    """An archive written before compressed members existed (format 1) reads as before."""
+    import foundry_core.archive as archive_mod
+
+    save(tmp_path / "a")
+    m = manifest_of(tmp_path / "a")
+    assert all("encoding" not in e for e in m["files"].values())
+    m["format_version"] = 1
+    m.pop("manifest_sha256")
+    m["manifest_sha256"] = hashlib.sha256(archive_mod._manifest_bytes(m)).hexdigest()
+    (real(tmp_path / "a") / "manifest.json").write_bytes(archive_mod._manifest_bytes(m))
+    ar = open_archive(tmp_path / "a")
+    assert ar.format_version == 1 and ar.read_bytes("modules/abc.cubin") == CUBIN
+
+
+@pytest.mark.parametrize(
+    "encoding,needle",
+    [
+        ({"kind": "zlib-chunks", "raw_size": 10, "chunk_size": 1 << 20, "chunks": [1]}, "do not add up"),
+        ({"kind": "zlib-chunks", "raw_size": 10, "chunk_size": 100, "chunks": [5]}, "bad encoding chunk_size"),
+        ({"kind": "zlib-chunks", "raw_size": -1, "chunk_size": 1 << 20, "chunks": [5]}, "bad encoding raw_size"),
+        ({"kind": "zlib-chunks", "raw_size": True, "chunk_size": 1 << 20, "chunks": [5]}, "bad encoding raw_size"),
+        ({"kind": "zlib-chunks", "raw_size": 10, "chunk_size": 1 << 20}, "bad 'encoding'"),
+        ({"kind": "lz4", "raw_size": 10, "chunk_size": 1 << 20, "chunks": [5]}, "uses encoding 'lz4'"),
+        ("zlib", "bad 'encoding'"),
+    ],
+)
+def test_bad_encodings_are_refused_before_reading(tmp_path, encoding, needle):
+    from foundry_core.archive import _check_encoding
+
+    with pytest.raises(ArchiveError, match=re.escape(needle)):
+        _check_encoding(encoding, 5, "entry")
+
+
+def test_inflate_refuses_trailing_or_short_streams():
+    import zlib
+
+    from foundry_core.archive import _inflate
+
+    good = zlib.compress(b"x" * 1000)
+    assert _inflate(good, 0, len(good), 1000) == b"x" * 1000
+    assert _inflate(good, 0, len(good), 999) is None  # more than claimed: never inflated past +1
+    assert _inflate(good, 0, len(good), 1001) is None  # less than claimed
+    assert _inflate(good + b"junk", 0, len(good) + 4, 1000) is None  # trailing bytes
+    assert _inflate(good[:-3], 0, len(good) - 3, 1000) is None  # cut short
+    assert _inflate(b"not zlib at all", 0, 15, 10) is None

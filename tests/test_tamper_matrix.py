@@ -55,6 +55,11 @@ GRAPH_REL = "graphs/0000.json"
 MEMORY_REL = "memory/00004.bin"
 MEMORY = _rng.randbytes(64 << 10)  # one 64 KiB snapshot chunk of region segment 4
 EVIL_CUBIN = b"\x7fELF attacker code" * 64
+# A second code image that compresses (as real ones do, ~5-7x): stored as a format-2 compressed
+# member of two zlib chunks.
+PACKED = b"\x7fELF\x02\x01\x01\x33" + (bytes(range(256)) * 4 + _rng.randbytes(64)) * 1400
+PACKED_SHA = hashlib.sha256(PACKED).hexdigest()
+PACKED_REL = f"modules/{PACKED_SHA}.cubin"
 BASE = 0x600000000000
 KERNEL = "_ZN4vllm15rms_norm_kernelIN3c108BFloat16EEEvPT_PKS3_S6_fii"
 GRAPH = {
@@ -102,7 +107,7 @@ META = {
     },
     "graphs": [{"name": "decode_bs8", "file": GRAPH_REL, "nodes": 2, "rng": False}],
     "kernels": [[CUBIN_SHA, KERNEL, {"max_dynamic_shared_size_bytes": 0}]],
-    "images": [CUBIN_SHA],
+    "images": [CUBIN_SHA, PACKED_SHA],
     "tensors": {
         "decode_bs8.out": {
             "addr": BASE + (6 << 20),
@@ -163,7 +168,8 @@ def write_archive(path: Path, *, model=None, rank=RANK, world_size=WORLD_SIZE, c
     )
     with ArchiveWriter(path) as w:
         w.add_bytes(f"modules/{hashlib.sha256(cubin).hexdigest()}.cubin", cubin)
-        w.add_bytes(MEMORY_REL, MEMORY)
+        w.add_bytes(PACKED_REL, PACKED, compress=True)
+        w.add_bytes(MEMORY_REL, MEMORY, compress=True)  # random: stays uncompressed
         w.add_json(GRAPH_REL, GRAPH)
         return w.commit(fingerprint=fp, meta=META)
 
@@ -233,6 +239,7 @@ def assert_goes_through(ctx: Ctx) -> None:
     """The control: the archive as it is verifies, and LOAD reaches the GPU without a warning."""
     ar = ctx.open()
     assert ar.read_bytes(CUBIN_REL) == CUBIN and ar.read_bytes(MEMORY_REL) == MEMORY
+    assert ar.read_bytes(PACKED_REL) == PACKED
     assert ar.read_json(GRAPH_REL) == GRAPH and ar.meta == META
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -359,6 +366,19 @@ def _fields(ctx: Ctx) -> dict:
     return json.loads((ctx.path / "manifest.json").read_bytes())["files"]
 
 
+def _edit_encoding(ctx: Ctx, **changes) -> None:
+    edit_manifest(ctx, lambda m: m["files"][PACKED_REL]["encoding"].update(changes))
+
+
+def _damage_packed_consistently(ctx: Ctx) -> None:
+    """Flip a byte inside the compressed stream and give the manifest the new sha256: the checksums
+    agree, the content does not inflate."""
+    stored = ctx.real / PACKED_REL
+    flip(stored, 40)
+    sha = hashlib.sha256(stored.read_bytes()).hexdigest()
+    edit_manifest(ctx, lambda m: m["files"][PACKED_REL].update(sha256=sha))
+
+
 OTHER_CUBIN_REL = f"modules/{'0' * 64}.cubin"
 MLP = "model.layers.0.mlp.gate_up_proj.weight"
 _first_digit = next(i for i, ch in enumerate(CUBIN_SHA) if ch in "0123456789")
@@ -421,9 +441,25 @@ ROWS = [
                    (c.real / MEMORY_REL).symlink_to(c.root / "copy.bin")),
         ArchiveError, lambda c: [f"{MEMORY_REL!r} is a symlink; archives never contain symlinks"], REFUSED),
     # -- format versions --------------------------------------------------------------------------------
-    Row("future archive format version", lambda c: edit_manifest(c, lambda m: m.update(format_version=2)),
-        ArchiveError, lambda c: ["archive format version 2 is newer than this Foundry reads (1)",
+    Row("future archive format version", lambda c: edit_manifest(c, lambda m: m.update(format_version=3)),
+        ArchiveError, lambda c: ["archive format version 3 is newer than this Foundry reads (2)",
                                  "upgrade Foundry or SAVE again"], REFUSED, early=True),
+    Row("compressed member in a format-1 manifest",
+        lambda c: edit_manifest(c, lambda m: m.update(format_version=1)), ArchiveError,
+        lambda c: [f"manifest.json entry for {PACKED_REL!r}", "exactly 'size' and 'sha256'"], REFUSED, early=True),
+    # -- compressed members (format 2) ------------------------------------------------------------------
+    Row("flipped byte in a compressed member", lambda c: flip(c.real / PACKED_REL), ArchiveError,
+        _file(PACKED_REL, "fails its sha256 check"), REFUSED),
+    Row("compressed member damaged, its sha256 recomputed", _damage_packed_consistently, ArchiveError,
+        _file(PACKED_REL, "does not decompress; it is damaged"), REFUSED),
+    Row("compressed member claims a smaller raw_size", lambda c: _edit_encoding(c, raw_size=len(PACKED) - 1),
+        ArchiveError, _file(PACKED_REL, "does not decompress; it is damaged"), REFUSED),
+    Row("compressed member's chunks do not add up", lambda c: _edit_encoding(c, chunks=[1, 2]), ArchiveError,
+        lambda c: [f"entry for {PACKED_REL!r}", "chunks do not add up to its size and raw_size"], REFUSED,
+        early=True),
+    Row("compressed member with an unknown encoding", lambda c: _edit_encoding(c, kind="zstd-chunks"),
+        ArchiveError, lambda c: [f"entry for {PACKED_REL!r}", "uses encoding 'zstd-chunks'"], REFUSED,
+        early=True),
     Row("future fingerprint scheme",
         lambda c: edit_manifest(c, lambda m: m["fingerprint"].update(fingerprint_format=2)),
         FingerprintMismatch, _fp("fingerprint_format", 2, 1), REFUSED_FP, early=True),

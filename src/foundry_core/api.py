@@ -262,13 +262,16 @@ def save(
             blobs.append(None if as_json else encode({k: v for k, v in desc.items() if k != "rng"}, ids))
         except GraphError as e:
             raise SaveError(f"graph {name!r}: {e}") from None
+    # Code images, memory snapshots and graph encodings are stored compressed (code shrinks ~5-7x);
+    # FOUNDRY_ARCHIVE_COMPRESS=0 stores them as they are.
+    compress = os.environ.get("FOUNDRY_ARCHIVE_COMPRESS", "1").strip() != "0"
     with ArchiveWriter(path, lock_timeout=lock_timeout) as writer:
         with Progress("foundry: writing archive", len(images) + len(described), progress) as bar:
             for digest in images:
-                writer.add_bytes(f"modules/{digest}.cubin", recorded.images[digest].data)
+                writer.add_bytes(f"modules/{digest}.cubin", recorded.images[digest].data, compress=compress)
                 bar.advance()
             for seg, _chunks, data in snapshots:
-                writer.add_bytes(f"memory/{seg.index:05d}.bin", data)
+                writer.add_bytes(f"memory/{seg.index:05d}.bin", data, compress=compress)
             for i, ((name, desc), blob) in enumerate(zip(described, blobs)):
                 entry = {"name": name, "nodes": count_nodes(desc), "rng": desc["rng"] is not None}
                 if blob is None:
@@ -277,7 +280,7 @@ def save(
                 else:
                     entry["file"] = f"graphs/{i:04d}.bin"
                     entry.update(encoding=ENCODING, rng_state=desc["rng"])
-                    writer.add_bytes(entry["file"], blob)
+                    writer.add_bytes(entry["file"], blob, compress=compress)
                 meta["graphs"].append(entry)
                 bar.advance()
         return writer.commit(fingerprint=fingerprint, meta=meta)
