@@ -1297,9 +1297,18 @@ def test_version_1_archives_still_open(tmp_path):
     "encoding,needle",
     [
         ({"kind": "zlib-chunks", "raw_size": 10, "chunk_size": 1 << 20, "chunks": [1]}, "do not add up"),
-        ({"kind": "zlib-chunks", "raw_size": 10, "chunk_size": 100, "chunks": [5]}, "bad encoding chunk_size"),
-        ({"kind": "zlib-chunks", "raw_size": -1, "chunk_size": 1 << 20, "chunks": [5]}, "bad encoding raw_size"),
-        ({"kind": "zlib-chunks", "raw_size": True, "chunk_size": 1 << 20, "chunks": [5]}, "bad encoding raw_size"),
+        (
+            {"kind": "zlib-chunks", "raw_size": 10, "chunk_size": 100, "chunks": [5]},
+            "bad encoding chunk_size",
+        ),
+        (
+            {"kind": "zlib-chunks", "raw_size": -1, "chunk_size": 1 << 20, "chunks": [5]},
+            "bad encoding raw_size",
+        ),
+        (
+            {"kind": "zlib-chunks", "raw_size": True, "chunk_size": 1 << 20, "chunks": [5]},
+            "bad encoding raw_size",
+        ),
         ({"kind": "zlib-chunks", "raw_size": 10, "chunk_size": 1 << 20}, "bad 'encoding'"),
         ({"kind": "lz4", "raw_size": 10, "chunk_size": 1 << 20, "chunks": [5]}, "uses encoding 'lz4'"),
         ("zlib", "bad 'encoding'"),
