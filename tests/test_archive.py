@@ -1333,3 +1333,16 @@ def test_inflate_refuses_trailing_or_short_streams():
     assert _inflate(good + b"junk", 0, len(good) + 4, 1000) is None  # trailing bytes
     assert _inflate(good[:-3], 0, len(good) - 3, 1000) is None  # cut short
     assert _inflate(b"not zlib at all", 0, 15, 10) is None
+
+
+def test_inspect_reports_content_and_on_disk_sizes(tmp_path, capsys):
+    from foundry_core.cli import main
+
+    with ArchiveWriter(tmp_path / "a") as w:
+        w.add_bytes("modules/big.cubin", _code_like(2 << 20), compress=True)
+        w.add_bytes("layout.json", b"{}")
+        w.commit(fingerprint=fp(), meta={})
+    assert main(["inspect", str(tmp_path / "a")]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("files"))
+    assert "files     2, 2.0 MiB" in line and "on disk, 1 compressed)" in line, line

@@ -34,11 +34,14 @@ CONTENTS = {
     "modules/0f.cubin": b"\x7fELF" + bytes(range(200)),
     "graphs/0000.bin": b"graph" * 30,
     "graphs/0001.bin": b"",
+    # compressible, over the threshold: stored as a format-2 compressed member (two zlib chunks)
+    "modules/1a.cubin": b"\x7fELF" + (bytes(range(256)) * 3 + b"\x00" * 256) * 1100,
     "layout.json": json.dumps(
         {"base": 1 << 44, "cursor": 4096}, sort_keys=True, separators=(",", ":")
     ).encode(),
 }
 META = {"graphs": [{"id": 0, "file": "graphs/0000.bin"}], "slots": {"kv_pages": 10}}
+COMPRESSED = {"modules/1a.cubin"}
 
 SETTINGS = dict(
     deadline=None,
@@ -66,8 +69,10 @@ def base(tmp_path_factory):
     path = tmp_path_factory.mktemp("fuzz") / "base"
     with ArchiveWriter(path) as w:
         for rel, data in CONTENTS.items():
-            w.add_bytes(rel, data)
+            w.add_bytes(rel, data, compress=rel in COMPRESSED)
         digest = w.commit(fingerprint=FP, meta=META)
+    files = json.loads((Path(os.path.realpath(path)) / "manifest.json").read_bytes())["files"]
+    assert all(("encoding" in files[rel]) == (rel in COMPRESSED) for rel in CONTENTS)
     src = Path(os.path.realpath(path))
     return src, digest, (src / "manifest.json").read_bytes()
 

@@ -41,7 +41,12 @@ def cmd_inspect(args) -> int:
     meta, fp = archive.meta, archive.fingerprint
     print(f"archive   {archive.path}")
     print(f"digest    {archive.digest}")
-    print(f"files     {len(archive.files)}, {_human(sum(archive.files.values()))}")
+    stored = sum(entry["size"] for entry in archive.manifest["files"].values())
+    packed = sum(1 for entry in archive.manifest["files"].values() if "encoding" in entry)
+    print(
+        f"files     {len(archive.files)}, {_human(sum(archive.files.values()))} "
+        f"({_human(stored)} on disk, {packed} compressed)"
+    )
     print("\nfingerprint")
     for key, value in fp.items():
         print(f"  {key:<20} {json.dumps(value) if isinstance(value, (dict, list)) else value}")
