@@ -3,7 +3,7 @@
 The public surface is small::
 
     start_recording()            begin keeping CUDA module images (call before the model runs)
-    stop_recording()             detach CUPTI once graphs are saved or restored (launches get faster)
+    stop_recording()             detach CUPTI once graphs are saved or restored, before serving
     Region(base, size, device)   fixed-address device memory that torch allocates from
     save(path, graphs=..., region=..., tensors=..., fingerprint_model=..., slots=...)
     load(path, region=..., fingerprint_model=...) -> Restored (.graphs, .tensors, .slots)

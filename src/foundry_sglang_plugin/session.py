@@ -18,7 +18,7 @@ Order of events in a scheduler process (each step is called from a hook in :mod:
    LOAD installs the restored graph and outputs for each shape instead of warming up and capturing.
 6. ``finish`` (end of ``ModelRunner.init_cuda_graphs``): SAVE persists (``fc.save`` then the
    sidecar); LOAD checks that every archived shape was installed; routing ends and CUPTI is
-   detached (``fc.stop_recording()``), so the serving loop's launches run uninstrumented.
+   detached (``fc.stop_recording()``): the serving loop runs with no profiler interface attached.
 
 Each session keeps a small report (mode, graphs, capture/restore seconds, stream captures counted by
 CUPTI during the decode-graph phase, the error if one ended it). It is logged at the end and, when
@@ -425,8 +425,8 @@ def _stream_captures() -> dict[str, int] | None:
 
 
 def _stop_recording() -> None:
-    """Detach CUPTI once the decode graphs are saved or restored: left subscribed, it slows every
-    launch of the serving loop. A failure here is logged, never raised: the graphs are fine."""
+    """Detach CUPTI once the decode graphs are saved or restored, so the serving loop runs with no
+    profiler interface attached. A failure here is logged, never raised: the graphs are fine."""
     try:
         import foundry_core as fc
 

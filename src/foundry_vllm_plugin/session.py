@@ -33,8 +33,8 @@ def count_captures_only() -> None:
 
 
 def stop_module_recording() -> None:
-    """Detach CUPTI once the graphs are saved or restored: left subscribed, it slows every launch
-    of the serving loop. A failure is logged, never raised: the graphs are fine."""
+    """Detach CUPTI once the graphs are saved or restored, so the serving loop runs with no profiler
+    interface attached. A failure is logged, never raised: the graphs are fine."""
     try:
         import foundry_core as fc
 
