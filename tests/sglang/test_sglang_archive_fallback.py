@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import pickle
+import types
 
 import pytest
 
@@ -118,6 +119,25 @@ def test_auto_load_with_an_accepted_archive_stays_a_load(launch, core):
     # images kept until the archive was accepted, then only stream captures are counted
     assert core.recording == [True, False]
     assert archive.read_sidecar(cfg, 0) is not None
+
+
+def test_the_verified_archive_is_handed_to_fc_load_once(launch, core, monkeypatch):
+    """What check_archive read is what fc.load gets (archive=), so LOAD reads and hashes it once."""
+    sa, _cfg = launch("auto")
+    core.archive = verified = object.__new__(foundry_core.Archive)
+    verified.meta = {"slots": SLOTS}
+    session = Session.begin(sa, HINT)
+    assert session._verified is verified
+    seen = {}
+
+    def load(path, **kwargs):
+        seen.update(kwargs)
+        return types.SimpleNamespace(slots=SLOTS, timings={})
+
+    monkeypatch.setattr(foundry_core, "load", load)
+    session.region = object()
+    session.restore()
+    assert seen["archive"] is verified and session._verified is None
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import logging
 import pickle
 
 import pytest
@@ -171,6 +172,33 @@ def test_save_without_pool_sizing_refuses(parse, cfg):
     session = Session(parse(*BASE_ARGV), cfg, "save", rank=0, gpu_id=0)
     with pytest.raises(FoundrySessionError, match="memory-pool sizing was not recorded"):
         session.finish()
+
+
+def test_session_end_detaches_cupti_even_when_it_fails(parse, cfg, monkeypatch):
+    """finish() and abort() stop module recording whatever happened; a failing stop is logged only."""
+    import foundry_core as fc
+
+    calls = []
+    monkeypatch.setattr(fc, "stop_recording", lambda: calls.append("stop"))
+    session = Session(parse(*BASE_ARGV), cfg, "save", rank=0, gpu_id=0)
+    with pytest.raises(FoundrySessionError):
+        session.finish()
+    session.abort(RuntimeError("x"))
+    assert calls == ["stop", "stop"]
+
+    def broken():
+        raise fc.ModuleError("cuptiFinalize failed")
+
+    monkeypatch.setattr(fc, "stop_recording", broken)
+    seen = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: seen.append(record.getMessage())
+    logging.getLogger("foundry.sglang").addHandler(handler)  # SGLang's logging setup may not propagate
+    try:
+        session.abort(RuntimeError("y"))  # does not raise
+    finally:
+        logging.getLogger("foundry.sglang").removeHandler(handler)
+    assert any("cannot stop CUDA module recording: cuptiFinalize failed" in m for m in seen), seen
 
 
 # --- the decode backend --------------------------------------------------------------------------

@@ -107,6 +107,10 @@ def test_restore_passes_the_pinned_digest_and_installs(base_vllm_config, monkeyp
     assert seen["path"] == archive.core_archive_dir(s.cfg, 0)
     assert seen["expected_digest"] == s.cfg.archive_digest and seen["fingerprint_model"] == s.fingerprint
     assert adapter.installed[0].graphs == {"decode/g1": "R1"}
+    assert seen["archive"] is None  # nothing verified at startup: fc.load reads the archive itself
+    s.verified = verified = object()
+    s.restore(Adapter())
+    assert seen["archive"] is verified and s.verified is None  # handed over once, then dropped
 
 
 def test_restore_refuses_sizing_that_disagrees_with_the_manifest(base_vllm_config, monkeypatch):

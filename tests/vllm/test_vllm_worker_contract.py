@@ -315,6 +315,9 @@ def test_compile_or_warm_up_model_saves_unrouted_and_loads_without_capturing(tmp
             return "times"
 
         gw.Worker.compile_or_warm_up_model = compile_or_warm_up_model
+        import foundry_core
+
+        foundry_core.stop_recording = lambda: events.append("stop")  # CUPTI detach, after the counts
 
         class Runner:
             def __init__(self):
@@ -362,7 +365,7 @@ def test_compile_or_warm_up_model_saves_unrouted_and_loads_without_capturing(tmp
             else:
                 assert "route+" not in events and not any(e[0] == "vllm_capture" for e in events if isinstance(e, tuple))
                 assert ("restore", "v2") in events and ("after_capture", 0) in events
-            assert events[-1] == "report", events
+            assert events[-2:] == ["stop", "report"], events
             phases = w._foundry.report["phases_s"]
             assert {"compile_or_warm_up_model", "warmup_before_graphs", "graphs", "warmup_after_graphs"} <= set(phases)
         print("OK")
