@@ -41,7 +41,7 @@ import shutil
 import stat
 import time
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -883,6 +883,15 @@ def _inflate(data: bytes, start: int, end: int, expected: int) -> bytes | None:
     return out
 
 
+def _map_on_threads(fn: Callable[[Any], Any], items: list, threads: int, name: str) -> list:
+    """``[fn(x) for x in items]``, on up to ``threads`` threads (for work that releases the GIL)."""
+    workers = min(threads, len(items))
+    if workers <= 1:
+        return [fn(x) for x in items]
+    with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix=name) as pool:
+        return list(pool.map(fn, items))
+
+
 def _decode_members(contents: dict[str, bytes], files: dict[str, Any], where: str) -> None:
     """Replace each compressed member's stored bytes by its content, inflating all chunks of all
     members on threads; the first damaged member in sorted order is the one reported."""
@@ -903,12 +912,7 @@ def _decode_members(contents: dict[str, bytes], files: dict[str, Any], where: st
         rel, start, end, expected = job
         return _inflate(contents[rel], start, end, expected)
 
-    workers = min(_ZLIB_THREADS, len(jobs))
-    if workers <= 1:
-        parts = [run(job) for job in jobs]
-    else:
-        with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="foundry-inflate") as pool:
-            parts = list(pool.map(run, jobs))
+    parts = _map_on_threads(run, jobs, _ZLIB_THREADS, "foundry-inflate")
     by_member: dict[str, list[bytes]] = {}
     for (rel, _, _, _), part in zip(jobs, parts):
         if part is None:
@@ -1082,12 +1086,7 @@ def _verify(root_fd: int, where: str, expected_fingerprint: dict | None, expecte
     def digest_of(rel: str) -> str:
         return hashlib.sha256(contents[rel]).hexdigest()
 
-    workers = min(_READ_THREADS, len(names))
-    if workers <= 1:
-        digests = [digest_of(rel) for rel in names]
-    else:
-        with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="foundry-sha") as pool:
-            digests = list(pool.map(digest_of, names))
+    digests = _map_on_threads(digest_of, names, _READ_THREADS, "foundry-sha")
     for rel, got in zip(names, digests):
         if got != files[rel]["sha256"]:
             shown = _one_line(repr(rel), 120)
