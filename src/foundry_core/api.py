@@ -263,7 +263,7 @@ def save(
         except GraphError as e:
             raise SaveError(f"graph {name!r}: {e}") from None
     # Code images, memory snapshots and graph encodings are stored compressed (190 MiB -> 24 MiB in
-    # the bench, for 0.2 s of inflation per LOAD); FOUNDRY_ARCHIVE_COMPRESS=0 stores them as they are.
+    # the bench, for up to 0.2 s of inflation per LOAD); FOUNDRY_ARCHIVE_COMPRESS=0 stores them as they are.
     compress = os.environ.get("FOUNDRY_ARCHIVE_COMPRESS", "1").strip() != "0"
     with ArchiveWriter(path, lock_timeout=lock_timeout) as writer:
         with Progress("foundry: writing archive", len(images) + len(described), progress) as bar:
