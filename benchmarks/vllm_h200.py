@@ -9,7 +9,9 @@ start-to-ready seconds, the output token ids and decode tokens per second; the F
 report what their worker wrote to ``rank0.start.json`` (mode, graphs, capture/save or restore seconds,
 CUDA stream captures counted by the core's CUPTI recorder).  The parent writes one JSON file with the
 comparison and keeps each child's stdout and stderr in ``--logs`` (six files).  It writes the JSON after
-every child, so a failure or a hang still leaves what was measured, with the error.
+every child, so a failure or a hang still leaves what was measured, with the error.  The compared
+decode figure is the median of ``FOUNDRY_BENCH_DECODE_REPS`` (default 5) timed generates of batch 8,
+with their spread (max - min over the median) as the run's own noise.
 
 Order: SAVE first, then stock, then LOAD.  All children share one set of compile caches (vLLM,
 Inductor, Triton) under the work directory, so the first child pays the cold caches; with stock second,
