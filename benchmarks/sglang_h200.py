@@ -48,6 +48,9 @@ SRC = REPO / "src"
 RUNS = ("stock", "save", "load")
 PLUGIN_GROUP = "sglang.srt.plugins"
 PLUGIN_NAME = "foundry"
+# The plugin's names for its environment, spelled out rather than imported: this script is also the
+# stock run's child, which must not have the plugin in sys.modules (child_main checks exactly that).
+# tests/sglang/test_sglang_h200_bench.py holds them equal to the plugin's.
 REPORT_ENV = "FOUNDRY_SGLANG_REPORT_DIR"  # foundry_sglang_plugin.session.REPORT_ENV
 TIMING_ENV = "FOUNDRY_SGLANG_REPLAY_TIMING"  # foundry_sglang_plugin.replay_timing.ENV
 #: Foundry settings a run must not inherit from the calling shell (foundry_sglang_plugin.settings).
@@ -60,6 +63,7 @@ SETTINGS_ENV = (
     "FOUNDRY_ARCHIVE_DIGEST",
     "FOUNDRY_CONFIG",
     REPORT_ENV,
+    TIMING_ENV,
 )
 
 #: The fields the result always has (None where a run did not get that far).

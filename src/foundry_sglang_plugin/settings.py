@@ -22,7 +22,7 @@ ENABLE_ATTR = "enable_foundry"
 CONFIG_ATTR = "foundry_config"
 MODE_ATTR = "foundry_mode"  # the concrete mode (save|load) the launcher decided for "auto"
 ENV_MARKER = "FOUNDRY_SGLANG"
-_ENV_KEYS = (
+ENV_KEYS = (
     "FOUNDRY_MODE",
     "FOUNDRY_ARCHIVE_DIR",
     "FOUNDRY_REGION_BASE",
@@ -128,7 +128,7 @@ def clear_env() -> None:
     """Drop settings a previous Foundry-enabled launch in this process exported."""
     if os.environ.get(ENV_MARKER) != "1":
         return
-    for key in (ENV_MARKER, *_ENV_KEYS):
+    for key in (ENV_MARKER, *ENV_KEYS):
         os.environ.pop(key, None)
 
 

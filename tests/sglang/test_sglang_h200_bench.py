@@ -73,6 +73,20 @@ def test_log_files_are_six_plain_names(bench):
     assert all(bench.LOG_NAME.match(n) for n in names)
 
 
+def test_environment_names_are_the_plugins(bench):
+    """The script spells the plugin's environment names out (its stock child must not import the
+    plugin); they must stay the plugin's own."""
+    from foundry_sglang_plugin import replay_timing, session, settings
+
+    assert bench.REPORT_ENV == session.REPORT_ENV and bench.TIMING_ENV == replay_timing.ENV
+    assert bench.SETTINGS_ENV == (
+        settings.ENV_MARKER,
+        *settings.ENV_KEYS,
+        session.REPORT_ENV,
+        replay_timing.ENV,
+    )
+
+
 def test_run_environments(bench, tmp_path):
     base = {
         "PYTHONPATH": "/tmp/site",
@@ -93,6 +107,10 @@ def test_run_environments(bench, tmp_path):
     save = bench.run_env("save", base, tmp_path, shim, ["foundry"])
     assert save["PYTHONPATH"].split(":") == [str(shim), str(bench.SRC), "/tmp/site"]
     assert save[bench.REPORT_ENV] == str(tmp_path / "report-save") and "SGLANG_PLUGINS" not in save
+    # the replay-timing switch comes from --replay-timing only, never from the calling shell
+    inherited = {**base, bench.TIMING_ENV: "999"}
+    assert bench.TIMING_ENV not in bench.run_env("save", inherited, tmp_path, shim, ["foundry"])
+    assert bench.run_env("load", inherited, tmp_path, shim, ["foundry"], 150)[bench.TIMING_ENV] == "150"
     narrowed = bench.run_env("load", {**base, "SGLANG_PLUGINS": "other"}, tmp_path, None, [])
     assert narrowed["SGLANG_PLUGINS"] == "other,foundry"
 
