@@ -8,6 +8,7 @@ ran once.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -80,6 +81,21 @@ def parse(plugins_loaded, model_dir, foundry_toml):
         return prepare_server_args(args)
 
     return _parse
+
+
+@pytest.fixture
+def logged():
+    """Records of the plugin's logger (on the logger itself: SGLang resets the root's handlers)."""
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = records.append
+    logger = logging.getLogger("foundry.sglang")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    yield records
+    logger.removeHandler(handler)
+    logger.setLevel(level)
 
 
 @pytest.fixture(autouse=True)

@@ -82,21 +82,6 @@ def core(monkeypatch):
     return Core
 
 
-@pytest.fixture
-def logged():
-    """Records of the plugin's logger (on the logger itself: SGLang resets the root's handlers)."""
-    records: list[logging.LogRecord] = []
-    handler = logging.Handler(logging.DEBUG)
-    handler.emit = records.append
-    logger = logging.getLogger("foundry.sglang")
-    level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.DEBUG)
-    yield records
-    logger.removeHandler(handler)
-    logger.setLevel(level)
-
-
 def _mismatch():
     return FingerprintMismatch(
         "archive was saved for driver_version=12080, this machine has 13000; SAVE again on this setup",

@@ -174,7 +174,7 @@ def test_save_without_pool_sizing_refuses(parse, cfg):
         session.finish()
 
 
-def test_session_end_detaches_cupti_even_when_it_fails(parse, cfg, monkeypatch):
+def test_session_end_detaches_cupti_even_when_it_fails(parse, cfg, monkeypatch, logged):
     """finish() and abort() stop module recording whatever happened; a failing stop is logged only."""
     import foundry_core as fc
 
@@ -190,14 +190,8 @@ def test_session_end_detaches_cupti_even_when_it_fails(parse, cfg, monkeypatch):
         raise fc.ModuleError("cuptiFinalize failed")
 
     monkeypatch.setattr(fc, "stop_recording", broken)
-    seen = []
-    handler = logging.Handler(logging.WARNING)
-    handler.emit = lambda record: seen.append(record.getMessage())
-    logging.getLogger("foundry.sglang").addHandler(handler)  # SGLang's logging setup may not propagate
-    try:
-        session.abort(RuntimeError("y"))  # does not raise
-    finally:
-        logging.getLogger("foundry.sglang").removeHandler(handler)
+    session.abort(RuntimeError("y"))  # does not raise
+    seen = [r.getMessage() for r in logged if r.levelno == logging.WARNING]
     assert any("cannot stop CUDA module recording: cuptiFinalize failed" in m for m in seen), seen
 
 
