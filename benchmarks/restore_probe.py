@@ -222,9 +222,6 @@ def probe(args, out: dict) -> None:
     out["upload_batch_host_s"] = now() - t
     torch.cuda.synchronize()
     out["upload_batch_total_s"] = now() - t
-    # a fresh instantiate of the same graphs with the upload flag (2) folded in
-    _, out["instantiate_flags11_s"] = instantiate_all(11)
-    torch.cuda.synchronize()
     clone = []
     for g in graphs:
         c = ctypes.c_void_p()
