@@ -302,7 +302,6 @@ def probe(args, out: dict) -> None:
         "build_s",
         "instantiate_flags9_s",
         "instantiate_flags0_s",
-        "instantiate_flags11_s",
         "upload_s",
         "clone_s",
         "module_load_s",
