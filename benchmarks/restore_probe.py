@@ -190,6 +190,11 @@ def probe(args, out: dict) -> None:
     out["graph_names"] = [b[0] for b in blobs]
     out["graph_nodes"] = [b[1] for b in blobs]
     out["build_s"] = build_s
+    if os.environ.get("FOUNDRY_PROBE_FOCUS") == "instantiate":
+        focus_instantiate(
+            out, args, graphs, blobs, build_only, so, fptrs, funcs, stream, region, workload, spec
+        )
+        return
 
     def instantiate_all(flags: int, gs=None):
         execs, per = [], []
@@ -309,6 +314,105 @@ def probe(args, out: dict) -> None:
         vals = out[key]
         out[key + "_total"] = sum(vals)
         out[key + "_median"] = statistics.median(vals)
+    with open(args.out, "w") as f:
+        json.dump(out, f, indent=1)
+    print(json.dumps({k: v for k, v in out.items() if not isinstance(v, list)}, indent=1))
+
+
+def _cudart():
+    import glob
+
+    for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so"):
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            pass
+    for entry in sys.path:
+        for path in glob.glob(os.path.join(entry, "nvidia", "**", "libcudart.so*"), recursive=True):
+            return ctypes.CDLL(path)
+    raise OSError("no libcudart")
+
+
+def focus_instantiate(out, args, graphs, blobs, build_only, so, fptrs, funcs, stream, region, workload, spec):
+    """Why does torch's first instantiate of a captured graph take about half as long as ours?"""
+    import torch
+
+    from foundry_core import demo
+    from foundry_core import graphs as G
+    from foundry_core.driver import call, cu
+
+    libcuda = ctypes.CDLL("libcuda.so.1")
+    cudart = _cudart()
+
+    def via_driver(g):
+        e = ctypes.c_void_p()
+        t = now()
+        assert (
+            libcuda.cuGraphInstantiateWithFlags(ctypes.byref(e), ctypes.c_void_p(g), ctypes.c_ulonglong(9))
+            == 0
+        )
+        return now() - t
+
+    def via_runtime(g):
+        e = ctypes.c_void_p()
+        t = now()
+        assert (
+            cudart.cudaGraphInstantiateWithFlags(ctypes.byref(e), ctypes.c_void_p(g), ctypes.c_ulonglong(9))
+            == 0
+        )
+        return now() - t
+
+    def via_bindings(g):
+        t = now()
+        call("cuGraphInstantiate", cu().CUgraph(init_value=g), 9)
+        return now() - t
+
+    rows = {"driver": [], "runtime": [], "bindings": []}
+    for g in graphs:  # interleaved, so drift hits all three alike
+        rows["runtime"].append(via_runtime(g))
+        rows["driver"].append(via_driver(g))
+        rows["bindings"].append(via_bindings(g))
+    out["restored_instantiate_by_entry_s"] = {k: sum(v) for k, v in rows.items()}
+    # the real path: build then instantiate (and upload) in one native call, per graph
+    real = []
+    for _name, _n, data in blobs:
+        n_events = G.encoded_events(data)
+        events = [call("cuEventCreate", 2) for _ in range(n_events)]
+        handles = (ctypes.c_void_p * max(n_events, 1))(*[int(e) for e in events])
+        graph, exec_ = ctypes.c_void_p(), ctypes.c_void_p()
+        times = (ctypes.c_double * 3)()
+        err = ctypes.create_string_buffer(1024)
+        rc = so.foundry_graph_build(
+            ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p), len(data), fptrs, len(funcs),
+            handles, n_events, stream, 1, ctypes.byref(graph), ctypes.byref(exec_), times, err, len(err),
+        )  # fmt: skip
+        assert rc == 0, err.value
+        real.append([times[0], times[1]])
+    out["real_path_build_s"] = sum(r[0] for r in real)
+    out["real_path_instantiate_s"] = sum(r[1] for r in real)
+    # native captures: first instantiate through each entry point, then again
+    sizes = (1, 2, 4, 64, 128, 256)
+    sub = dataclasses.replace(spec, batch_sizes=sizes)
+    demo._warmup(workload, region, sub, "probe-")
+    native = {}
+    entries = [via_runtime, via_driver, via_bindings]
+    with region.routing(), region.label("probe-capture"):
+        for i, bs in enumerate(sizes):
+            g = torch.cuda.CUDAGraph(keep_graph=True)
+            with torch.cuda.graph(g, pool=region.graph_pool_id()):
+                workload.step(bs)
+            raw = g.raw_cuda_graph()
+            first = entries[i % 3]
+            c = ctypes.c_void_p()
+            libcuda.cuGraphClone(ctypes.byref(c), ctypes.c_void_p(raw))
+            row = {"first_entry": first.__name__, "first_s": first(raw), "again_driver_s": via_driver(raw)}
+            row["again_runtime_s"] = via_runtime(raw)
+            row["clone_driver_s"] = via_driver(c.value)
+            t = now()
+            g.instantiate()
+            row["torch_instantiate_after_s"] = now() - t
+            native[str(bs)] = row
+    out["native_focus"] = native
     with open(args.out, "w") as f:
         json.dump(out, f, indent=1)
     print(json.dumps({k: v for k, v in out.items() if not isinstance(v, list)}, indent=1))
