@@ -190,6 +190,9 @@ def probe(args, out: dict) -> None:
     out["graph_names"] = [b[0] for b in blobs]
     out["graph_nodes"] = [b[1] for b in blobs]
     out["build_s"] = build_s
+    if os.environ.get("FOUNDRY_PROBE_FOCUS") == "instantiate2":
+        focus_instantiate2(out, args, graphs, workload, region, spec)
+        return
     if os.environ.get("FOUNDRY_PROBE_FOCUS") == "instantiate":
         focus_instantiate(
             out, args, graphs, blobs, build_only, so, fptrs, funcs, stream, region, workload, spec
@@ -331,6 +334,79 @@ def _cudart():
         for path in glob.glob(os.path.join(entry, "nvidia", "**", "libcudart.so*"), recursive=True):
             return ctypes.CDLL(path)
     raise OSError("no libcudart")
+
+
+def focus_instantiate2(out, args, graphs, workload, region, spec):
+    """Page faults, device memory and live executables around each instantiate; a tiny capture before."""
+    import resource
+
+    import torch
+
+    from foundry_core import demo
+
+    libcuda = ctypes.CDLL("libcuda.so.1")
+    out["glibc_tunables"] = os.environ.get("GLIBC_TUNABLES")
+
+    def inst(g, destroy=False):
+        free0, total = ctypes.c_size_t(), ctypes.c_size_t()
+        libcuda.cuMemGetInfo_v2(ctypes.byref(free0), ctypes.byref(total))
+        r0 = resource.getrusage(resource.RUSAGE_SELF)
+        e = ctypes.c_void_p()
+        t = now()
+        assert (
+            libcuda.cuGraphInstantiateWithFlags(ctypes.byref(e), ctypes.c_void_p(g), ctypes.c_ulonglong(9))
+            == 0
+        )
+        dt = now() - t
+        r1 = resource.getrusage(resource.RUSAGE_SELF)
+        free1 = ctypes.c_size_t()
+        libcuda.cuMemGetInfo_v2(ctypes.byref(free1), ctypes.byref(total))
+        if destroy:
+            libcuda.cuGraphExecDestroy(e)
+        return {
+            "s": dt,
+            "minflt": r1.ru_minflt - r0.ru_minflt,
+            "utime": r1.ru_utime - r0.ru_utime,
+            "stime": r1.ru_stime - r0.ru_stime,
+            "dev_mib": (free0.value - free1.value) / 2**20,
+        }
+
+    out["loop_a"] = [inst(g) for g in graphs[:10]]
+    out["loop_b_destroy"] = [inst(graphs[10], destroy=True) for _ in range(8)]
+    x = torch.zeros(16, device="cuda")
+    side = torch.cuda.Stream()
+    rows = []
+    for g in graphs[11:21]:
+        tiny = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(side), torch.cuda.graph(tiny, stream=side):
+            x.add_(1)
+        rows.append(inst(g))
+    out["loop_c_after_tiny_capture"] = rows
+    out["loop_d"] = [inst(g) for g in graphs[21:31]]
+    sub = dataclasses.replace(spec, batch_sizes=(8, 16))
+    demo._warmup(workload, region, sub, "probe-")
+    native = {}
+    with region.routing(), region.label("probe-capture"):
+        for bs in sub.batch_sizes:
+            g = torch.cuda.CUDAGraph(keep_graph=True)
+            with torch.cuda.graph(g, pool=region.graph_pool_id()):
+                workload.step(bs)
+            raw = g.raw_cuda_graph()
+            native[str(bs)] = [inst(raw), inst(raw), inst(raw)]
+    out["native_focus2"] = native
+    summary = {
+        k: sum(r["s"] for r in out[k]) / len(out[k])
+        for k in ("loop_a", "loop_b_destroy", "loop_c_after_tiny_capture", "loop_d")
+    }
+    out["mean_s"] = summary
+    with open(args.out, "w") as f:
+        json.dump(out, f, indent=1)
+    print(
+        json.dumps(
+            {"tunables": out["glibc_tunables"], "mean_s": summary, "native": native, "a": out["loop_a"][:4]},
+            indent=1,
+        )
+    )
 
 
 def focus_instantiate(out, args, graphs, blobs, build_only, so, fptrs, funcs, stream, region, workload, spec):
