@@ -1,7 +1,7 @@
 """Builds the one native library Foundry needs (``foundry_core._foundry_native``).
 
 It is a plain C shared library, loaded with ctypes and by torch's pluggable-allocator
-machinery; it links against nothing but libc/libdl and finds libcuda and libcupti at run time,
+machinery; it links against nothing but libc/libdl and finds libcuda, libcupti and libz at run time,
 so it builds on a machine with no CUDA toolkit.
 """
 
@@ -11,7 +11,7 @@ setup(
     ext_modules=[
         Extension(
             "foundry_core._foundry_native",
-            sources=["native/region.c", "native/modules.c", "native/graphbuild.c"],
+            sources=["native/region.c", "native/modules.c", "native/graphbuild.c", "native/inflate.c"],
             include_dirs=["native"],
             extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-fvisibility=hidden"],
             libraries=["dl", "pthread"],

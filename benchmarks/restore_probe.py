@@ -113,6 +113,9 @@ def probe(args, out: dict) -> None:
 
     # ---- modules
     images = [(d, arch.read_bytes(f"modules/{d}.cubin")) for d in meta["images"]]
+    if os.environ.get("FOUNDRY_PROBE_FOCUS") == "modules":
+        focus_modules(out, args, images, meta["kernels"])
+        return
     out["images"] = len(images)
     out["image_bytes"] = [len(b) for _, b in images]
     out["kernels"] = len(meta["kernels"])
@@ -334,6 +337,63 @@ def _cudart():
         for path in glob.glob(os.path.join(entry, "nvidia", "**", "libcudart.so*"), recursive=True):
             return ctypes.CDLL(path)
     raise OSError("no libcudart")
+
+
+def focus_modules(out, args, images, kernels):
+    """cuModuleLoadData against cuLibraryLoadData (with and without BINARY_IS_PRESERVED), fresh each."""
+    libcuda = ctypes.CDLL("libcuda.so.1")
+    vp = ctypes.c_void_p
+
+    def addr(b):
+        return ctypes.cast(ctypes.c_char_p(b), vp)
+
+    def via_module():
+        handles, t = {}, now()
+        for d, data in images:
+            m = vp()
+            assert libcuda.cuModuleLoadData(ctypes.byref(m), addr(data)) == 0
+            handles[d] = m
+        t1 = now()
+        for image, name, _ in kernels:
+            f = vp()
+            assert libcuda.cuModuleGetFunction(ctypes.byref(f), handles[image], name.encode()) == 0
+            assert libcuda.cuFuncLoad(f) == 0
+        return t1 - t, now() - t1
+
+    def via_library(preserved):
+        handles, t = {}, now()
+        for d, data in images:
+            lib = vp()
+            if preserved:
+                opts = (ctypes.c_int * 1)(1)  # CU_LIBRARY_BINARY_IS_PRESERVED
+                vals = (vp * 1)(1)
+                rc = libcuda.cuLibraryLoadData(ctypes.byref(lib), addr(data), None, None, 0, opts, vals, 1)
+            else:
+                rc = libcuda.cuLibraryLoadData(ctypes.byref(lib), addr(data), None, None, 0, None, None, 0)
+            assert rc == 0, rc
+            handles[d] = lib
+        t1 = now()
+        for image, name, _ in kernels:
+            k, f = vp(), vp()
+            assert libcuda.cuLibraryGetKernel(ctypes.byref(k), handles[image], name.encode()) == 0
+            assert libcuda.cuKernelGetFunction(ctypes.byref(f), k) == 0
+            assert libcuda.cuFuncLoad(f) == 0
+        return t1 - t, now() - t1
+
+    rows = {}
+    for label, fn in (
+        ("module", via_module),
+        ("library_preserved", lambda: via_library(True)),
+        ("library", lambda: via_library(False)),
+        ("module_again", via_module),
+        ("library_preserved_again", lambda: via_library(True)),
+    ):
+        load_s, funcs_s = fn()
+        rows[label] = {"load_s": load_s, "functions_s": funcs_s}
+    out["modules_focus"] = rows
+    with open(args.out, "w") as f:
+        json.dump(out, f, indent=1)
+    print(json.dumps(rows, indent=1))
 
 
 def focus_instantiate2(out, args, graphs, workload, region, spec):

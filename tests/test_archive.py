@@ -1335,6 +1335,99 @@ def test_inflate_refuses_trailing_or_short_streams():
     assert _inflate(b"not zlib at all", 0, 15, 10) is None
 
 
+def _native_inflate():
+    from foundry_core import _native
+
+    fn = _native.inflate_fn()
+    if fn is None:
+        pytest.skip("the native library has no inflate (or libz is missing): pip install -e .")
+    return fn
+
+
+def test_native_inflate_refuses_trailing_or_short_streams():
+    """The in-place inflate (native/inflate.c) accepts exactly what the Python one accepts."""
+    import ctypes
+    import zlib
+
+    inflate = _native_inflate()
+
+    def run(src: bytes, expected: int) -> bytes | None:
+        dst = ctypes.create_string_buffer(expected + 8)  # room past the end: must stay untouched
+        ctypes.memset(ctypes.addressof(dst) + expected, 0xAB, 8)
+        rc = inflate(src, len(src), dst, expected)
+        assert dst.raw[expected:] == b"\xab" * 8, "wrote past the end of its buffer"
+        return dst.raw[:expected] if rc == 0 else None
+
+    payload = _code_like(300_000)
+    good = zlib.compress(payload)
+    assert run(good, len(payload)) == payload
+    assert run(good, len(payload) - 1) is None  # more than claimed
+    assert run(good, len(payload) + 1) is None  # less than claimed
+    assert run(good + b"junk", len(payload)) is None  # trailing bytes
+    assert run(good[:-3], len(payload)) is None  # cut short
+    assert run(b"not zlib at all", 10) is None
+    assert run(zlib.compress(b""), 0) == b""
+
+
+@pytest.mark.parametrize("path", ["native", "python"])
+def test_both_inflate_paths_give_the_content_and_refuse_damage(tmp_path, monkeypatch, path):
+    import zlib
+
+    from foundry_core import _native
+    from foundry_core import archive as archive_mod
+
+    if path == "native":
+        _native_inflate()
+    else:
+        monkeypatch.setattr(_native, "inflate_fn", lambda: None)
+    big = _code_like(5 * archive_mod.COMPRESS_CHUNK + 777)
+    with ArchiveWriter(tmp_path / "a") as w:
+        w.add_bytes("modules/big.cubin", big, compress=True)
+        w.add_bytes("graphs/0000.bin", _code_like(70_000), compress=True)
+        w.commit(fingerprint=fp(), meta={})
+    ar = open_archive(tmp_path / "a")
+    assert type(ar.read_bytes("modules/big.cubin")) is bytes
+    assert ar.read_bytes("modules/big.cubin") == big
+    assert ar.read_bytes("graphs/0000.bin") == _code_like(70_000)
+    # Now a chunk that inflates to something else, with its checksums made consistent again:
+    # refused naming the member, on either path.
+    m = manifest_of(tmp_path / "a")
+    entry = m["files"]["modules/big.cubin"]
+    member = real(tmp_path / "a") / "modules" / "big.cubin"
+    stored = member.read_bytes()
+    first = entry["encoding"]["chunks"][0]
+    bad = zlib.compress(b"\0" * (archive_mod.COMPRESS_CHUNK - 1))  # one byte short
+    member.write_bytes(bad + stored[first:])
+    entry["encoding"]["chunks"][0] = len(bad)
+    entry["size"] = len(bad) + len(stored) - first
+    entry["sha256"] = hashlib.sha256(member.read_bytes()).hexdigest()
+    del m["manifest_sha256"]
+    m["manifest_sha256"] = archive_mod._self_checksum(m)
+    (real(tmp_path / "a") / "manifest.json").write_bytes(archive_mod._manifest_bytes(m))
+    with pytest.raises(ArchiveError, match=r"modules/big.cubin.*does not decompress"):
+        open_archive(tmp_path / "a")
+
+
+def test_manifest_self_checksum_fast_and_reformatted(tmp_path):
+    """A manifest as SAVE wrote it passes by hashing its bytes with the checksum line cut out; the
+    same JSON laid out differently (a tool re-indented it) still passes, the slow way; a changed
+    value fails both ways."""
+    from foundry_core import archive as archive_mod
+
+    save(tmp_path / "a", files={"layout.json": b"{}"}, meta={"k": [1, 2, 3]})
+    mpath = real(tmp_path / "a") / "manifest.json"
+    raw = mpath.read_bytes()
+    m = json.loads(raw)
+    assert archive_mod._self_checksum_matches(raw, m)
+    relaid = json.dumps(m, indent=4).encode()
+    assert archive_mod._self_checksum_matches(relaid, m)
+    mpath.write_bytes(relaid)
+    open_archive(tmp_path / "a")
+    changed = dict(m, meta={"k": [1, 2, 4]})
+    for text in (raw.replace(b"3\n", b"4\n"), json.dumps(changed, indent=4).encode()):
+        assert not archive_mod._self_checksum_matches(text, json.loads(text))
+
+
 def test_inspect_reports_content_and_on_disk_sizes(tmp_path, capsys):
     from foundry_core.cli import main
 

@@ -84,3 +84,16 @@ def test_json_archive_restores_natively(tmp_path):
     result, _ = _worker("load", archive, reference, env={"FOUNDRY_BUILDER": "native"})
     _check_load(result)
     assert result["builder"] == "native"
+
+
+def test_upload_is_optional_and_changes_nothing_replayed(tmp_path):
+    """LOAD leaves graphs un-uploaded by default (as torch leaves a captured one); --upload uploads
+    each as it is restored. Both replay bit-exact."""
+    archive, reference = tmp_path / "archive", tmp_path / "reference.pt"
+    _worker("save", archive, reference)
+    plain, _ = _worker("load", archive, reference)
+    _check_load(plain)
+    assert plain["restore_breakdown"]["graph_upload_s"] == 0.0
+    uploaded, _ = _worker("load", archive, reference, "--upload")
+    _check_load(uploaded)
+    assert uploaded["restore_breakdown"]["graph_upload_s"] > 0

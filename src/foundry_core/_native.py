@@ -119,6 +119,25 @@ def graph_lib() -> ctypes.CDLL | None:
     return so
 
 
+@functools.cache
+def inflate_fn():
+    """``foundry_inflate(src, src_len, dst, dst_len) -> 0 | -1`` (native/inflate.c), or None where the
+    library lacks it or libz cannot be loaded; callers then inflate with Python's zlib."""
+    try:
+        so = lib()
+    except (NativeLibraryMissing, OSError):
+        return None
+    fn = getattr(so, "foundry_inflate", None)
+    available = getattr(so, "foundry_inflate_available", None)
+    if fn is None or available is None:
+        return None
+    available.restype, available.argtypes = c_int, []
+    if not available():
+        return None
+    fn.restype, fn.argtypes = c_int, [c_void_p, c_size_t, c_void_p, c_size_t]
+    return fn
+
+
 def region_error() -> str:
     return (lib().foundry_region_error() or b"").decode(errors="replace")
 

@@ -250,7 +250,12 @@ def run_load(args) -> dict:
     torch.cuda.synchronize()
     captures_before = fc.stream_captures()
     t0 = time.perf_counter()
-    restored = fc.load(args.archive, region=region, fingerprint_model=spec.fingerprint())
+    restored = fc.load(
+        args.archive,
+        region=region,
+        fingerprint_model=spec.fingerprint(),
+        upload=getattr(args, "upload", False),
+    )
     torch.cuda.synchronize()
     restore_s = time.perf_counter() - t0
     replay = lambda bs: restored.graphs[f"bs{bs}"].replay()  # noqa: E731
@@ -483,6 +488,7 @@ def main(argv=None) -> int:
     p.add_argument(
         "--dump-graphs", default=None, help="LOAD: write the rebuilt graphs' structure here (JSON)"
     )
+    p.add_argument("--upload", action="store_true", help="LOAD: upload each graph as it is restored")
     add_arguments(p)
     args = p.parse_args(argv)
     result = run_save(args) if args.phase == "save" else run_load(args)

@@ -351,9 +351,10 @@ class Rebuilt:
 
 
 def rebuild(
-    desc: dict, modules: LoadedModules, kernel_attrs: dict, stream: int, timings: dict | None = None
+    desc: dict, modules: LoadedModules, kernel_attrs: dict, stream: int | None, timings: dict | None = None
 ) -> Rebuilt:
-    """The Python builder: one driver call per node and per edge. ``timings`` accumulates seconds."""
+    """The Python builder: one driver call per node and per edge. Uploads the executable to
+    ``stream`` unless it is None. ``timings`` accumulates seconds."""
     t0 = time.perf_counter()
     events = [call("cuEventCreate", CU_EVENT_DISABLE_TIMING) for _ in range(desc.get("events", 0))]
     keepalive: list = []
@@ -366,7 +367,8 @@ def rebuild(
     t1 = time.perf_counter()
     exec_ = call("cuGraphInstantiate", graph, INSTANTIATE_FLAGS)
     t2 = time.perf_counter()
-    call("cuGraphUpload", exec_, cu().CUstream(init_value=stream))
+    if stream is not None:
+        call("cuGraphUpload", exec_, cu().CUstream(init_value=stream))
     t3 = time.perf_counter()
     if timings is not None:
         _add_times(timings, t1 - t0, t2 - t1, t3 - t2)
@@ -833,7 +835,8 @@ class NativeBuilder:
         funcs = [modules.function(image, name, attrs) for image, name, attrs in kernels]
         return cls(so, funcs)
 
-    def rebuild(self, data: bytes, stream: int, timings: dict | None = None) -> Rebuilt:
+    def rebuild(self, data: bytes, stream: int | None, timings: dict | None = None) -> Rebuilt:
+        """Build and instantiate the graph ``data`` encodes; upload it to ``stream`` unless None."""
         n_events = encoded_events(data) if len(data) >= _HEADER.size else 0
         events = [call("cuEventCreate", CU_EVENT_DISABLE_TIMING) for _ in range(n_events)]
         handles = (ctypes.c_void_p * max(n_events, 1))(*[int(e) for e in events])
@@ -848,8 +851,8 @@ class NativeBuilder:
             self.n_funcs,
             handles,
             n_events,
-            stream,
-            _BUILD_INSTANTIATE | _BUILD_UPLOAD,
+            stream or 0,
+            _BUILD_INSTANTIATE | (_BUILD_UPLOAD if stream is not None else 0),
             ctypes.byref(graph),
             ctypes.byref(exec_),
             times,

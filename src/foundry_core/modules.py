@@ -243,10 +243,12 @@ class LoadedModules:
     def load(self, digest: str, data: bytes) -> None:
         if digest in self._modules:
             return
-        # The driver may read the image after the call returns for lazily loaded kernels; keep it.
-        buf = ctypes.create_string_buffer(data, len(data))
-        module = call("cuModuleLoadData", ctypes.addressof(buf))
-        self._modules[digest] = (module, buf)
+        # The driver may read the image after the call returns for lazily loaded kernels: the
+        # bytes object (immutable, so its buffer never moves) is kept with the module. Passing its
+        # own buffer saves copying ~120 MB of images per LOAD.
+        data = bytes(data)  # a no-op for bytes; a copy only for other buffer types
+        module = call("cuModuleLoadData", ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value)
+        self._modules[digest] = (module, data)
 
     def function(self, digest: str, name: str, attrs: dict[str, int]):
         key = (digest, name)
