@@ -370,6 +370,13 @@ def _edit_encoding(ctx: Ctx, **changes) -> None:
     edit_manifest(ctx, lambda m: m["files"][PACKED_REL]["encoding"].update(changes))
 
 
+def _claim_4_gib(ctx: Ctx) -> None:
+    """Keep the stored bytes and their checksum, but claim 4 GiB of content in 64 chunks of 64 MiB,
+    all but one of them a single stored byte: refused before anything that size is allocated."""
+    size = _fields(ctx)[PACKED_REL]["size"]
+    _edit_encoding(ctx, chunk_size=1 << 26, raw_size=1 << 32, chunks=[size - 63] + [1] * 63)
+
+
 def _damage_packed_consistently(ctx: Ctx) -> None:
     """Flip a byte inside the compressed stream and give the manifest the new sha256: the checksums
     agree, the content does not inflate."""
@@ -454,6 +461,8 @@ ROWS = [
         _file(PACKED_REL, "does not decompress; it is damaged"), REFUSED),
     Row("compressed member claims a smaller raw_size", lambda c: _edit_encoding(c, raw_size=len(PACKED) - 1),
         ArchiveError, _file(PACKED_REL, "does not decompress; it is damaged"), REFUSED),
+    Row("compressed member claims 4 GiB of content", _claim_4_gib, ArchiveError,
+        _file(PACKED_REL, "does not decompress; it is damaged"), REFUSED),
     Row("compressed member's chunks do not add up", lambda c: _edit_encoding(c, chunks=[1, 2]), ArchiveError,
         lambda c: [f"entry for {PACKED_REL!r}", "chunks do not add up to its size and raw_size"], REFUSED,
         early=True),

@@ -32,6 +32,7 @@ import ctypes
 import datetime as _dt
 import errno
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -908,12 +909,22 @@ def _map_on_threads(fn: Callable[[Any], Any], items: list, threads: int, name: s
         return list(pool.map(fn, items))
 
 
+# deflate cannot expand data more than about 1032:1; a chunk claiming more is damaged, and is
+# refused before its claimed size is allocated.
+_MAX_INFLATE_RATIO = 1100
+
+
+@functools.cache
+def _bytes_maker():
+    make = ctypes.pythonapi.PyBytes_FromStringAndSize
+    make.restype, make.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_ssize_t]
+    return make
+
+
 def _fresh_bytes(size: int) -> bytes:
     """A new, not yet shared bytes object of ``size`` bytes for native code to fill in place (the
     C-API idiom PyBytes_FromStringAndSize(NULL, n)): no zeroing, no copy after inflating."""
-    make = ctypes.pythonapi.PyBytes_FromStringAndSize
-    make.restype, make.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_ssize_t]
-    return make(None, size)
+    return _bytes_maker()(None, size)
 
 
 def _address(data: bytes) -> int:
@@ -934,13 +945,22 @@ def _decode_members(contents: dict[str, bytes], files: dict[str, Any], where: st
         enc = files[rel].get("encoding")
         if enc is None:
             continue
-        if native is not None:
-            targets[rel] = _fresh_bytes(enc["raw_size"])
+        shown = _one_line(repr(rel), 120)
         pos = 0
         for i, length in enumerate(enc["chunks"]):
             expected = min(enc["chunk_size"], enc["raw_size"] - i * enc["chunk_size"])
+            if expected > _MAX_INFLATE_RATIO * length + 1024:
+                raise ArchiveError(f"{where}: file {shown} does not decompress; it is damaged, SAVE again")
             jobs.append((rel, pos, pos + length, i * enc["chunk_size"], expected))
             pos += length
+        if native is not None:
+            try:
+                targets[rel] = _fresh_bytes(enc["raw_size"])
+            except MemoryError:
+                raise ArchiveError(
+                    f"{where}: file {shown} inflates to {enc['raw_size']} bytes, more than this "
+                    "process can allocate"
+                ) from None
     if not jobs:
         return
 
