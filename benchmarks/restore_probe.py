@@ -169,7 +169,8 @@ def probe(args, out: dict) -> None:
     fptrs = (ctypes.c_void_p * len(funcs))(*[int(f) for f in funcs])
     stream = torch.cuda.current_stream().cuda_stream
 
-    def build_only(data: bytes):
+    def build_only(data: bytes, flags: int = 0):
+        """foundry_graph_build: build only (flags 0), or also instantiate (1); (graph, events, times)."""
         n_events = G.encoded_events(data)
         events = [call("cuEventCreate", 2) for _ in range(n_events)]
         handles = (ctypes.c_void_p * max(n_events, 1))(*[int(e) for e in events])
@@ -178,16 +179,16 @@ def probe(args, out: dict) -> None:
         err = ctypes.create_string_buffer(1024)
         rc = so.foundry_graph_build(
             ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p), len(data), fptrs, len(funcs),
-            handles, n_events, stream, 0, ctypes.byref(graph), ctypes.byref(exec_), times, err, len(err),
+            handles, n_events, stream, flags, ctypes.byref(graph), ctypes.byref(exec_), times, err, len(err),
         )  # fmt: skip
         assert rc == 0, err.value
-        return graph.value, events
+        return graph.value, events, list(times)
 
     blobs = [(e["name"], e["nodes"], arch.read_bytes(e["file"])) for e in meta["graphs"]]
     graphs, build_s = [], []
     for _name, _n, data in blobs:
         t = now()
-        g, _ev = build_only(data)
+        g, _ev, _times = build_only(data)
         build_s.append(now() - t)
         graphs.append(g)
     out["graph_names"] = [b[0] for b in blobs]
@@ -197,9 +198,7 @@ def probe(args, out: dict) -> None:
         focus_instantiate2(out, args, graphs, workload, region, spec)
         return
     if os.environ.get("FOUNDRY_PROBE_FOCUS") == "instantiate":
-        focus_instantiate(
-            out, args, graphs, blobs, build_only, so, fptrs, funcs, stream, region, workload, spec
-        )
+        focus_instantiate(out, args, graphs, blobs, build_only, region, workload, spec)
         return
 
     def instantiate_all(flags: int, gs=None):
@@ -469,12 +468,11 @@ def focus_instantiate2(out, args, graphs, workload, region, spec):
     )
 
 
-def focus_instantiate(out, args, graphs, blobs, build_only, so, fptrs, funcs, stream, region, workload, spec):
+def focus_instantiate(out, args, graphs, blobs, build_only, region, workload, spec):
     """Why does torch's first instantiate of a captured graph take about half as long as ours?"""
     import torch
 
     from foundry_core import demo
-    from foundry_core import graphs as G
     from foundry_core.driver import call, cu
 
     libcuda = ctypes.CDLL("libcuda.so.1")
@@ -510,20 +508,7 @@ def focus_instantiate(out, args, graphs, blobs, build_only, so, fptrs, funcs, st
         rows["bindings"].append(via_bindings(g))
     out["restored_instantiate_by_entry_s"] = {k: sum(v) for k, v in rows.items()}
     # the real path: build then instantiate (and upload) in one native call, per graph
-    real = []
-    for _name, _n, data in blobs:
-        n_events = G.encoded_events(data)
-        events = [call("cuEventCreate", 2) for _ in range(n_events)]
-        handles = (ctypes.c_void_p * max(n_events, 1))(*[int(e) for e in events])
-        graph, exec_ = ctypes.c_void_p(), ctypes.c_void_p()
-        times = (ctypes.c_double * 3)()
-        err = ctypes.create_string_buffer(1024)
-        rc = so.foundry_graph_build(
-            ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p), len(data), fptrs, len(funcs),
-            handles, n_events, stream, 1, ctypes.byref(graph), ctypes.byref(exec_), times, err, len(err),
-        )  # fmt: skip
-        assert rc == 0, err.value
-        real.append([times[0], times[1]])
+    real = [build_only(data, flags=1)[2] for _name, _n, data in blobs]
     out["real_path_build_s"] = sum(r[0] for r in real)
     out["real_path_instantiate_s"] = sum(r[1] for r in real)
     # native captures: first instantiate through each entry point, then again
