@@ -939,29 +939,30 @@ def _decode_members(contents: dict[str, bytes], files: dict[str, Any], where: st
     buffer (native/inflate.c, GIL released); without it, Python's zlib inflates each chunk into its
     own object and the chunks are joined."""
     native = _native.inflate_fn()
+    members = sorted(rel for rel in files if files[rel].get("encoding") is not None)
     jobs: list[tuple[str, int, int, int, int]] = []
     targets: dict[str, bytes] = {}
-    for rel in sorted(files):
-        enc = files[rel].get("encoding")
-        if enc is None:
-            continue
-        shown = _one_line(repr(rel), 120)
-        pos = 0
+    damaged: set[str] = set()  # known damaged without inflating anything
+    for rel in members:
+        enc = files[rel]["encoding"]
+        chunk_jobs, pos = [], 0
         for i, length in enumerate(enc["chunks"]):
             expected = min(enc["chunk_size"], enc["raw_size"] - i * enc["chunk_size"])
-            if expected > _MAX_INFLATE_RATIO * length + 1024:
-                raise ArchiveError(f"{where}: file {shown} does not decompress; it is damaged, SAVE again")
-            jobs.append((rel, pos, pos + length, i * enc["chunk_size"], expected))
+            chunk_jobs.append((rel, pos, pos + length, i * enc["chunk_size"], expected))
             pos += length
+        if any(job[4] > _MAX_INFLATE_RATIO * (job[2] - job[1]) + 1024 for job in chunk_jobs):
+            damaged.add(rel)
+            continue
         if native is not None:
             try:
                 targets[rel] = _fresh_bytes(enc["raw_size"])
             except MemoryError:
                 raise ArchiveError(
-                    f"{where}: file {shown} inflates to {enc['raw_size']} bytes, more than this "
-                    "process can allocate"
+                    f"{where}: file {_one_line(repr(rel), 120)} inflates to {enc['raw_size']} bytes, "
+                    "more than this process can allocate"
                 ) from None
-    if not jobs:
+        jobs += chunk_jobs
+    if not members:
         return
 
     def run(job: tuple[str, int, int, int, int]) -> bytes | bool | None:
@@ -972,11 +973,11 @@ def _decode_members(contents: dict[str, bytes], files: dict[str, Any], where: st
         return native(src, end - start, _address(targets[rel]) + out_at, expected) == 0
 
     parts = _map_on_threads(run, jobs, _ZLIB_THREADS, "foundry-inflate")
-    by_member: dict[str, list] = {}
+    by_member: dict[str, list] = {rel: [] for rel in members}
     for (rel, _, _, _, _), part in zip(jobs, parts):
-        by_member.setdefault(rel, []).append(part)
-    for rel, chunks in by_member.items():  # sorted, as jobs are
-        if any(part is None or part is False for part in chunks):
+        by_member[rel].append(part)
+    for rel, chunks in by_member.items():  # sorted
+        if rel in damaged or any(part is None or part is False for part in chunks):
             raise ArchiveError(
                 f"{where}: file {_one_line(repr(rel), 120)} does not decompress; it is damaged, SAVE again"
             )
