@@ -84,18 +84,9 @@ def parse(plugins_loaded, model_dir, foundry_toml):
 
 
 @pytest.fixture
-def logged():
+def logged(log_records):
     """Records of the plugin's logger (on the logger itself: SGLang resets the root's handlers)."""
-    records: list[logging.LogRecord] = []
-    handler = logging.Handler(logging.DEBUG)
-    handler.emit = records.append
-    logger = logging.getLogger("foundry.sglang")
-    level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.DEBUG)
-    yield records
-    logger.removeHandler(handler)
-    logger.setLevel(level)
+    return log_records("foundry.sglang", logging.DEBUG)
 
 
 @pytest.fixture(autouse=True)

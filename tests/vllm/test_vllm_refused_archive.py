@@ -33,22 +33,9 @@ def captures_only(monkeypatch):
 
 
 @pytest.fixture
-def warnings_logged():
+def warnings_logged(log_records):
     """WARNING records of the plugin's logger (vLLM's logger may not propagate to the root)."""
-    records = []
-
-    class Keep(logging.Handler):
-        def emit(self, record):
-            records.append(record)
-
-    logger = logging.getLogger("vllm.foundry")
-    handler = Keep(logging.WARNING)
-    old_level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    yield records
-    logger.removeHandler(handler)
-    logger.setLevel(old_level)
+    return log_records("vllm.foundry", logging.WARNING, logger_level=logging.INFO)
 
 
 def _session(base_vllm_config, tmp_path, mode="auto", world_size=1, saved=True):
