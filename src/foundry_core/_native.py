@@ -119,6 +119,12 @@ def graph_lib() -> ctypes.CDLL | None:
     return so
 
 
+def bytes_address(data: bytes) -> int:
+    """Where a bytes object's own buffer lies (it never moves: bytes are immutable), so that native
+    code can read it, or fill a fresh one in place, without a copy. Keep ``data`` alive meanwhile."""
+    return ctypes.cast(ctypes.c_char_p(data), c_void_p).value or 0
+
+
 @functools.cache
 def inflate_fn():
     """``foundry_inflate(src, src_len, dst, dst_len) -> 0 | -1`` (native/inflate.c), or None where the

@@ -461,17 +461,9 @@ def load(
             modules.function(image, name, attrs)
         t3 = time.perf_counter()
         timings["modules_s"] = t3 - t2
-        stream = torch.cuda.current_stream(region.device).cuda_stream
+        upload_to = torch.cuda.current_stream(region.device).cuda_stream if upload else None
         builders = _rebuild_all(
-            archive,
-            meta,
-            modules,
-            kernel_attrs,
-            stream if upload else None,
-            graphs,
-            region,
-            progress,
-            timings,
+            archive, meta, modules, kernel_attrs, upload_to, graphs, region, progress, timings
         )
         torch.cuda.synchronize(region.device)
         t4 = time.perf_counter()

@@ -927,10 +927,6 @@ def _fresh_bytes(size: int) -> bytes:
     return _bytes_maker()(None, size)
 
 
-def _address(data: bytes) -> int:
-    return ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value or 0
-
-
 def _decode_members(contents: dict[str, bytes], files: dict[str, Any], where: str) -> None:
     """Replace each compressed member's stored bytes by its content, inflating all chunks of all
     members on threads; the first damaged member in sorted order is the one reported.
@@ -945,12 +941,13 @@ def _decode_members(contents: dict[str, bytes], files: dict[str, Any], where: st
     damaged: set[str] = set()  # known damaged without inflating anything
     for rel in members:
         enc = files[rel]["encoding"]
-        chunk_jobs, pos = [], 0
+        chunk_jobs, pos, too_large = [], 0, False
         for i, length in enumerate(enc["chunks"]):
             expected = min(enc["chunk_size"], enc["raw_size"] - i * enc["chunk_size"])
+            too_large |= expected > _MAX_INFLATE_RATIO * length + 1024
             chunk_jobs.append((rel, pos, pos + length, i * enc["chunk_size"], expected))
             pos += length
-        if any(job[4] > _MAX_INFLATE_RATIO * (job[2] - job[1]) + 1024 for job in chunk_jobs):
+        if too_large:
             damaged.add(rel)
             continue
         if native is not None:
@@ -969,8 +966,8 @@ def _decode_members(contents: dict[str, bytes], files: dict[str, Any], where: st
         rel, start, end, out_at, expected = job
         if native is None:
             return _inflate(contents[rel], start, end, expected)
-        src = _address(contents[rel]) + start
-        return native(src, end - start, _address(targets[rel]) + out_at, expected) == 0
+        src = _native.bytes_address(contents[rel]) + start
+        return native(src, end - start, _native.bytes_address(targets[rel]) + out_at, expected) == 0
 
     parts = _map_on_threads(run, jobs, _ZLIB_THREADS, "foundry-inflate")
     by_member: dict[str, list] = {rel: [] for rel in members}

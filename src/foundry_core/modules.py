@@ -247,7 +247,7 @@ class LoadedModules:
         # bytes object (immutable, so its buffer never moves) is kept with the module. Passing its
         # own buffer saves copying ~120 MB of images per LOAD.
         data = bytes(data)  # a no-op for bytes; a copy only for other buffer types
-        module = call("cuModuleLoadData", ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value)
+        module = call("cuModuleLoadData", _native.bytes_address(data))
         self._modules[digest] = (module, data)
 
     def function(self, digest: str, name: str, attrs: dict[str, int]):
