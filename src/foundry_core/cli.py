@@ -39,6 +39,11 @@ def cmd_inspect(args) -> int:
         print(f"foundry inspect: {e}", file=sys.stderr)
         return 1
     meta, fp = archive.meta, archive.fingerprint
+    if meta.get("kind") == "foundry-caches":
+        print(f"archive   {archive.path} (carried compile caches)")
+        print(f"digest    {archive.digest}")
+        _print_caches(archive)
+        return 0
     print(f"archive   {archive.path}")
     print(f"digest    {archive.digest}")
     stored = sum(entry["size"] for entry in archive.manifest["files"].values())
@@ -76,7 +81,35 @@ def cmd_inspect(args) -> int:
         f"\nregion    base {layout.get('base', 0):#x}, {len(layout.get('segments', []))} segments "
         f"({len(live)} live, {_human(sum(s[1] for s in live))})"
     )
+    carried = Path(str(archive.path).rstrip("/") + ".caches")
+    if carried.is_dir():
+        try:
+            caches = open_archive(carried)
+        except ArchiveError as e:
+            print(f"\ncaches    {carried}: {e}")
+        else:
+            print(f"\ncaches    {carried}, digest {caches.digest}")
+            _print_caches(caches)
     return 0
+
+
+def _print_caches(archive) -> None:
+    """The carried caches of an engine: one row per cache kind."""
+    engine = (archive.fingerprint.get("model") or {}).get("engine") or {}
+    name = engine.get("name", "?")
+    version = engine.get(name) or ""
+    rows = [
+        [
+            f"{name} {version}".strip(),
+            kind,
+            v.get("files", 0),
+            _human(int(v.get("bytes", 0))),
+            v.get("what", ""),
+        ]
+        for kind, v in sorted((archive.meta.get("kinds") or {}).items())
+    ]
+    print()
+    print(_table(rows, ["engine", "cache", "files", "bytes", "what"]))
 
 
 def cmd_verify(args) -> int:

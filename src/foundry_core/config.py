@@ -9,9 +9,14 @@ One schema, parsed here, so that SGLang and vLLM read the same file the same way
     base = 0x600000000000         # fixed virtual address of the device-memory region
     size = "128GiB"               # virtual size reserved (physical memory is mapped on use)
 
+    [caches]
+    carry = true                  # SAVE stores the engine's compile/JIT caches; LOAD hands them over
+
     [trust]
     archive_digest = ""           # optional: pin the archive's manifest digest (sha256 hex);
                                   # several ranks: a table, archive_digest = { 0 = "...", 1 = "..." }
+    caches_digest = ""            # optional: pin the carried caches the same way (needed to use
+                                  # them once archive_digest is set)
 
 Unknown keys are an error, not a silent no-op: a typo in a key would otherwise change what is
 restored without anyone noticing.
@@ -55,6 +60,8 @@ class FoundryConfig:
     region_size: int = DEFAULT_REGION_SIZE
     archive_digest: str | None = None  # the rank-0 pin (the only one of a single-rank engine)
     archive_digests: tuple[tuple[int, str], ...] = ()  # every pinned rank, (rank, digest)
+    carry_caches: bool = True  # [caches] carry: compile/JIT caches travel with the archive
+    caches_digests: tuple[tuple[int, str], ...] = ()  # [trust] caches_digest, (rank, digest)
     source: Path | None = None  # the file it came from, for messages
 
     def rank_archive_dir(self, rank: int = 0) -> Path:
@@ -74,6 +81,14 @@ class FoundryConfig:
                 f"trust.archive_digest pins rank(s) {sorted(pins)} but not rank {rank}: pin every rank or none"
             )
         return pins[rank]
+
+    def rank_caches_dir(self, rank: int = 0) -> Path:
+        """The carried compile/JIT caches of ``rank`` (an archive of their own, beside the graphs')."""
+        return self.archive_dir / f"rank{rank}.caches"
+
+    def caches_digest_for_rank(self, rank: int = 0) -> str | None:
+        """The pinned digest of ``rank``'s carried caches; None when they are not pinned."""
+        return dict(self.caches_digests).get(rank)
 
     def rank_region_base(self, rank: int = 0) -> int:
         return self.region_base + rank * RANK_STRIDE
@@ -132,9 +147,10 @@ def _parse_address(value: Any, key: str) -> int:
     return value
 
 
-_TOP_KEYS = {"mode", "archive_dir", "region", "trust"}
+_TOP_KEYS = {"mode", "archive_dir", "region", "caches", "trust"}
 _REGION_KEYS = {"base", "size"}
-_TRUST_KEYS = {"archive_digest"}
+_CACHES_KEYS = {"carry"}
+_TRUST_KEYS = {"archive_digest", "caches_digest"}
 
 
 def _check_keys(table: dict, allowed: set[str], where: str) -> None:
@@ -174,11 +190,19 @@ def config_from_dict(data: dict, source: Path | None = None, base_dir: Path | No
         raise ConfigError(
             f"region: base {base:#x} + size {size:#x} ends past the 47-bit user address space; lower region.base"
         )
+    caches = data.get("caches", {})
+    if not isinstance(caches, dict):
+        raise ConfigError(f"{where}: [caches] must be a table")
+    _check_keys(caches, _CACHES_KEYS, f"{where} [caches]")
+    carry = caches.get("carry", True)
+    if not isinstance(carry, bool):
+        raise ConfigError(f"caches.carry: expected true or false, got {carry!r}")
     trust = data.get("trust", {})
     if not isinstance(trust, dict):
         raise ConfigError(f"{where}: [trust] must be a table")
     _check_keys(trust, _TRUST_KEYS, f"{where} [trust]")
     pins = _parse_pins(trust.get("archive_digest", ""))
+    cache_pins = _parse_pins(trust.get("caches_digest", ""), "trust.caches_digest")
     return FoundryConfig(
         mode=mode,
         archive_dir=path,
@@ -186,6 +210,8 @@ def config_from_dict(data: dict, source: Path | None = None, base_dir: Path | No
         region_size=size,
         archive_digest=dict(pins).get(0),
         archive_digests=pins,
+        carry_caches=carry,
+        caches_digests=cache_pins,
         source=source,
     )
 
@@ -196,20 +222,20 @@ def _check_digest(value: Any, key: str) -> str:
     return value
 
 
-def _parse_pins(value: Any) -> tuple[tuple[int, str], ...]:
-    """``archive_digest``: "" (not pinned), one digest (rank 0), or a table rank -> digest."""
+def _parse_pins(value: Any, key: str = "trust.archive_digest") -> tuple[tuple[int, str], ...]:
+    """A digest pin: "" (not pinned), one digest (rank 0), or a table rank -> digest."""
     if value == "":
         return ()  # empty means "not pinned"; other falsy values (false, 0) are errors, not "unset"
     if isinstance(value, dict):
         pins = {}
         for rank, digest in value.items():
             if not str(rank).isdigit():
-                raise ConfigError(f"trust.archive_digest: table keys are ranks (0, 1, ...), got {rank!r}")
-            pins[int(rank)] = _check_digest(digest, f"trust.archive_digest.{rank}")
+                raise ConfigError(f"{key}: table keys are ranks (0, 1, ...), got {rank!r}")
+            pins[int(rank)] = _check_digest(digest, f"{key}.{rank}")
         if not pins:
-            raise ConfigError('trust.archive_digest: an empty table pins nothing; use "" or omit it')
+            raise ConfigError(f'{key}: an empty table pins nothing; use "" or omit it')
         return tuple(sorted(pins.items()))
-    return ((0, _check_digest(value, "trust.archive_digest")),)
+    return ((0, _check_digest(value, key)),)
 
 
 def load_config(path: str | os.PathLike) -> FoundryConfig:

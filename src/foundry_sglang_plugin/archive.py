@@ -95,7 +95,7 @@ def _decode_only(value: Any) -> Any:
     return value.get("decode") if isinstance(value, dict) else value
 
 
-def _package_version(name: str) -> str | None:
+def package_version(name: str) -> str | None:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -122,9 +122,9 @@ def fingerprint(server_args: Any, cfg: Any) -> dict[str, Any]:
     return {
         "format": FORMAT,
         "engine": "sglang",
-        "sglang": _package_version("sglang"),
-        "torch": _package_version("torch"),
-        "foundry": _package_version("foundry-graphs"),
+        "sglang": package_version("sglang"),
+        "torch": package_version("torch"),
+        "foundry": package_version("foundry-graphs"),
         "python": f"{sys.version_info.major}.{sys.version_info.minor}",
         "model_config_sha256": _model_config_digest(read("model_path")),
         "region": {"base": cfg.region_base, "size": cfg.region_size},

@@ -65,11 +65,15 @@ def before_check_server_args(server_args: Any, *args: Any, **kwargs: Any) -> Non
     req = settings.requested(server_args)
     if not req.enabled and req.config_path is None:
         return
-    from foundry_sglang_plugin.session import settle
+    from foundry_core.engine import redirect_for_launch
+    from foundry_sglang_plugin.session import CACHE_KINDS, settle
 
     cfg, mode = settle(server_args)
     settings.set_mode(server_args, mode)
     settings.export_env(cfg, mode)
+    # Before SGLang spawns its schedulers: they inherit private compile-cache folders, in place
+    # before they import FlashInfer or Inductor (which read their folder once).
+    redirect_for_launch(cfg, CACHE_KINDS)
 
 
 # --- worker hooks ------------------------------------------------------------------------------

@@ -46,6 +46,8 @@ from foundry_sglang_plugin.support import check_supported
 logger = logging.getLogger("foundry.sglang")
 
 REPORT_ENV = "FOUNDRY_SGLANG_REPORT_DIR"
+#: The compile and JIT caches SGLang's processes fill (foundry_core.engine.caches.KINDS).
+CACHE_KINDS = ("sglang", "triton", "inductor", "tvm-ffi", "flashinfer", "deep-gemm", "cuda")
 
 
 class FoundrySessionError(RuntimeError):
@@ -101,6 +103,9 @@ class Session:
         self.capture_started = False
         self.sidecar: dict[str, Any] | None = None
         self.report: dict[str, Any] = {"mode": mode, "rank": rank, "archive": str(self.path), "ok": None}
+        from foundry_core.engine import CacheHandover
+
+        self.caches = CacheHandover(cfg, rank, CACHE_KINDS, _engine_facts())
         self._t_capture: float | None = None
         self._captures_at_capture: dict[str, int] | None = None
         if mode == "load":
@@ -130,6 +135,9 @@ class Session:
         rank = int(dp_rank or 0) * tp_size + tp_rank
         session = cls(server_args, cfg, mode, rank, gpu_id)
         session.world_size = archive.world_size(server_args)
+        session.caches.world_size = session.world_size
+        # Before anything compiles or initialises CUDA (the driver reads CUDA_CACHE_PATH then).
+        session.caches.begin()
         import foundry_core as fc
 
         # Recording starts before anything touches CUDA (checking the archive reads the device's
@@ -137,10 +145,16 @@ class Session:
         fc.start_recording(keep_images=mode == "save" or cfg.mode == "auto")
         if mode == "load":
             session.check_archive()
+        if session.mode == "load":
+            session.caches.restore(session.device)
         # SAVE keeps every module image; LOAD only counts stream captures (it must begin none).
         fc.start_recording(keep_images=session.mode == "save")
         logger.info("Foundry %s: rank %d, archive %s", session.mode.upper(), rank, session.path)
         return session
+
+    @property
+    def device(self) -> int:
+        return self.gpu_id if self.gpu_id is not None else 0
 
     def check_archive(self) -> None:
         """LOAD, before the region is reserved or any model memory allocated: verify the core
@@ -154,7 +168,7 @@ class Session:
             verified = _call(
                 fc.verify,
                 str(self.path),
-                device=self.gpu_id if self.gpu_id is not None else 0,
+                device=self.device,
                 fingerprint_model=self.fingerprint,
                 rank=self.rank,
                 world_size=self.world_size,
@@ -306,6 +320,7 @@ class Session:
         finally:
             self._routing.close()
             _stop_recording()
+            self.report["caches"] = self.caches.finish()
             self.write_report()
 
     def _persist(self) -> None:
@@ -336,6 +351,9 @@ class Session:
         )
         self.report["fc_save_s"] = round(time.perf_counter() - t0, 4)
         self.report["graphs"] = len(self.graphs)
+        # Everything SGLang built so far (the decode capture's first-use kernels included); the
+        # sidecar, written last, marks the SAVE finished.
+        self.caches.save(self.device)
         archive.write_sidecar(
             self.cfg,
             self.rank,
@@ -413,6 +431,15 @@ def _call(fn: Any, *args: Any, **kwargs: Any) -> Any:
     if not any(p.kind is p.VAR_KEYWORD for p in accepted.values()):
         kwargs = {k: v for k, v in kwargs.items() if k in accepted}
     return fn(*args, **kwargs)
+
+
+def _engine_facts() -> dict[str, Any]:
+    """What carried caches are valid for on SGLang's side (versions of its kernel packages)."""
+    return {
+        "name": "sglang",
+        "sglang": archive.package_version("sglang"),
+        "sglang-kernel": archive.package_version("sglang-kernel"),
+    }
 
 
 def _stream_captures() -> dict[str, int] | None:

@@ -79,6 +79,12 @@ def finalize_engine_config(vllm_config: Any) -> Any:
         pc.worker_cls = FOUNDRY_WORKER
     elif pc.worker_cls != FOUNDRY_WORKER:  # pragma: no cover - check_supported refuses it first
         raise FoundryUnsupportedError(f"worker_cls={pc.worker_cls}", "a custom worker cannot be hooked")
+    # Before vLLM starts its engine-core process: it inherits private compile-cache folders, in
+    # place before it imports FlashInfer or Inductor (which read their folder once).
+    from foundry_core.engine import redirect_for_launch
+    from foundry_vllm_plugin.session import CACHE_KINDS
+
+    redirect_for_launch(cfg, CACHE_KINDS)
     logger.info(
         "Foundry enabled: config %s, mode %s, archive %s (auto is resolved per rank in the worker)",
         cfg.source,

@@ -17,6 +17,9 @@ from foundry_vllm_plugin import archive, graphs, settings
 
 logger = logging.getLogger("vllm.foundry")  # under vLLM's logger: same handlers and level
 
+#: The compile and JIT caches a vLLM engine process fills (foundry_core.engine.caches.KINDS).
+CACHE_KINDS = ("vllm", "inductor", "triton", "tvm-ffi", "flashinfer", "deep-gemm", "cuda")
+
 
 def start_module_recording() -> None:
     """Start the core's CUDA module recorder, keeping images (idempotent)."""
@@ -41,6 +44,16 @@ def stop_module_recording() -> None:
         fc.stop_recording()
     except Exception as e:
         logger.warning("Foundry: cannot stop CUDA module recording: %s", e)
+
+
+def _engine_facts() -> dict[str, Any]:
+    """What carried caches are valid for on vLLM's side."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return {"name": "vllm", "vllm": version("vllm")}
+    except PackageNotFoundError:
+        return {"name": "vllm", "vllm": None}
 
 
 def stream_captures() -> int | None:
@@ -111,6 +124,10 @@ class FoundrySession:
         self.restored = None  # the core's Restored: owns the modules and memory the graphs use
         self.verified = None  # the core Archive check_core_archive read, until restore() hands it to load
         self._capture_routing: contextlib.ExitStack | None = None
+        self._pending_manifest: tuple | None = None  # SAVE: written once the caches are saved too
+        from foundry_core.engine import CacheHandover
+
+        self.caches = CacheHandover(cfg, self.rank, CACHE_KINDS, _engine_facts(), self.world_size)
         # What this start did, written next to the archive when graphs are ready (start report).
         self.report: dict[str, Any] = {
             "kind": archive.START_REPORT_KIND,
@@ -180,6 +197,8 @@ class FoundrySession:
         self.mode, self.manifest = mode, manifest
         self.report.update(mode=mode, reason=why)
         logger.info("Foundry rank %d: %s (%s)", self.rank, mode.upper(), why)
+        if mode == "load":  # before the model is built: torch.compile reads its cache next
+            self.caches.restore(device_index)
         if mode == "load":
             try:  # a LOAD restores code from the archive; it needs no recorded images, only the counts
                 count_captures_only()
@@ -287,7 +306,9 @@ class FoundrySession:
             # its persistent buffers hold after capture: no replay to look for RNG state.
             detect_rng=False,
         )
-        archive.write_manifest(mpath, self.fingerprint, sizing, listing)
+        # The manifest marks the SAVE finished; it is written by publish(), after vLLM's warmups
+        # (which go on compiling after the capture) and the caches they fill are saved too.
+        self._pending_manifest = (mpath, self.fingerprint, sizing, listing)
         elapsed = time.perf_counter() - t0
         self.report.update(graphs=len(graph_map), save_s=round(elapsed, 3), runner=adapter.kind)
         logger.info(
@@ -297,6 +318,14 @@ class FoundrySession:
             archive.core_archive_dir(self.cfg, self.rank),
             elapsed,
         )
+
+    def publish(self, device_index: int) -> None:
+        """SAVE, at the end of the engine's startup: save the compile caches, then the manifest."""
+        if self._pending_manifest is None:
+            return
+        self.caches.save(device_index)
+        archive.write_manifest(*self._pending_manifest)
+        self._pending_manifest = None
 
     def restore(self, adapter: Any) -> int:
         import foundry_core as fc
@@ -352,6 +381,7 @@ class FoundrySession:
             num_gpu_blocks=self.num_gpu_blocks,
             setup=self.setup,
             workspace_locked=self.workspace_locked,
+            caches=self.caches.finish(),
         )
         path = archive.start_report_path(self.cfg, self.rank)
         try:

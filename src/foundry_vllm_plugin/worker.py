@@ -68,6 +68,8 @@ class FoundryWorker(_VllmGpuWorker):
         vllm_config = kwargs["vllm_config"] if "vllm_config" in kwargs else args[0]
         check_supported(vllm_config)  # before vLLM's worker does anything
         self._foundry = FoundrySession(vllm_config)
+        # Before vLLM's worker initialises CUDA or compiles anything: private cache directories.
+        self._foundry.caches.begin()
         super().__init__(*args, **kwargs)
 
     @contextlib.contextmanager
@@ -191,7 +193,9 @@ class FoundryWorker(_VllmGpuWorker):
         try:
             if s.mode == "save":
                 s.begin_capture_routing()
-            return super().compile_or_warm_up_model(*args, **kwargs)
+            result = super().compile_or_warm_up_model(*args, **kwargs)
+            s.publish(self.device.index if self.device.index is not None else 0)
+            return result
         except BaseException as e:
             s.report["error"] = "compile_or_warm_up_model: " + _one_line(e)
             raise

@@ -1,0 +1,295 @@
+"""Compile and JIT caches carried in an archive, so that a LOAD on an empty machine compiles nothing.
+
+An engine's cold start is mostly compilation: torch.compile (Dynamo, Inductor), Triton kernels,
+kernels built with nvcc at first use (tvm-ffi, FlashInfer, DeepGEMM) and PTX the driver JIT-compiles.
+Each of those tools keeps its results in an on-disk cache that one environment variable relocates.
+
+* SAVE: :meth:`CacheDirs.create` makes one private, empty directory per cache kind and
+  :meth:`CacheDirs.redirect` points the engine's variables at them before anything compiles, so
+  everything the SAVE process builds or uses lands there; :func:`pack` then stores those files as a
+  Foundry archive of its own (checksummed members, atomic publish, fingerprinted to the GPU, driver,
+  CUDA, torch, Triton and engine versions).
+* LOAD: the same private directories are made and redirected first (the driver reads
+  ``CUDA_CACHE_PATH`` when CUDA initialises); :func:`unpack` verifies the carried archive against this
+  machine, the location rule and the pinned digest, then writes its files there. Nothing is written
+  into the user's own caches. A refused or missing archive leaves the directories empty: the engine
+  builds as usual, into them.
+
+The caches archive is separate from the graph archive because the engines go on compiling after
+their graphs are captured (vLLM's sampler and kernel warmups), while the graph archive is written
+right after capture; the engine layer writes it before the record that marks a SAVE finished.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import stat
+import sys
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from ..archive import (
+    ArchiveError,
+    ArchiveWriter,
+    check_relpath,
+    compare_fingerprint,
+    open_archive,
+)
+from ..trust import check_location
+
+logger = logging.getLogger("foundry.caches")
+
+ARCHIVE_KIND = "foundry-caches"
+#: Where the private copies are made (default: the system's temporary directory). When set, they
+#: are kept after the process ends, so a benchmark can count what was compiled beside them.
+ROOT_ENV = "FOUNDRY_CACHE_ROOT"
+#: Set by the launching process to the private root it made: the engine processes it starts (which
+#: inherit the cache variables with it) use that root instead of making their own.
+DIR_ENV = "FOUNDRY_CACHES_DIR"
+#: Written into each private root after unpacking: the files that came from the archive.
+CARRIED_LIST = ".foundry-carried.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheKind:
+    """One tool's on-disk cache and the variables that relocate it (all set to the same folder)."""
+
+    name: str
+    envs: tuple[str, ...]
+    what: str
+
+
+#: Every cache kind the engine layer knows. An engine adapter names the ones its engine uses.
+KINDS: dict[str, CacheKind] = {
+    k.name: k
+    for k in (
+        CacheKind("vllm", ("VLLM_CACHE_ROOT",), "vLLM: torch.compile / AOT artifacts, autotune"),
+        CacheKind("sglang", ("SGLANG_CACHE_DIR",), "SGLang: torch.compile cache, FlashInfer autotune"),
+        CacheKind("inductor", ("TORCHINDUCTOR_CACHE_DIR",), "Inductor: FX graph and kernel caches"),
+        CacheKind("triton", ("TRITON_CACHE_DIR",), "Triton: compiled kernels and launchers"),
+        CacheKind("tvm-ffi", ("TVM_FFI_CACHE_DIR",), "tvm-ffi: kernels built with nvcc at first use"),
+        # FlashInfer reads its base once, at import: set it before the engine imports FlashInfer.
+        CacheKind("flashinfer", ("FLASHINFER_WORKSPACE_BASE",), "FlashInfer: JIT modules"),
+        # SGLang copies SGLANG_DG_CACHE_DIR over DG_JIT_CACHE_DIR when it imports its DeepGEMM wrapper.
+        CacheKind("deep-gemm", ("DG_JIT_CACHE_DIR", "SGLANG_DG_CACHE_DIR"), "DeepGEMM: JIT kernels"),
+        # The driver reads it when CUDA initialises; used only for PTX without SASS for this GPU.
+        CacheKind("cuda", ("CUDA_CACHE_PATH",), "CUDA driver: PTX compiled at load"),
+    )
+}
+
+# Files a cache keeps for its own bookkeeping while a process runs; never carried.
+_SKIP_SUFFIXES = (".lock", ".tmp", ".pid")
+
+
+class CacheError(ArchiveError):
+    """A carried-caches archive that cannot be used here; the message is one line."""
+
+
+def _private_parent() -> tuple[Path, bool]:
+    root = os.environ.get(ROOT_ENV)
+    if root:
+        path = Path(root)
+        path.mkdir(parents=True, exist_ok=True)
+        return path, True
+    return Path(tempfile.gettempdir()), False
+
+
+@dataclasses.dataclass
+class CacheDirs:
+    """One process's private cache directories: ``root/<kind>`` for each kind in ``kinds``."""
+
+    root: Path
+    kinds: tuple[str, ...]
+
+    @classmethod
+    def create(cls, kinds: Iterable[str], *, label: str) -> CacheDirs:
+        """Fresh, empty, owner-only directories (removed at exit unless :data:`ROOT_ENV` is set)."""
+        names = _known(kinds)
+        parent, keep = _private_parent()
+        root = Path(tempfile.mkdtemp(prefix=f"foundry-caches-{label}-", dir=parent))
+        for k in names:
+            (root / k).mkdir(mode=0o700)
+        if not keep:
+            atexit.register(shutil.rmtree, root, True)
+        return cls(root, names)
+
+    @classmethod
+    def inherited(cls, kinds: Iterable[str]) -> CacheDirs | None:
+        """The directories the launching process made and redirected (:data:`DIR_ENV`), if any."""
+        root = os.environ.get(DIR_ENV)
+        if not root or not Path(root).is_dir():
+            return None
+        names = _known(kinds)
+        for k in names:
+            (Path(root) / k).mkdir(mode=0o700, exist_ok=True)
+        return cls(Path(root), names)
+
+    def path(self, kind: str) -> Path:
+        return self.root / kind
+
+    def environment(self) -> dict[str, str]:
+        env = {name: str(self.path(k)) for k in self.kinds for name in KINDS[k].envs}
+        env[DIR_ENV] = str(self.root)
+        return env
+
+    def redirect(self) -> None:
+        """Point this process (and the processes it starts) at the private directories. Assigned,
+        not defaulted: some tools write their default into the environment on first use."""
+        os.environ.update(self.environment())
+
+    def files(self) -> dict[str, dict[str, int]]:
+        """kind -> {relative path: size} of the regular files now in the directories."""
+        out: dict[str, dict[str, int]] = {}
+        for k in self.kinds:
+            base = self.path(k)
+            found: dict[str, int] = {}
+            for dirpath, _dirnames, filenames in os.walk(base):
+                for fn in filenames:
+                    full = Path(dirpath, fn)
+                    if fn.endswith(_SKIP_SUFFIXES) or not full.is_file() or full.is_symlink():
+                        continue
+                    found[full.relative_to(base).as_posix()] = full.stat().st_size
+            out[k] = found
+        return out
+
+    def new_files(self) -> dict[str, int]:
+        """Per kind, the files that are here now but did not come from the archive: what this
+        process compiled (``total`` sums them)."""
+        try:
+            carried = json.loads((self.root / CARRIED_LIST).read_text())
+        except (OSError, ValueError):
+            carried = {}
+        now = self.files()
+        counts = {k: len(set(now[k]) - set(carried.get(k, ()))) for k in self.kinds}
+        counts["total"] = sum(counts.values())
+        return counts
+
+
+def _known(kinds: Iterable[str]) -> tuple[str, ...]:
+    names = tuple(kinds)
+    unknown = [k for k in names if k not in KINDS]
+    if unknown:
+        raise ValueError(f"unknown cache kind {unknown[0]!r} (known: {', '.join(KINDS)})")
+    return names
+
+
+def _versions() -> dict[str, Any]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out: dict[str, Any] = {"python": f"{sys.version_info.major}.{sys.version_info.minor}"}
+    for dist in ("triton", "tokenspeed-triton", "flashinfer-python", "apache-tvm-ffi", "deep-gemm"):
+        try:
+            out[dist] = version(dist)
+        except PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+def fingerprint(device: int, engine: dict, *, rank: int = 0, world_size: int = 1) -> dict:
+    """What carried caches are valid for: the machine (GPU, driver, CUDA, torch) as for graphs, plus
+    the compiler versions and the engine facts (name, version) the caller gives."""
+    from ..fingerprint import current_fingerprint
+
+    return current_fingerprint(
+        device, model={"engine": engine, "tools": _versions()}, rank=rank, world_size=world_size
+    )
+
+
+def pack(
+    path: str | os.PathLike,
+    dirs: CacheDirs,
+    *,
+    device: int,
+    engine: dict,
+    rank: int = 0,
+    world_size: int = 1,
+) -> dict[str, Any]:
+    """Store every file of ``dirs`` as the caches archive at ``path``; returns its summary
+    (``digest``, and per kind ``files`` and ``bytes``). Symlinks and lock files are left out."""
+    fp = fingerprint(device, engine, rank=rank, world_size=world_size)
+    listing = dirs.files()
+    summary: dict[str, Any] = {"kinds": {}}
+    modes: dict[str, int] = {}
+    with ArchiveWriter(path) as writer:
+        for kind, files in listing.items():
+            total = stored = 0
+            for rel, _size in sorted(files.items()):
+                src = dirs.path(kind) / rel
+                member = f"caches/{kind}/{rel}"
+                try:
+                    check_relpath(member)
+                except ArchiveError as e:  # a name no archive may hold: that file is built again
+                    logger.warning("Foundry caches: %s not carried (%s)", src, e)
+                    continue
+                try:
+                    data = src.read_bytes()
+                    mode = stat.S_IMODE(src.stat().st_mode)
+                except OSError as e:  # removed by its tool while we walked: not part of the cache
+                    logger.debug("Foundry caches: %s skipped (%s)", src, e)
+                    continue
+                writer.add_bytes(member, data, compress=True)
+                modes[member] = 0o755 if mode & 0o100 else 0o644
+                total += len(data)
+                stored += 1
+            summary["kinds"][kind] = {"files": stored, "bytes": total, "what": KINDS[kind].what}
+        meta = {"kind": ARCHIVE_KIND, "kinds": summary["kinds"], "modes": modes}
+        summary["digest"] = writer.commit(fingerprint=fp, meta=meta)
+    return summary
+
+
+def unpack(
+    path: str | os.PathLike,
+    dirs: CacheDirs,
+    *,
+    device: int,
+    engine: dict,
+    rank: int = 0,
+    world_size: int = 1,
+    expected_digest: str | None = None,
+    trusted_root: str | os.PathLike | None = None,
+) -> dict[str, Any]:
+    """Verify the caches archive at ``path`` against this machine and write its files into ``dirs``.
+
+    Checks, in order, before a single file is written: the archive lies under ``trusted_root``;
+    every member's checksum and the pinned digest (:func:`~foundry_core.archive.open_archive`); the
+    fingerprint (GPU, driver, CUDA, torch, compiler and engine versions). Raises
+    :class:`~foundry_core.archive.ArchiveError` (``ArchiveNotFound`` when nothing is there).
+    Returns the summary :func:`pack` stored, with the digest.
+    """
+    if trusted_root is not None:
+        check_location(path, trusted_root)
+    archive = open_archive(path, expected_digest=expected_digest)
+    if archive.meta.get("kind") != ARCHIVE_KIND:
+        raise CacheError(f"archive {path} holds {archive.meta.get('kind')!r}, not carried caches")
+    compare_fingerprint(archive.fingerprint, fingerprint(device, engine, rank=rank, world_size=world_size))
+    modes = archive.meta.get("modes") or {}
+    carried: dict[str, list[str]] = {k: [] for k in dirs.kinds}
+    for member in archive.files:
+        parts = member.split("/", 2)
+        if len(parts) != 3 or parts[0] != "caches":
+            continue
+        kind, rel = parts[1], parts[2]
+        if kind not in carried:  # a cache this engine does not use here
+            continue
+        dest = dirs.path(kind) / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        # Written beside and renamed into place: a tool that looks meanwhile sees all or nothing.
+        fd, tmp = tempfile.mkstemp(prefix=".foundry-", dir=dest.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(archive.read_bytes(member))
+            os.chmod(tmp, 0o700 if modes.get(member, 0o644) & 0o100 else 0o600)
+            os.replace(tmp, dest)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        carried[kind].append(rel)
+    (dirs.root / CARRIED_LIST).write_text(json.dumps(carried, sort_keys=True))
+    return {"digest": archive.digest, "kinds": archive.meta.get("kinds") or {}}

@@ -1,0 +1,178 @@
+"""One engine process's carried caches, from before its first compile to the end of its startup.
+
+Order, the same for every engine (the plugin calls each step from its engine's hooks):
+
+0. :func:`redirect_for_launch` in the launching process, before the engine starts its worker
+   processes: they inherit the private directories through the environment, and so have them in
+   place before they import anything that reads a cache variable once (FlashInfer, Inductor).
+1. :meth:`CacheHandover.begin` in the worker, before it initialises CUDA or compiles anything:
+   adopt the launcher's directories, or make them when the worker was started some other way.
+2. LOAD, :meth:`CacheHandover.restore` (CUDA usable): verify the rank's caches archive and fill
+   the directories. Missing: a log line, the engine builds as usual. Damaged, foreign or unpinned
+   while the graphs are pinned: in ``auto`` mode a warning and the engine builds as usual; in
+   ``load`` mode a one-line error.
+3. SAVE, :meth:`CacheHandover.save` (after the engine's last startup compile, before the record
+   that marks the SAVE finished): store the directories as the rank's caches archive.
+4. Either mode, :meth:`CacheHandover.finish`: count the files this process added to the
+   directories (its compilations) for the start report.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from ..archive import ArchiveError, ArchiveNotFound
+from . import caches
+
+logger = logging.getLogger("foundry.caches")
+
+
+def redirect_for_launch(cfg: Any, kinds: Iterable[str]) -> caches.CacheDirs | None:
+    """In the launching process: make the private directories and export them (and
+    :data:`caches.DIR_ENV`) for the engine processes it starts. None when caches are not carried.
+    Files are handed over later, by each worker's :meth:`CacheHandover.restore`."""
+    if not getattr(cfg, "carry_caches", True):
+        return None
+    dirs = caches.CacheDirs.create(kinds, label="launch")
+    dirs.redirect()
+    return dirs
+
+
+class CacheRefused(ArchiveError):
+    """``mode = "load"`` and the carried caches cannot be used; one line."""
+
+
+class CacheHandover:
+    """Carried caches of one rank. ``kinds`` names the caches the engine uses (:data:`caches.KINDS`);
+    ``engine`` holds the engine facts the caches are valid for (name and version)."""
+
+    def __init__(self, cfg: Any, rank: int, kinds: Iterable[str], engine: dict, world_size: int = 1):
+        self.cfg = cfg
+        self.rank = rank
+        self.world_size = world_size
+        self.kinds = tuple(kinds)
+        self.engine = dict(engine)
+        self.path = cfg.rank_caches_dir(rank)
+        self.dirs: caches.CacheDirs | None = None
+        self.report: dict[str, Any] = {"archive": str(self.path), "carried": False}
+
+    @property
+    def enabled(self) -> bool:
+        return bool(getattr(self.cfg, "carry_caches", True))
+
+    def begin(self) -> None:
+        """Step 1: private directories, the engine's variables pointed at them (idempotent)."""
+        if not self.enabled:
+            self.report["carried"] = None
+            return
+        if self.dirs is None:
+            self.dirs = caches.CacheDirs.inherited(self.kinds) or caches.CacheDirs.create(
+                self.kinds, label=f"rank{self.rank}"
+            )
+        self.dirs.redirect()
+        self.report["dir"] = str(self.dirs.root)
+
+    def restore(self, device: int) -> bool:
+        """Step 2 (LOAD): fill the directories from the verified caches archive; whether it did."""
+        if self.dirs is None:
+            return False
+        reason = self._pin_problem()
+        if reason is None:
+            t0 = time.perf_counter()
+            try:
+                summary = caches.unpack(
+                    self.path,
+                    self.dirs,
+                    device=device,
+                    engine=self.engine,
+                    rank=self.rank,
+                    world_size=self.world_size,
+                    expected_digest=self.cfg.caches_digest_for_rank(self.rank),
+                    trusted_root=self.cfg.archive_dir,
+                )
+            except ArchiveNotFound:
+                logger.info(
+                    "Foundry rank %d: the archive carries no compile caches (%s); the engine builds them",
+                    self.rank,
+                    self.path,
+                )
+                self.report["missing"] = True
+                return False
+            except ArchiveError as e:
+                reason = " ".join(str(e).split())[:300] or type(e).__name__
+            else:
+                self.report.update(
+                    carried=True,
+                    digest=summary["digest"],
+                    kinds=summary["kinds"],
+                    unpack_s=round(time.perf_counter() - t0, 3),
+                )
+                files = sum(k.get("files", 0) for k in summary["kinds"].values())
+                logger.info(
+                    "Foundry rank %d: %d carried cache files handed to the engine (%s) in %.2f s",
+                    self.rank,
+                    files,
+                    ", ".join(sorted(summary["kinds"])),
+                    self.report["unpack_s"],
+                )
+                return True
+        self.report["refused"] = reason
+        if self.cfg.mode == "load":
+            raise CacheRefused(
+                f"Foundry: carried caches {self.path} refused ({reason}); mode=load cannot go on"
+            )
+        logger.warning(
+            "Foundry rank %d: carried caches %s refused (%s); the engine compiles as usual",
+            self.rank,
+            self.path,
+            reason,
+        )
+        return False
+
+    def _pin_problem(self) -> str | None:
+        pinned_graphs = bool(getattr(self.cfg, "archive_digests", ()))
+        if pinned_graphs and self.cfg.caches_digest_for_rank(self.rank) is None:
+            return "trust.archive_digest pins the graphs but trust.caches_digest does not pin these caches"
+        return None
+
+    def save(self, device: int) -> dict[str, Any] | None:
+        """Step 3 (SAVE): store the directories as this rank's caches archive."""
+        if self.dirs is None:
+            return None
+        t0 = time.perf_counter()
+        try:
+            summary = caches.pack(
+                self.path,
+                self.dirs,
+                device=device,
+                engine=self.engine,
+                rank=self.rank,
+                world_size=self.world_size,
+            )
+        except (ArchiveError, OSError) as e:  # the graphs are saved; a LOAD then compiles as usual
+            self.report["error"] = " ".join(str(e).split())[:300]
+            logger.warning("Foundry rank %d: compile caches not saved (%s)", self.rank, self.report["error"])
+            return None
+        self.report.update(
+            carried=True,
+            digest=summary["digest"],
+            kinds=summary["kinds"],
+            pack_s=round(time.perf_counter() - t0, 3),
+        )
+        logger.info(
+            "Foundry rank %d: compile caches saved to %s (%s) in %.2f s",
+            self.rank,
+            self.path,
+            ", ".join(f"{k} {v['files']} files" for k, v in sorted(summary["kinds"].items())),
+            self.report["pack_s"],
+        )
+        return summary
+
+    def finish(self) -> dict[str, Any]:
+        """Step 4: the files this process added to the directories, per kind (its compilations)."""
+        if self.dirs is not None:
+            self.report["new_files"] = self.dirs.new_files()
+        return self.report

@@ -1,0 +1,280 @@
+"""Carried compile/JIT caches (foundry_core.engine): SAVE packs private cache directories into an
+archive of their own, LOAD verifies it and hands the files over; nothing reaches the user's caches.
+
+The machine fingerprint needs a GPU, so these CPU tests replace it with a fixed one (the GPU,
+driver and versions it would hold are exercised by the engine runs on the H200)."""
+
+import json
+import logging
+import os
+import stat
+
+import pytest
+
+from foundry_core.archive import ArchiveError, ArchiveNotFound, FingerprintMismatch
+from foundry_core.config import ConfigError, config_from_dict
+from foundry_core.engine import CacheHandover, caches
+from foundry_core.engine.handover import CacheRefused
+from foundry_core.fingerprint import make_fingerprint
+
+ENGINE = {"name": "testengine", "testengine": "1.0"}
+
+
+@pytest.fixture(autouse=True)
+def machine(monkeypatch, tmp_path):
+    """A fixed machine fingerprint (``machine["gpu"]`` changes it) and private dirs under tmp_path."""
+    state = {"gpu": "NVIDIA H200"}
+
+    def fingerprint(device, engine, *, rank=0, world_size=1):
+        return make_fingerprint(
+            gpu_name=state["gpu"],
+            compute_capability="9.0",
+            sm_count=132,
+            driver_version=13000,
+            cuda_version="13.0",
+            torch_version="2.11.0+cu130",
+            rank=rank,
+            world_size=world_size,
+            model={"engine": engine},
+        )
+
+    monkeypatch.setattr(caches, "fingerprint", fingerprint)
+    monkeypatch.setenv(caches.ROOT_ENV, str(tmp_path / "private"))
+    for kind in caches.KINDS.values():
+        for name in kind.envs:
+            monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv(caches.DIR_ENV, raising=False)
+    return state
+
+
+def _fill(dirs):
+    (dirs.path("triton") / "ab12").mkdir()
+    (dirs.path("triton") / "ab12" / "kernel.cubin").write_bytes(b"\x7fELF" + bytes(range(256)) * 40)
+    (dirs.path("triton") / "ab12" / "kernel.json").write_text('{"name": "k"}')
+    (dirs.path("triton") / "ab12" / "busy.lock").write_text("")  # bookkeeping: never carried
+    if "tvm-ffi" not in dirs.kinds:
+        return
+    so = dirs.path("tvm-ffi") / "mod" / "mod.so"
+    so.parent.mkdir()
+    so.write_bytes(b"\x7fELF-so")
+    so.chmod(0o755)
+
+
+def _cfg(tmp_path, **extra):
+    return config_from_dict({"mode": "auto", "archive_dir": str(tmp_path / "archive"), **extra})
+
+
+def test_dirs_redirect_the_engine_variables(tmp_path):
+    dirs = caches.CacheDirs.create(["triton", "cuda"], label="rank0")
+    dirs.redirect()
+    assert os.environ["TRITON_CACHE_DIR"] == str(dirs.path("triton"))
+    assert os.environ["CUDA_CACHE_PATH"] == str(dirs.path("cuda"))
+    assert dirs.root.parent == tmp_path / "private"
+    assert stat.S_IMODE(dirs.path("triton").stat().st_mode) == 0o700
+    with pytest.raises(ValueError, match="unknown cache kind 'nope'"):
+        caches.CacheDirs.create(["nope"], label="x")
+
+
+def test_workers_adopt_the_launchers_directories(tmp_path):
+    from foundry_core.engine import redirect_for_launch
+
+    cfg = _cfg(tmp_path)
+    launched = redirect_for_launch(cfg, ["triton", "deep-gemm"])
+    assert os.environ[caches.DIR_ENV] == str(launched.root)
+    # SGLang overwrites DG_JIT_CACHE_DIR from its own variable: both point at the private folder.
+    assert (
+        os.environ["DG_JIT_CACHE_DIR"] == os.environ["SGLANG_DG_CACHE_DIR"] == str(launched.path("deep-gemm"))
+    )
+    worker = CacheHandover(cfg, 0, ["triton", "deep-gemm", "cuda"], ENGINE)
+    worker.begin()
+    assert worker.dirs.root == launched.root and worker.dirs.path("cuda").is_dir()
+    assert redirect_for_launch(_cfg(tmp_path, caches={"carry": False}), ["triton"]) is None
+
+
+def test_pack_then_unpack_hands_every_file_over(tmp_path):
+    saved = caches.CacheDirs.create(["triton", "tvm-ffi"], label="save")
+    _fill(saved)
+    summary = caches.pack(tmp_path / "archive" / "rank0.caches", saved, device=0, engine=ENGINE)
+    assert summary["kinds"]["triton"]["files"] == 2  # the lock file stayed behind
+    assert summary["kinds"]["tvm-ffi"] == {"files": 1, "bytes": 7, "what": caches.KINDS["tvm-ffi"].what}
+
+    loaded = caches.CacheDirs.create(["triton", "tvm-ffi", "cuda"], label="load")
+    got = caches.unpack(tmp_path / "archive" / "rank0.caches", loaded, device=0, engine=ENGINE)
+    assert got["digest"] == summary["digest"]
+    for rel in ("ab12/kernel.cubin", "ab12/kernel.json"):
+        assert (loaded.path("triton") / rel).read_bytes() == (saved.path("triton") / rel).read_bytes()
+    assert not (loaded.path("triton") / "ab12" / "busy.lock").exists()
+    so = loaded.path("tvm-ffi") / "mod" / "mod.so"
+    assert so.read_bytes() == b"\x7fELF-so" and so.stat().st_mode & 0o100
+    assert loaded.new_files() == {"triton": 0, "tvm-ffi": 0, "cuda": 0, "total": 0}
+    # What the engine compiles afterwards is counted as this process's compilation.
+    (loaded.path("cuda") / "ComputeCache").mkdir()
+    (loaded.path("cuda") / "ComputeCache" / "index").write_bytes(b"x")
+    assert loaded.new_files() == {"triton": 0, "tvm-ffi": 0, "cuda": 1, "total": 1}
+
+
+def test_a_flipped_byte_is_refused_before_any_file_is_written(tmp_path):
+    saved = caches.CacheDirs.create(["triton", "tvm-ffi"], label="save")
+    _fill(saved)
+    path = tmp_path / "archive" / "rank0.caches"
+    caches.pack(path, saved, device=0, engine=ENGINE)
+    member = path / "caches" / "tvm-ffi" / "mod" / "mod.so"
+    data = bytearray(member.read_bytes())
+    data[3] ^= 1
+    member.chmod(0o644)
+    member.write_bytes(bytes(data))
+    loaded = caches.CacheDirs.create(["triton", "tvm-ffi"], label="load")
+    with pytest.raises(ArchiveError, match="mod.so"):
+        caches.unpack(path, loaded, device=0, engine=ENGINE)
+    assert loaded.files() == {"triton": {}, "tvm-ffi": {}}
+
+
+def test_foreign_caches_are_refused(tmp_path, machine):
+    saved = caches.CacheDirs.create(["triton"], label="save")
+    _fill(saved)
+    path = tmp_path / "archive" / "rank0.caches"
+    caches.pack(path, saved, device=0, engine=ENGINE)
+    loaded = caches.CacheDirs.create(["triton"], label="load")
+    with pytest.raises(FingerprintMismatch, match="model"):
+        caches.unpack(path, loaded, device=0, engine={"name": "testengine", "testengine": "2.0"})
+    machine["gpu"] = "NVIDIA H100"
+    with pytest.raises(FingerprintMismatch, match="gpu_name"):
+        caches.unpack(path, loaded, device=0, engine=ENGINE)
+    assert loaded.files() == {"triton": {}}
+
+
+def test_pinned_digest_and_location(tmp_path):
+    saved = caches.CacheDirs.create(["triton"], label="save")
+    _fill(saved)
+    path = tmp_path / "archive" / "rank0.caches"
+    digest = caches.pack(path, saved, device=0, engine=ENGINE)["digest"]
+    loaded = caches.CacheDirs.create(["triton"], label="load")
+    with pytest.raises(ArchiveError, match="pinned"):
+        caches.unpack(path, loaded, device=0, engine=ENGINE, expected_digest="0" * 64)
+    with pytest.raises(ArchiveError):
+        caches.unpack(path, loaded, device=0, engine=ENGINE, trusted_root=tmp_path / "elsewhere")
+    got = caches.unpack(
+        path, loaded, device=0, engine=ENGINE, expected_digest=digest, trusted_root=path.parent
+    )
+    assert got["digest"] == digest
+
+
+def test_graph_archive_is_not_taken_for_caches(tmp_path):
+    from foundry_core.archive import ArchiveWriter
+
+    path = tmp_path / "archive" / "rank0.caches"
+    with ArchiveWriter(path) as w:
+        w.add_bytes("caches/triton/x", b"x")
+        w.commit(fingerprint=caches.fingerprint(0, ENGINE), meta={"kind": "foundry-graphs"})
+    loaded = caches.CacheDirs.create(["triton"], label="load")
+    with pytest.raises(caches.CacheError, match="not carried caches"):
+        caches.unpack(path, loaded, device=0, engine=ENGINE)
+
+
+# --- the engine layer's policy ------------------------------------------------------------------
+
+
+def _saved(tmp_path, cfg):
+    h = CacheHandover(cfg, 0, ["triton", "tvm-ffi"], ENGINE)
+    h.begin()
+    _fill(h.dirs)
+    assert h.save(device=0)["kinds"]["triton"]["files"] == 2
+    return h
+
+
+def test_handover_save_then_restore(tmp_path):
+    cfg = _cfg(tmp_path)
+    saved = _saved(tmp_path, cfg)
+    assert saved.finish()["new_files"]["total"] == 3  # SAVE compiled everything it carries
+    h = CacheHandover(cfg, 0, ["triton", "tvm-ffi"], ENGINE)
+    h.begin()
+    assert os.environ["TRITON_CACHE_DIR"] == str(h.dirs.path("triton"))
+    assert h.restore(device=0) is True
+    report = h.finish()
+    assert report["carried"] is True and report["digest"] == saved.report["digest"]
+    assert report["new_files"]["total"] == 0
+
+
+def test_missing_caches_build_as_usual(tmp_path, log_records):
+    records = log_records("foundry.caches", logging.INFO)
+    h = CacheHandover(_cfg(tmp_path), 0, ["triton"], ENGINE)
+    h.begin()
+    assert h.restore(device=0) is False
+    assert h.report["missing"] is True
+    assert any("carries no compile caches" in r.getMessage() for r in records)
+
+
+def test_refused_caches_warn_in_auto_and_stop_a_load(tmp_path, machine, log_records):
+    cfg = _cfg(tmp_path)
+    _saved(tmp_path, cfg)
+    machine["gpu"] = "NVIDIA H100"
+    records = log_records("foundry.caches", logging.WARNING)
+    h = CacheHandover(cfg, 0, ["triton"], ENGINE)
+    h.begin()
+    assert h.restore(device=0) is False
+    assert "gpu_name" in h.report["refused"]
+    assert any("compiles as usual" in r.getMessage() for r in records)
+    strict = CacheHandover(
+        config_from_dict({"mode": "load", "archive_dir": str(tmp_path / "archive")}), 0, ["triton"], ENGINE
+    )
+    strict.begin()
+    with pytest.raises(CacheRefused, match="mode=load cannot go on"):
+        strict.restore(device=0)
+
+
+def test_pinned_graphs_need_pinned_caches(tmp_path):
+    cfg = _cfg(tmp_path)
+    digest = _saved(tmp_path, cfg).report["digest"]
+    pinned = _cfg(tmp_path, trust={"archive_digest": "a" * 64})
+    h = CacheHandover(pinned, 0, ["triton"], ENGINE)
+    h.begin()
+    assert h.restore(device=0) is False
+    assert "caches_digest does not pin" in h.report["refused"]
+    both = _cfg(tmp_path, trust={"archive_digest": "a" * 64, "caches_digest": digest})
+    h = CacheHandover(both, 0, ["triton"], ENGINE)
+    h.begin()
+    assert h.restore(device=0) is True
+
+
+def test_carry_off_touches_nothing(tmp_path):
+    cfg = _cfg(tmp_path, caches={"carry": False})
+    h = CacheHandover(cfg, 0, ["triton"], ENGINE)
+    h.begin()
+    assert "TRITON_CACHE_DIR" not in os.environ
+    assert h.restore(device=0) is False and h.save(device=0) is None
+    assert h.finish()["carried"] is None
+
+
+def test_a_failed_pack_keeps_the_save_going(tmp_path, monkeypatch, log_records):
+    records = log_records("foundry.caches", logging.WARNING)
+    h = CacheHandover(_cfg(tmp_path), 0, ["triton"], ENGINE)
+    h.begin()
+
+    def full(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(caches, "pack", full)
+    assert h.save(device=0) is None
+    assert "No space left" in h.report["error"]
+    assert any("not saved" in r.getMessage() for r in records)
+
+
+def test_config_caches_table(tmp_path):
+    cfg = _cfg(tmp_path)
+    assert cfg.carry_caches is True and cfg.caches_digest_for_rank(0) is None
+    assert cfg.rank_caches_dir(1) == tmp_path / "archive" / "rank1.caches"
+    cfg = _cfg(tmp_path, trust={"caches_digest": {"1": "b" * 64}})
+    assert cfg.caches_digest_for_rank(1) == "b" * 64
+    with pytest.raises(ConfigError, match="caches.carry"):
+        _cfg(tmp_path, caches={"carry": "yes"})
+    with pytest.raises(ConfigError, match=r"\[caches\]: unknown key 'size'"):
+        _cfg(tmp_path, caches={"size": 1})
+    with pytest.raises(ConfigError, match="trust.caches_digest"):
+        _cfg(tmp_path, trust={"caches_digest": "xyz"})
+
+
+def test_missing_archive_is_not_found(tmp_path):
+    loaded = caches.CacheDirs.create(["triton"], label="load")
+    with pytest.raises(ArchiveNotFound):
+        caches.unpack(tmp_path / "none", loaded, device=0, engine=ENGINE)
+    assert json.loads(json.dumps(loaded.files())) == {"triton": {}}
