@@ -58,6 +58,7 @@ def _fill(dirs):
     so.parent.mkdir()
     so.write_bytes(b"\x7fELF-so")
     so.chmod(0o755)
+    os.utime(so, ns=(1_600_000_000_000_000_000, 1_600_000_000_000_000_000))
 
 
 def _cfg(tmp_path, **extra):
@@ -106,6 +107,8 @@ def test_pack_then_unpack_hands_every_file_over(tmp_path):
     assert not (loaded.path("triton") / "ab12" / "busy.lock").exists()
     so = loaded.path("tvm-ffi") / "mod" / "mod.so"
     assert so.read_bytes() == b"\x7fELF-so" and so.stat().st_mode & 0o100
+    # Times travel too: ninja would rebuild an output that looks older than its sources.
+    assert so.stat().st_mtime_ns == (saved.path("tvm-ffi") / "mod" / "mod.so").stat().st_mtime_ns
     assert loaded.new_files() == {"triton": 0, "tvm-ffi": 0, "cuda": 0, "total": 0}
     # What the engine compiles afterwards is counted as this process's compilation.
     (loaded.path("cuda") / "ComputeCache").mkdir()

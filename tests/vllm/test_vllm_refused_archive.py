@@ -128,6 +128,7 @@ def test_the_fresh_save_replaces_the_refused_archive(base_vllm_config, tmp_path,
             return {"decode/g1": "G1"}, {}, [{"name": "decode/g1"}]
 
     s.save(Adapter())
+    s.publish(0)
     assert saved == [archive.core_archive_dir(s.cfg, 0)]
     manifest = archive.read_manifest(archive.manifest_path(s.cfg, 0))
     assert manifest["sizing"]["kv_cache_memory_bytes"] == 2 << 30 and manifest["graphs"] == [

@@ -53,6 +53,9 @@ def test_save_writes_the_manifest_only_after_the_core_archive(base_vllm_config, 
 
     monkeypatch.setattr(foundry_core, "save", fake_save)
     s.save(Adapter())
+    # The manifest marks the SAVE finished: it waits for vLLM's warmups and the carried caches.
+    assert not mpath.exists()
+    s.publish(0)
     ((path, kw, manifest_existed_during_save),) = calls
     assert path == archive.core_archive_dir(s.cfg, 0)
     assert manifest_existed_during_save is False  # removed before the core writes
@@ -187,6 +190,7 @@ def test_save_records_the_workspace_lock_and_reports(base_vllm_config, monkeypat
     seen = {}
     monkeypatch.setattr(foundry_core, "save", lambda path, **kw: seen.update(kw) or "digest")
     s.save(Adapter())
+    s.publish(0)
     assert seen["slots"]["workspace_locked"] is False
     assert archive.read_manifest(archive.manifest_path(s.cfg, 0))["sizing"]["workspace_locked"] is False
     assert s.report["graphs"] == 2 and "save_s" in s.report

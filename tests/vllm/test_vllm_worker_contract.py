@@ -346,6 +346,9 @@ def test_compile_or_warm_up_model_saves_unrouted_and_loads_without_capturing(tmp
             def restore(self, adapter):
                 events.append(("restore", adapter.kind))
 
+            def publish(self, device_index):
+                events.append(("publish", device_index))
+
             def write_report(self):
                 events.append("report")
 
@@ -353,6 +356,7 @@ def test_compile_or_warm_up_model_saves_unrouted_and_loads_without_capturing(tmp
             events.clear()
             w = FoundryWorker.__new__(FoundryWorker)
             w._foundry, w.model_runner = Session(mode), Runner()
+            w.device = torch.device("cuda", 0)
             assert w.compile_or_warm_up_model() == "times"
             assert "capture_model" not in vars(w.model_runner)  # vLLM's own method again
             assert torch.cuda.CUDAGraph is BASE
@@ -360,6 +364,8 @@ def test_compile_or_warm_up_model_saves_unrouted_and_loads_without_capturing(tmp
                 i = events.index(("vllm_capture", True))
                 assert events[0] == "route+" and events[i + 1] == "route-", events
                 assert events.index(("save", "v2")) > i + 1 and ("after_capture", 123) in events
+                # The manifest (and the carried caches) only after vLLM's last warmup.
+                assert events.index(("publish", 0)) > events.index(("save", "v2")), events
                 assert w._foundry.workspace_locked is None  # no workspace manager in this process
                 assert "capture_s" in w._foundry.report
             else:

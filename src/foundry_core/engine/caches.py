@@ -217,6 +217,7 @@ def pack(
     listing = dirs.files()
     summary: dict[str, Any] = {"kinds": {}}
     modes: dict[str, int] = {}
+    mtimes: dict[str, int] = {}
     with ArchiveWriter(path) as writer:
         for kind, files in listing.items():
             total = stored = 0
@@ -230,16 +231,18 @@ def pack(
                     continue
                 try:
                     data = src.read_bytes()
-                    mode = stat.S_IMODE(src.stat().st_mode)
+                    st = src.stat()
                 except OSError as e:  # removed by its tool while we walked: not part of the cache
                     logger.debug("Foundry caches: %s skipped (%s)", src, e)
                     continue
                 writer.add_bytes(member, data, compress=True)
-                modes[member] = 0o755 if mode & 0o100 else 0o644
+                modes[member] = 0o755 if stat.S_IMODE(st.st_mode) & 0o100 else 0o644
+                # Build tools (ninja for FlashInfer and tvm-ffi) compare output and source times.
+                mtimes[member] = st.st_mtime_ns
                 total += len(data)
                 stored += 1
             summary["kinds"][kind] = {"files": stored, "bytes": total, "what": KINDS[kind].what}
-        meta = {"kind": ARCHIVE_KIND, "kinds": summary["kinds"], "modes": modes}
+        meta = {"kind": ARCHIVE_KIND, "kinds": summary["kinds"], "modes": modes, "mtimes": mtimes}
         summary["digest"] = writer.commit(fingerprint=fp, meta=meta)
     return summary
 
@@ -270,6 +273,7 @@ def unpack(
         raise CacheError(f"archive {path} holds {archive.meta.get('kind')!r}, not carried caches")
     compare_fingerprint(archive.fingerprint, fingerprint(device, engine, rank=rank, world_size=world_size))
     modes = archive.meta.get("modes") or {}
+    mtimes = archive.meta.get("mtimes") or {}
     carried: dict[str, list[str]] = {k: [] for k in dirs.kinds}
     for member in archive.files:
         parts = member.split("/", 2)
@@ -286,6 +290,9 @@ def unpack(
             with os.fdopen(fd, "wb") as f:
                 f.write(archive.read_bytes(member))
             os.chmod(tmp, 0o700 if modes.get(member, 0o644) & 0o100 else 0o600)
+            mtime = mtimes.get(member)
+            if isinstance(mtime, int) and mtime > 0:
+                os.utime(tmp, ns=(mtime, mtime))
             os.replace(tmp, dest)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
