@@ -1,0 +1,1282 @@
+"""Cold and warm starts of a real engine server (SGLang or vLLM), stock and with Foundry, on one GPU.
+
+    python benchmarks/cold_start.py --engine sglang --out $OUT/cold-sglang-h200.json --logs $OUT/logs
+
+Each run is a fresh ``sglang.launch_server`` / ``vllm serve`` process in its own session, started with
+a Qwen3-1.7B-shaped model (config and a small tokenizer written locally, dummy weights). The clock
+starts just before the process is spawned; the server is *ready* once ``GET /health`` and
+``GET /v1/models`` both answer 200; then one ``POST /v1/completions`` with 4 token-id prompts x 64
+greedy tokens (top-5 logprobs) gives the time to first token, and an identical second request checks
+that the server agrees with itself. Runs, in this order:
+
+* ``save``: Foundry, mode ``auto``, empty archive: captures the graphs and packs the caches;
+* ``load_cold``: Foundry, same archive, every cache emptied first (new HOME and TMPDIR, global
+  caches removed, page cache dropped where allowed);
+* ``stock_cold``: no plugin, every cache emptied first;
+* ``load_warm`` / ``stock_warm``: each again with the caches its own cold run left (separate homes,
+  so a stock run never warms a Foundry run or the other way round).
+
+What was compiled is counted on disk: for Foundry runs the files in Foundry's private cache copies
+(``FOUNDRY_CACHE_ROOT``) that did not come from the archive, and for every run the files that appeared
+under its HOME, its TMPDIR and ``/tmp/torchinductor_*`` (caches nobody redirected). Compile-looking
+log lines are counted too, as secondary evidence. The engine's own startup timers and Foundry's start
+report are copied into each run.
+
+The JSON at ``--out`` is rewritten after every run (a failed run keeps its error and log tail); a PNG
+with the same stem shows each run's start split into phases when matplotlib is importable. One log per
+run, ``<engine>-<run>.log`` in ``--logs``, stdout and stderr together, each line prefixed with the
+seconds since spawn. Self-contained on purpose: it imports nothing from the plugins, so the stock
+server cannot pick them up through this process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import glob
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import site
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+SRC = REPO / "src"
+ENGINES = ("sglang", "vllm")
+RUNS = ("save", "load_cold", "stock_cold", "load_warm", "stock_warm")
+FOUNDRY_RUNS = ("save", "load_cold", "load_warm")
+#: A warm run starts with the caches (HOME, TMPDIR) its cold sibling left behind.
+WARM_OF = {"load_warm": "load_cold", "stock_warm": "stock_cold"}
+MIN_RUN_S = 60  # a run is not started with less budget than this
+
+# Qwen3-1.7B's shape; dummy weights, so nothing is downloaded.
+MODEL_CONFIG: dict[str, Any] = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "hidden_size": 2048,
+    "intermediate_size": 6144,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 151936,
+    "tie_word_embeddings": True,
+    "max_position_embeddings": 40960,
+    "rope_theta": 1000000,
+    "rms_norm_eps": 1e-6,
+    "torch_dtype": "bfloat16",
+    "hidden_act": "silu",
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "use_sliding_window": False,
+}
+# The servers only need a tokenizer that loads: prompts are token ids, outputs are compared as ids.
+TOKENIZER_WORDS = 4096
+TOKENIZER_SPECIALS = ("<unk>", "<|endoftext|>", "<|im_end|>")
+EOS_TOKEN = "<|im_end|>"
+
+#: Four different prompts (one request, prompt = list of lists); ids stay inside the tokenizer's vocab
+#: so no server refuses them as out of vocabulary.
+PROMPTS = [
+    [len(TOKENIZER_SPECIALS) + (37 * i + 11 * j) % TOKENIZER_WORDS for j in range(6 + 5 * i)]
+    for i in range(4)
+]
+MAX_TOKENS = 64
+TOP_LOGPROBS = 5
+
+PLUGIN_GROUPS = {"sglang": "sglang.srt.plugins", "vllm": "vllm.general_plugins"}
+PLUGIN_TARGETS = {"sglang": "foundry_sglang_plugin:register", "vllm": "foundry_vllm_plugin:register"}
+PLUGIN_NAME = "foundry"
+SHIM_DIST = "foundry_graphs_cold_start_shim-0.0.0"
+# The plugin's report directory variable, spelled out (importing the plugin here is what we avoid).
+SGLANG_REPORT_ENV = "FOUNDRY_SGLANG_REPORT_DIR"
+CACHE_ROOT_ENV = "FOUNDRY_CACHE_ROOT"  # foundry_core.engine.caches.ROOT_ENV
+CARRIED_LIST = ".foundry-carried.json"  # foundry_core.engine.caches.CARRIED_LIST
+
+#: Foundry settings a run must not inherit from the calling shell.
+FOUNDRY_SETTINGS_ENV = (
+    "FOUNDRY_SGLANG",
+    "FOUNDRY_MODE",
+    "FOUNDRY_CONFIG",
+    "FOUNDRY_ARCHIVE_DIR",
+    "FOUNDRY_ARCHIVE_DIGEST",
+    "FOUNDRY_ARCHIVE_COMPRESS",
+    "FOUNDRY_REGION_BASE",
+    "FOUNDRY_REGION_SIZE",
+    "FOUNDRY_SGLANG_REPLAY_TIMING",
+    SGLANG_REPORT_ENV,
+    CACHE_ROOT_ENV,
+)
+#: Cache locations a run must not inherit: Foundry sets the ones it handles inside its engine
+#: processes, and stock must fall back to the defaults under its fresh HOME/TMPDIR.
+CACHE_ENV = (
+    "TRITON_CACHE_DIR",
+    "TORCHINDUCTOR_CACHE_DIR",
+    "VLLM_CACHE_ROOT",
+    "TVM_FFI_CACHE_DIR",
+    "FLASHINFER_WORKSPACE_BASE",
+    "DG_JIT_CACHE_DIR",
+    "CUDA_CACHE_PATH",
+    "XDG_CACHE_HOME",
+    "TRITON_HOME",  # would move ~/.triton out of the fresh HOME
+    "TORCH_EXTENSIONS_DIR",  # would move ~/.cache/torch_extensions out of it
+)
+#: Global caches a cold run must not find (removed before each cold run).
+GLOBAL_CACHES = ("/tmp/torchinductor_*", "/root/.cache", "/root/.triton", "/root/.nv")
+# Files caches keep for their own bookkeeping while running: not compilations.
+SKIP_SUFFIXES = (".lock", ".tmp", ".pid")
+#: Folders under HOME that fill up without compiling anything (Hugging Face's modules package stub,
+#: usage-stats configs): reported apart so they do not count as compilations.
+NOT_COMPILES = ("home/.cache/huggingface", "home/.config")
+
+# --- log patterns (one table each) -----------------------------------------------------------------
+
+#: The engine's own startup timers: one number per match (a ``name`` group splits a timer by name).
+ENGINE_TIMERS: dict[str, dict[str, str]] = {
+    "sglang": {
+        "init_distributed_s": r"Init torch distributed ends\. elapsed=([\d.]+) s",
+        "load_weight_s": r"Load weight end\. elapsed=([\d.]+) s",
+        "decode_graph_s": r"Capture (?:target )?decode .{0,20}?graph end\. elapsed=([\d.]+) s",
+        "prefill_graph_s": r"Capture (?:target )?prefill .{0,20}?graph end\. elapsed=([\d.]+) s",
+        "startup": r"Startup timing: (?P<name>.+?) took ([\d.]+) ?s",
+    },
+    "vllm": {
+        "load_weights_s": r"Loading weights took ([\d.]+) seconds",
+        "model_loading_s": r"Model loading took [\d.]+ GiB(?: memory)? and ([\d.]+) seconds",
+        "dynamo_transform_s": r"Dynamo bytecode transform time: ([\d.]+) s",
+        "compile_graph_s": r"Compiling a graph for (?:compile range|dynamic shape).*?takes ([\d.]+) s",
+        "compile_cache_load_s": r"Directly load the compiled graph\(s\) .*?took ([\d.]+) s",
+        "torch_compile_total_s": r"torch\.compile (?:takes|took) ([\d.]+) s in total",
+        "initial_warmup_s": r"Initial profiling/warmup run took ([\d.]+) s",
+        "graph_capture_s": r"Graph capturing finished in ([\d.]+) secs",
+        "init_engine_s": r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s",
+        "foundry_save_s": r"Foundry rank 0: saved \d+ decode graphs to .* in ([\d.]+) s",
+        "foundry_restore_s": r"Foundry rank 0: restored \d+ decode graphs in ([\d.]+) s",
+    },
+}
+#: Moments (first matching line) that split a start into phases.
+PHASE_MARKS: dict[str, dict[str, str]] = {
+    "sglang": {
+        "imports_done": r"server_args=ServerArgs\(",
+        "weights_begin": r"Load weight begin",
+        "graphs_begin": r"Capture (?:target )?decode .{0,20}?graph begin",
+        "graphs_end": r"Capture (?:target )?decode .{0,20}?graph end",
+        "server_ready_log": r"The server is fired up and ready to roll",
+    },
+    "vllm": {
+        "imports_done": r"non-default args:",
+        "weights_begin": r"Starting to load model",
+        "graphs_begin": r"Capturing CUDA graphs",
+        "graphs_end": r"Graph capturing finished|Foundry rank 0: restored",
+        "server_ready_log": r"Application startup complete",
+    },
+}
+#: Lines that look like compilation (secondary evidence; counted per pattern, case-insensitive).
+COMPILE_MARKERS = {
+    "compiling": r"\bcompiling\b",
+    "compile_took": r"compil(?:e|ed|ing|ation)\b.*\b(?:took|takes|in)\s+[\d.]+\s*s",
+    "torch_compile": r"torch\.compile",
+    "triton": r"\btriton\b",
+    "nvcc": r"\bnvcc\b",
+    "ninja": r"\bninja\b",
+    "jit": r"\bJIT\b",
+}
+_LOG_PREFIX = re.compile(r"^\[\s*(\d+(?:\.\d+)?)\] ?(.*)$")
+
+# --- arguments ---------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--engine", choices=ENGINES, required=True)
+    p.add_argument("--out", required=True, help="result JSON (rewritten after every run); PNG beside it")
+    p.add_argument("--logs", required=True, help="directory for <engine>-<run>.log")
+    p.add_argument("--workdir", default=None, help="model, archive, homes, caches (default: new temp dir)")
+    p.add_argument("--budget", type=float, default=2400.0, help="seconds for all runs together")
+    p.add_argument("--timeout", type=float, default=420.0, help="seconds per run")
+    p.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated subset of {','.join(RUNS)}")
+    p.add_argument("--region-size", default="128GiB", help="Foundry region per rank ([region] size)")
+    p.add_argument(
+        "--keep-global-caches",
+        action="store_true",
+        help=f"do not delete {', '.join(GLOBAL_CACHES)} before cold runs (for a machine you keep)",
+    )
+    opts = p.parse_args(argv)
+    opts.runs = [r.strip() for r in opts.runs.split(",") if r.strip()]
+    unknown = [r for r in opts.runs if r not in RUNS]
+    if unknown or len(set(opts.runs)) != len(opts.runs):
+        p.error(f"--runs takes each of {', '.join(RUNS)} at most once (got {unknown or opts.runs})")
+    # The fixed order is part of the method (cold before warm, save before load).
+    opts.runs = [r for r in RUNS if r in opts.runs]
+    return opts
+
+
+# --- the model directory -----------------------------------------------------------------------------
+
+
+def tokenizer_vocab() -> dict[str, int]:
+    words = [*TOKENIZER_SPECIALS, *(f"w{i}" for i in range(TOKENIZER_WORDS))]
+    return {w: i for i, w in enumerate(words)}
+
+
+def tokenizer_files() -> dict[str, dict[str, Any]]:
+    """A word-level tokenizer as ``tokenizer.json`` + ``tokenizer_config.json``, written by hand: the
+    fallback where the parent's interpreter lacks ``tokenizers``/``transformers`` (the vLLM site)."""
+    added = [
+        {
+            "id": i,
+            "content": t,
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": True,
+        }
+        for i, t in enumerate(TOKENIZER_SPECIALS)
+    ]
+    tokenizer = {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": added,
+        "normalizer": None,
+        "pre_tokenizer": {"type": "WhitespaceSplit"},
+        "post_processor": None,
+        "decoder": None,
+        "model": {"type": "WordLevel", "vocab": tokenizer_vocab(), "unk_token": "<unk>"},
+    }
+    return {"tokenizer.json": tokenizer, "tokenizer_config.json": tokenizer_config()}
+
+
+def tokenizer_config() -> dict[str, Any]:
+    # PreTrainedTokenizerFast loads in transformers 4 and 5 alike (5 maps it to its TokenizersBackend),
+    # and an explicit class keeps AutoTokenizer from picking Qwen2's tokenizer by model_type.
+    return {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": "<|endoftext|>",
+        "eos_token": EOS_TOKEN,
+        "pad_token": "<|endoftext|>",
+        "unk_token": "<unk>",
+        "model_max_length": 40960,
+    }
+
+
+def write_tokenizer(model_dir: Path) -> str:
+    """Build the tokenizer with the ``tokenizers`` package and save it through transformers where
+    both import; otherwise write the same files by hand. Returns which way it went."""
+    try:
+        from tokenizers import Tokenizer, models, pre_tokenizers
+        from transformers import PreTrainedTokenizerFast
+    except ImportError:
+        for name, data in tokenizer_files().items():
+            (model_dir / name).write_text(json.dumps(data, indent=1))
+        return "hand-written"
+    tok = Tokenizer(models.WordLevel(vocab=tokenizer_vocab(), unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(list(TOKENIZER_SPECIALS))
+    special = {k: v for k, v in tokenizer_config().items() if k.endswith("_token")}
+    PreTrainedTokenizerFast(tokenizer_object=tok, **special).save_pretrained(str(model_dir))
+    cfg_path = model_dir / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["tokenizer_class"] = tokenizer_config()["tokenizer_class"]
+    cfg_path.write_text(json.dumps(cfg, indent=1))
+    return "tokenizers+transformers"
+
+
+def write_model(model_dir: Path) -> str:
+    model_dir.mkdir(parents=True, exist_ok=True)
+    (model_dir / "config.json").write_text(json.dumps(MODEL_CONFIG, indent=1))
+    return write_tokenizer(model_dir)
+
+
+def foundry_toml(archive_dir: Path, region_size: str) -> str:
+    return f'mode = "auto"\narchive_dir = "{archive_dir}"\n\n[region]\nsize = "{region_size}"\n'
+
+
+def write_entry_point_shim(root: Path) -> Path:
+    """A minimal ``.dist-info`` declaring the plugin's entry points (both engines' groups), so an
+    engine finds the plugin when ``src/`` is on PYTHONPATH but not pip-installed: both engines
+    discover plugins through entry points only. Only the Foundry runs get it on their path."""
+    info = root / f"{SHIM_DIST}.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    name, version = SHIM_DIST.rsplit("-", 1)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    groups = "".join(f"[{PLUGIN_GROUPS[e]}]\n{PLUGIN_NAME} = {PLUGIN_TARGETS[e]}\n\n" for e in ENGINES)
+    (info / "entry_points.txt").write_text(groups)
+    return root
+
+
+def installed_plugins(engine: str) -> list[str]:
+    """Plugin names the engine would find on this interpreter's path (no engine import), over all of
+    its plugin groups: the stock allow-list names them all, so only Foundry is kept out."""
+    from importlib.metadata import entry_points
+
+    everything = entry_points()
+    groups = everything.groups if hasattr(everything, "groups") else everything.keys()  # 3.12 / 3.10
+    names: set[str] = set()
+    for group in groups:
+        if group.startswith(f"{engine}."):
+            names.update(ep.name for ep in entry_points(group=group))
+    return sorted(names)
+
+
+# --- one run's command and environment ---------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class RunPaths:
+    """Where one run keeps its state; a warm run shares ``home``/``tmp`` with its cold sibling."""
+
+    home: Path
+    tmp: Path
+    cache_root: Path  # FOUNDRY_CACHE_ROOT (Foundry runs)
+    report_dir: Path  # FOUNDRY_SGLANG_REPORT_DIR (Foundry runs on SGLang)
+
+    @classmethod
+    def for_run(cls, workdir: Path, run: str) -> RunPaths:
+        owner = WARM_OF.get(run, run)
+        # Short names: engines put their IPC sockets in TMPDIR, and a socket path has ~107 bytes.
+        return cls(
+            home=workdir / f"home-{owner}",
+            tmp=workdir / f"tmp-{owner}",
+            cache_root=workdir / f"foundry-caches-{run}",
+            report_dir=workdir / f"report-{run}",
+        )
+
+
+def server_command(engine: str, model_dir: Path, port: int, toml: Path | None) -> list[str]:
+    """The server's command line; identical for stock and Foundry except the two Foundry flags."""
+    if engine == "sglang":
+        argv = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_dir)]
+        argv += ["--load-format", "dummy", "--attention-backend", "fa3", "--sampling-backend", "pytorch"]
+        argv += ["--cuda-graph-max-bs-decode", "512", "--cuda-graph-backend-prefill", "disabled"]
+        argv += ["--mem-fraction-static", "0.5", "--random-seed", "0", "--log-level", "info"]
+    else:
+        # The module rather than a ``vllm`` found on PATH: the same interpreter and engine site as
+        # the version recorded here (a pip --target site puts its console scripts off PATH anyway).
+        argv = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(model_dir)]
+        argv += ["--load-format", "dummy", "--max-num-seqs", "512", "--gpu-memory-utilization", "0.5"]
+        argv += ["--seed", "0", "--max-model-len", "4096"]
+    argv += ["--port", str(port), "--host", "127.0.0.1"]
+    if toml is not None:
+        argv += ["--enable-foundry", "--foundry-config", str(toml)]
+    return argv
+
+
+def child_env(
+    base: dict[str, str],
+    engine: str,
+    run: str,
+    paths: RunPaths,
+    shim: Path | None,
+    other_plugins: list[str],
+    user_base: str | None = None,
+) -> dict[str, str]:
+    """One run's environment: fresh or kept HOME/TMPDIR, no inherited cache locations or Foundry
+    settings, offline, deterministic hashing; stock keeps the plugin out through the engine's
+    allow-list, Foundry runs get the entry-point shim and a kept cache root."""
+    foundry = run in FOUNDRY_RUNS
+    drop = set(CACHE_ENV) | set(FOUNDRY_SETTINGS_ENV)
+    env = {k: v for k, v in base.items() if k not in drop}
+    parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if str(SRC) not in parts:
+        parts.append(str(SRC))
+    if foundry and shim is not None:
+        parts.insert(0, str(shim))
+    env["PYTHONPATH"] = os.pathsep.join(parts)
+    env.update(
+        HOME=str(paths.home),
+        TMPDIR=str(paths.tmp),
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        PYTHONUNBUFFERED="1",
+        # Same string hashing in every process: setup code that walks a set allocates in the same order.
+        PYTHONHASHSEED="0",
+        FOUNDRY_NO_PROGRESS="1",
+    )
+    if user_base and "PYTHONUSERBASE" not in base:
+        # A fresh HOME must not hide packages installed with pip --user under the real one.
+        env["PYTHONUSERBASE"] = user_base
+    allow_var = "SGLANG_PLUGINS" if engine == "sglang" else "VLLM_PLUGINS"
+    if engine == "vllm":
+        env.update(VLLM_USE_FLASHINFER_SAMPLER="0", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
+    others = [n for n in other_plugins if n != PLUGIN_NAME]
+    if not foundry:
+        # Both variables are allow-lists: a name no plugin has keeps every plugin out.
+        env[allow_var] = ",".join(others) or "none"
+        return env
+    allowed = [x.strip() for x in env.get(allow_var, "").split(",") if x.strip()]
+    if allow_var in env and PLUGIN_NAME not in allowed:
+        env[allow_var] = ",".join([*allowed, PLUGIN_NAME])
+    env[CACHE_ROOT_ENV] = str(paths.cache_root)
+    if engine == "sglang":
+        env[SGLANG_REPORT_ENV] = str(paths.report_dir)
+    return env
+
+
+# --- caches: emptying and counting -------------------------------------------------------------------
+
+
+def _protected(path: Path, keep: list[Path]) -> bool:
+    """True where deleting ``path`` would take something this benchmark runs from (a Python or an
+    engine site installed under /root/.cache, the repository, the work directory)."""
+    path = path.resolve()
+    return any(k == path or path in k.parents for k in keep)
+
+
+def purge_global_caches(keep: list[Path]) -> dict[str, list[str]]:
+    removed, kept = [], []
+    for pattern in GLOBAL_CACHES:
+        for name in sorted(glob.glob(pattern)):
+            path = Path(name)
+            if _protected(path, keep):
+                kept.append(name)
+                continue
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+            removed.append(name)
+    return {"removed": removed, "kept_in_use": kept}
+
+
+def drop_page_cache() -> bool:
+    """Best effort: needs root and a writable /proc/sys (not in most containers)."""
+    os.sync()
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def _files_under(root: Path) -> set[str]:
+    found: set[str] = set()
+    for dirpath, _dirs, files in os.walk(root):
+        for fn in files:
+            full = Path(dirpath, fn)
+            if fn.endswith(SKIP_SUFFIXES) or full.is_symlink() or not full.is_file():
+                continue
+            found.add(full.relative_to(root).as_posix())
+    return found
+
+
+def outside_roots(paths: RunPaths) -> dict[str, Path]:
+    """The places a run may compile into that Foundry does not redirect, by report label."""
+    roots = {"home": paths.home, "tmp": paths.tmp}
+    for name in sorted(glob.glob("/tmp/torchinductor_*")):
+        roots[f"/tmp/{Path(name).name}"] = Path(name)
+    return roots
+
+
+def snapshot(roots: dict[str, Path]) -> dict[str, set[str]]:
+    return {label: _files_under(root) if root.is_dir() else set() for label, root in roots.items()}
+
+
+def group_key(label: str, rel: str) -> str:
+    """``home/.cache/flashinfer/x/y.so`` -> ``home/.cache/flashinfer``: the label plus at most two
+    folder levels, never the file name itself."""
+    folders = rel.split("/")[:-1][:2]
+    return "/".join([label, *folders])
+
+
+def count_new_files(before: dict[str, set[str]], after: dict[str, set[str]]) -> dict[str, Any]:
+    """Files present after a run that were not there before it, per folder group; groups under
+    :data:`NOT_COMPILES` are counted apart. A few names per group show what they are."""
+    counts: dict[str, int] = {}
+    examples: dict[str, list[str]] = {}
+    for label, files in after.items():
+        for rel in sorted(files - before.get(label, set())):
+            key = group_key(label, rel)
+            counts[key] = counts.get(key, 0) + 1
+            if len(examples.setdefault(key, [])) < 5:
+                examples[key].append(rel)
+    compiles = {k: n for k, n in counts.items() if not k.startswith(NOT_COMPILES)}
+    return {
+        "compiles": compiles,
+        "not_compiles": {k: n for k, n in counts.items() if k not in compiles},
+        "total": sum(compiles.values()),
+        "examples": examples,
+    }
+
+
+def count_foundry_compiles(cache_root: Path) -> dict[str, int]:
+    """Per cache kind, files in Foundry's private copies under ``cache_root`` that were not carried
+    from the archive (its ``.foundry-carried.json``): what the run compiled despite Foundry. Sums
+    over every private root there (one per engine process that made one)."""
+    counts: dict[str, int] = {}
+    roots = (
+        sorted(p for p in cache_root.glob("foundry-caches-*") if p.is_dir()) if cache_root.is_dir() else []
+    )
+    for root in roots:
+        try:
+            carried = json.loads((root / CARRIED_LIST).read_text())
+        except (OSError, ValueError):
+            carried = {}
+        for kind_dir in sorted(p for p in root.iterdir() if p.is_dir()):
+            new = _files_under(kind_dir) - set(carried.get(kind_dir.name, ()))
+            counts[kind_dir.name] = counts.get(kind_dir.name, 0) + len(new)
+    counts["total"] = sum(counts.values())
+    counts["private_roots"] = len(roots)
+    return counts
+
+
+# --- the server's log --------------------------------------------------------------------------------
+
+
+class LogPump(threading.Thread):
+    """Copies the server's merged stdout/stderr into its log file, each line stamped with the
+    seconds since spawn: one clock for every engine and process, finer than the engines' own
+    second-resolution timestamps."""
+
+    def __init__(self, stream: Any, path: Path, t0: float):
+        super().__init__(daemon=True)
+        self.stream, self.path, self.t0 = stream, path, t0
+        self.lines: list[tuple[float, str]] = []
+
+    def run(self) -> None:
+        with open(self.path, "w", encoding="utf-8") as f:
+            for raw in iter(self.stream.readline, b""):
+                t = time.monotonic() - self.t0
+                line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+                self.lines.append((t, line))
+                f.write(f"[{t:9.3f}] {line}\n")
+                f.flush()
+
+
+def read_log(path: Path) -> list[tuple[float, str]]:
+    """The (seconds, line) pairs of a log the pump wrote (lines without a stamp get the last one)."""
+    out: list[tuple[float, str]] = []
+    t = 0.0
+    for line in path.read_text(errors="replace").splitlines():
+        m = _LOG_PREFIX.match(line)
+        if m:
+            t, line = float(m.group(1)), m.group(2)
+        out.append((t, line))
+    return out
+
+
+def _timer_hit(found: dict[str, Any], key: str, value: float, t: float, line: str) -> None:
+    hit = found.setdefault(key, {"value": value, "t_s": round(t, 3), "n": 0, "sum": 0.0})
+    hit["n"] += 1
+    hit["sum"] = round(hit["sum"] + value, 4)
+    if hit["n"] == 1:
+        hit["line"] = line.strip()[-240:]
+
+
+def parse_log(lines: list[tuple[float, str]], engine: str) -> dict[str, Any]:
+    """Engine timers (value and when it was logged), phase marks (first time), compile-marker counts,
+    and a few facts: graphs the engine listed, Foundry lines, tracebacks."""
+    timers: dict[str, Any] = {}
+    marks: dict[str, float] = {}
+    compile_counts = dict.fromkeys(COMPILE_MARKERS, 0)
+    timer_res = {k: re.compile(v) for k, v in ENGINE_TIMERS[engine].items()}
+    mark_res = {k: re.compile(v) for k, v in PHASE_MARKS[engine].items()}
+    compile_res = {k: re.compile(v, re.I) for k, v in COMPILE_MARKERS.items()}
+    out: dict[str, Any] = {"foundry_lines": 0, "tracebacks": 0, "graphs_log": None}
+    for t, line in lines:
+        for key, rx in timer_res.items():
+            for m in rx.finditer(line):
+                name = m.groupdict().get("name")
+                _timer_hit(timers, f"{key}:{name}" if name else key, float(m.groups()[-1]), t, line)
+        for key, rx in mark_res.items():
+            if key not in marks and rx.search(line):
+                marks[key] = round(t, 3)
+        for key, rx in compile_res.items():
+            compile_counts[key] += bool(rx.search(line))
+        out["foundry_lines"] += "Foundry" in line
+        out["tracebacks"] += "Traceback (most recent call last)" in line
+        n = _graphs_in_line(line, engine)
+        if n is not None:
+            out["graphs_log"] = max(out["graphs_log"] or 0, n)
+    out.update(timers=timers, marks=marks, compile_markers=compile_counts)
+    if lines:
+        out["first_line_s"] = round(lines[0][0], 3)
+        out["last_line_s"] = round(lines[-1][0], 3)
+    return out
+
+
+_SGLANG_BS = re.compile(r"Capture (?:target )?decode .{0,20}?graph begin\..*?bs=\[([^\]]*)\]")
+_VLLM_BAR = re.compile(r"Capturing CUDA graphs[^\r\n]*?(\d+)/(\d+)")
+
+
+def _graphs_in_line(line: str, engine: str) -> int | None:
+    if engine == "sglang":
+        m = _SGLANG_BS.search(line)
+        return len([x for x in m.group(1).split(",") if x.strip()]) if m else None
+    totals = [int(total) for _, total in _VLLM_BAR.findall(line)]
+    return max(totals) if totals else None
+
+
+# --- HTTP ---------------------------------------------------------------------------------------------
+
+# No proxy for 127.0.0.1, whatever the environment says.
+_HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def http_json(url: str, body: dict | None = None, timeout: float = 5.0) -> tuple[int, Any]:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with _HTTP.open(req, timeout=timeout) as resp:
+            raw = resp.read()
+            status = resp.status
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")[:2000]
+    try:
+        return status, json.loads(raw) if raw else None
+    except ValueError:
+        return status, raw.decode(errors="replace")[:2000]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerDied(RuntimeError):
+    pass
+
+
+def wait_ready(base: str, proc: subprocess.Popen, deadline: float) -> str:
+    """Poll (every 0.1 s) until /health and /v1/models both answer 200; returns the model id."""
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise ServerDied(f"server exited with status {proc.returncode} before it was ready")
+        try:
+            status, _ = http_json(base + "/health", timeout=2.0)
+            if status == 200:
+                status, models = http_json(base + "/v1/models", timeout=2.0)
+                if status == 200 and isinstance(models, dict) and models.get("data"):
+                    return models["data"][0]["id"]
+        except (OSError, urllib.error.URLError):
+            pass
+        time.sleep(0.1)
+    raise TimeoutError("server not ready before the run's timeout")
+
+
+def completion_body(engine: str, model_id: str) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": model_id,
+        "prompt": PROMPTS,
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0,
+        "logprobs": TOP_LOGPROBS,
+        "ignore_eos": True,
+        "return_token_ids": True,  # both engines: choices[i].token_ids
+    }
+    if engine == "vllm":
+        body["return_tokens_as_token_ids"] = True  # logprob keys as "token_id:N", not decoded text
+    return body
+
+
+def _token_id(token: Any) -> Any:
+    if isinstance(token, str) and token.startswith("token_id:"):
+        try:
+            return int(token.split(":", 1)[1])
+        except ValueError:
+            return token
+    return token
+
+
+def extract_outputs(response: Any) -> dict[str, Any]:
+    """Per prompt (by choice index): generated token ids (``token_ids`` where the server gave them,
+    else the logprob tokens), the chosen tokens' logprobs, and the top logprobs as [key, value]
+    pairs. Keys are decoded text on SGLang, so ids the small tokenizer lacks collapse alike in
+    every run; the comparison stays fair."""
+    choices = sorted((response or {}).get("choices") or [], key=lambda c: c.get("index", 0))
+    out: dict[str, Any] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text": []}
+    for c in choices:
+        lp = c.get("logprobs") or {}
+        tokens = c.get("token_ids") or c.get("output_ids") or [_token_id(t) for t in lp.get("tokens") or []]
+        out["tokens"].append(list(tokens))
+        out["token_logprobs"].append(lp.get("token_logprobs"))
+        out["top_logprobs"].append(
+            [
+                sorted(([str(k), v] for k, v in (d or {}).items()), key=lambda kv: kv[0])
+                for d in lp.get("top_logprobs") or []
+            ]
+        )
+        out["text"].append(c.get("text"))
+    return out
+
+
+def outputs_differ(outputs: dict[str, Any] | None) -> bool | None:
+    """True when the prompts did not all produce the same tokens (a degenerate model would)."""
+    tokens = (outputs or {}).get("tokens")
+    if not tokens:
+        return None
+    return len({json.dumps(t) for t in tokens}) > 1
+
+
+# --- one run -------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Bench:
+    engine: str
+    workdir: Path
+    logs: Path
+    model_dir: Path
+    archive_dir: Path
+    toml: Path
+    shim: Path | None
+    other_plugins: list[str]
+    keep_global_caches: bool
+    keep_paths: list[Path]
+    user_base: str | None = None
+    gpu_baseline_mib: int | None = None
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """End the server and everything it spawned (schedulers, engine core), SIGTERM then SIGKILL."""
+    for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            # Reap the leader: an unreaped zombie would keep its group "alive" to killpg(pid, 0).
+            proc.poll()
+            try:
+                os.killpg(proc.pid, 0)
+            except (ProcessLookupError, PermissionError):
+                return
+            time.sleep(0.2)
+
+
+def _nvidia_smi(query: str) -> list[str]:
+    try:
+        q = subprocess.run(
+            ["nvidia-smi", f"--query-{query}", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [x.strip() for x in q.stdout.splitlines() if x.strip()] if q.returncode == 0 else []
+
+
+def gpu_memory_used_mib() -> int | None:
+    try:
+        return sum(int(x.split(",")[0]) for x in _nvidia_smi("gpu=memory.used")) or None
+    except ValueError:
+        return None
+
+
+def wait_gpu_free(baseline_mib: int | None, limit_s: float = 30.0) -> float:
+    """A killed engine frees its memory asynchronously: the next run must not start beside it."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < limit_s:
+        used = gpu_memory_used_mib()
+        settled = used is None or baseline_mib is None or used <= baseline_mib + 1024
+        if settled and not _nvidia_smi("compute-apps=pid"):
+            break
+        time.sleep(0.5)
+    return round(time.monotonic() - t0, 1)
+
+
+def prepare_run(bench: Bench, run: str, paths: RunPaths) -> dict[str, Any]:
+    """Empty what a cold run must not find; a warm run keeps its sibling's HOME/TMPDIR."""
+    prep: dict[str, Any] = {"cold": run not in WARM_OF}
+    if prep["cold"]:
+        for d in (paths.home, paths.tmp):
+            shutil.rmtree(d, ignore_errors=True)
+        if not bench.keep_global_caches:
+            prep["global_caches"] = purge_global_caches(bench.keep_paths)
+        prep["page_cache_dropped"] = drop_page_cache()
+    else:
+        prep["home_reused"] = paths.home.is_dir() and any(paths.home.iterdir())
+    for d in (paths.home, paths.tmp):
+        d.mkdir(parents=True, exist_ok=True)
+    for d in (paths.cache_root, paths.report_dir):
+        shutil.rmtree(d, ignore_errors=True)
+    if run == "save":
+        shutil.rmtree(bench.archive_dir, ignore_errors=True)  # SAVE starts from an empty archive
+    if run in FOUNDRY_RUNS:
+        bench.archive_dir.mkdir(parents=True, exist_ok=True)
+        (bench.archive_dir / "rank0.start.json").unlink(missing_ok=True)  # only this run may write it
+    return prep
+
+
+def request_phase(
+    engine: str, proc: subprocess.Popen, rec: dict[str, Any], base: str, t0: float, deadline: float
+) -> None:
+    """Ready, first request (TTFT), second request (self-consistency); fills ``rec`` as it goes."""
+    rec["stage"] = "starting"
+    rec["model_id"] = wait_ready(base, proc, deadline)
+    t_ready = time.monotonic()
+    rec["ready_s"] = round(t_ready - t0, 3)
+    rec["stage"] = "first request"
+    body = completion_body(engine, rec["model_id"])
+    status, resp = http_json(base + "/v1/completions", body, timeout=max(5.0, deadline - time.monotonic()))
+    t_first = time.monotonic()
+    if status != 200:
+        raise RuntimeError(f"first /v1/completions answered {status}: {str(resp)[:500]}")
+    rec["ttft_s"] = round(t_first - t0, 3)
+    rec["first_request_s"] = round(t_first - t_ready, 3)
+    rec["outputs"] = extract_outputs(resp)
+    rec["stage"] = "second request"
+    status, resp2 = http_json(base + "/v1/completions", body, timeout=max(5.0, deadline - time.monotonic()))
+    rec["second_request_s"] = round(time.monotonic() - t_first, 3)
+    if status != 200:
+        raise RuntimeError(f"second /v1/completions answered {status}: {str(resp2)[:500]}")
+    second = extract_outputs(resp2)
+    rec["self_consistent"] = {
+        "tokens": second["tokens"] == rec["outputs"]["tokens"],
+        "logprobs": (second["token_logprobs"], second["top_logprobs"])
+        == (rec["outputs"]["token_logprobs"], rec["outputs"]["top_logprobs"]),
+    }
+    rec["outputs_differ_between_prompts"] = outputs_differ(rec["outputs"])
+    rec["usage"] = (resp or {}).get("usage")
+
+
+def read_start_report(bench: Bench, paths: RunPaths) -> dict[str, Any] | None:
+    path = (
+        paths.report_dir / "rank0.json"
+        if bench.engine == "sglang"
+        else bench.archive_dir / "rank0.start.json"
+    )
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        return {"unreadable": f"{path}: {e}"}
+
+
+def run_one(bench: Bench, run: str, timeout_s: float, runs: dict[str, Any]) -> dict[str, Any]:
+    """One server start, measured; the record is in ``runs`` from the start, so a benchmark ended
+    from outside (SIGTERM) still writes what this run got to."""
+    paths = RunPaths.for_run(bench.workdir, run)
+    foundry = run in FOUNDRY_RUNS
+    rec: dict[str, Any] = {"name": run, "foundry": foundry, "ok": False, "timeout_s": round(timeout_s)}
+    runs[run] = rec
+    rec["prepare"] = prepare_run(bench, run, paths)
+    rec["paths"] = {k: str(v) for k, v in dataclasses.asdict(paths).items()}
+    before = snapshot(outside_roots(paths))
+    port = free_port()
+    argv = server_command(bench.engine, bench.model_dir, port, bench.toml if foundry else None)
+    env = child_env(
+        dict(os.environ), bench.engine, run, paths, bench.shim, bench.other_plugins, bench.user_base
+    )
+    rec.update(command=shlex.join(argv), port=port, log=f"{bench.engine}-{run}.log")
+    rec["env_changes"] = env_changes(dict(os.environ), env)
+    log_path = bench.logs / rec["log"]
+    t0 = time.monotonic()
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env=env,
+        cwd=str(bench.workdir),
+        start_new_session=True,  # its own process group: one killpg ends the server and its children
+    )
+    pump = LogPump(proc.stdout, log_path, t0)
+    pump.start()
+    try:
+        request_phase(bench.engine, proc, rec, f"http://127.0.0.1:{port}", t0, t0 + timeout_s)
+        rec["ok"] = True
+        rec["stage"] = "done"
+    except BaseException as e:  # everything goes into the record; the benchmark goes on
+        rec["error"] = f"{type(e).__name__}: {e} (stage {rec.get('stage')})"
+        if not isinstance(e, (TimeoutError, RuntimeError)):
+            rec["traceback"] = traceback.format_exc()[-3000:]
+        if isinstance(e, (KeyboardInterrupt, SystemExit)):
+            raise
+    finally:
+        rec["wall_s"] = round(time.monotonic() - t0, 2)
+        kill_group(proc)
+        rec["exit_code"] = proc.wait()
+        pump.join(timeout=10)
+        rec["gpu_free_wait_s"] = wait_gpu_free(bench.gpu_baseline_mib)
+        finish_record(bench, rec, paths, before, pump.lines)
+    return rec
+
+
+def env_changes(base: dict[str, str], env: dict[str, str]) -> dict[str, Any]:
+    """What a run's environment sets or removes relative to the caller's (for the record)."""
+    return {
+        "set": {k: v for k, v in sorted(env.items()) if base.get(k) != v},
+        "removed": sorted(k for k in base if k not in env),
+    }
+
+
+def finish_record(
+    bench: Bench,
+    rec: dict[str, Any],
+    paths: RunPaths,
+    before: dict[str, set[str]],
+    lines: list[tuple[float, str]],
+) -> None:
+    """What the run left: its log facts, the files it created, Foundry's report, its phases."""
+    rec["log_parse"] = parse_log(lines, bench.engine)
+    rec["outside_files"] = count_new_files(before, snapshot(outside_roots(paths)))
+    if rec["foundry"]:
+        rec["foundry_cache_files"] = count_foundry_compiles(paths.cache_root)
+        rec["foundry_report"] = read_start_report(bench, paths)
+    rec["compiled_files"] = compiled_files(rec)
+    rec["phases"] = phases(rec, bench.engine)
+    if not rec["ok"]:
+        rec["log_tail"] = "\n".join(line for _, line in lines[-60:])[-6000:]
+
+
+def compiled_files(rec: dict[str, Any]) -> dict[str, Any]:
+    """One count of what a run compiled: Foundry's kinds by name, the unredirected places by folder."""
+    out: dict[str, Any] = {}
+    for kind, n in (rec.get("foundry_cache_files") or {}).items():
+        if kind not in ("total", "private_roots"):
+            out[kind] = n
+    out.update((rec.get("outside_files") or {}).get("compiles") or {})
+    out["total"] = sum(v for v in out.values())
+    return out
+
+
+# --- phases, result, summary ------------------------------------------------------------------------
+
+
+def graph_phase_s(rec: dict[str, Any], engine: str) -> tuple[float | None, str | None]:
+    """Seconds of the decode-graph phase: the engine's own timer where it logged one (the same
+    measure for stock and Foundry), else Foundry's report."""
+    timers = (rec.get("log_parse") or {}).get("timers") or {}
+    key = "decode_graph_s" if engine == "sglang" else "graph_capture_s"
+    if key in timers:
+        return timers[key]["value"], f"log:{key}"
+    report = rec.get("foundry_report") or {}
+    for name in ("restore_s", "capture_s"):
+        if isinstance(report.get(name), int | float):
+            return float(report[name]), f"report:{name}"
+    graphs = (report.get("phases_s") or {}).get("graphs")
+    return (float(graphs), "report:phases_s.graphs") if isinstance(graphs, int | float) else (None, None)
+
+
+def phases(rec: dict[str, Any], engine: str) -> dict[str, Any]:
+    """Spawn+imports (until the engine's first own log line), setup until ready (split into the
+    graph phase, where known, and the rest), ready -> first token."""
+    parse = rec.get("log_parse") or {}
+    marks = parse.get("marks") or {}
+    ready = rec.get("ready_s")
+    spawn = marks.get("imports_done", parse.get("first_line_s"))
+    if ready is not None and spawn is not None:
+        spawn = min(spawn, ready)
+    until_ready = round(ready - spawn, 3) if ready is not None and spawn is not None else None
+    graph, graph_src = graph_phase_s(rec, engine)
+    setup = until_ready
+    if until_ready is not None and graph is not None:
+        setup = round(until_ready - graph, 3)
+    return {
+        "spawn_imports_s": spawn,
+        "setup_s": setup,
+        "graph_phase_s": graph,
+        "graph_phase_source": graph_src,
+        "until_ready_s": until_ready,
+        "ready_to_first_token_s": rec.get("first_request_s"),
+        "ready_s": ready,
+        "ttft_s": rec.get("ttft_s"),
+        "marks_s": marks,
+    }
+
+
+def _first(values: list[Any]) -> Any:
+    return next((v for v in values if v is not None), None)
+
+
+def _get(runs: dict[str, Any], run: str, key: str) -> Any:
+    return (runs.get(run) or {}).get(key)
+
+
+def _ratio(a: Any, b: Any) -> float | None:
+    return round(a / b, 4) if isinstance(a, int | float) and isinstance(b, int | float) and b else None
+
+
+def _same(a: Any, b: Any) -> bool | None:
+    return None if a is None or b is None else a == b
+
+
+def _outputs(runs: dict[str, Any], run: str, field: str) -> Any:
+    return ((runs.get(run) or {}).get("outputs") or {}).get(field)
+
+
+def decode_captures(engine: str, report: dict[str, Any] | None) -> int | None:
+    """Stream captures in the graph phase of a start: SGLang counts the decode-graph phase itself;
+    vLLM's worker snapshots the process total before the graphs and at the end."""
+    report = report or {}
+    if engine == "sglang":
+        phase = report.get("decode_phase_stream_captures")
+        return sum(phase.values()) if isinstance(phase, dict) else None
+    counts = report.get("stream_captures") or {}
+    end, begin = counts.get("end"), counts.get("before_graphs")
+    return end - begin if isinstance(end, int) and isinstance(begin, int) else None
+
+
+def assemble(meta: dict[str, Any], runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The result document; any run may be missing or failed (its fields are then None)."""
+    engine = meta["engine"]
+    rep = {r: (runs.get(r) or {}).get("foundry_report") or {} for r in FOUNDRY_RUNS}
+    out = dict(meta)
+    out["graphs"] = _first(
+        [rep["load_cold"].get("graphs"), rep["save"].get("graphs")]
+        + [((runs.get(r) or {}).get("log_parse") or {}).get("graphs_log") for r in RUNS]
+    )
+    for kind in ("stock", "load"):
+        for temp in ("cold", "warm"):
+            out[f"ttft_s_{kind}_{temp}"] = _get(runs, f"{kind}_{temp}", "ttft_s")
+            out[f"ready_s_{kind}_{temp}"] = _get(runs, f"{kind}_{temp}", "ready_s")
+    out["ttft_s_save"], out["ready_s_save"] = _get(runs, "save", "ttft_s"), _get(runs, "save", "ready_s")
+    out["ttft_ratio_cold"] = _ratio(out["ttft_s_load_cold"], out["ttft_s_stock_cold"])
+    out["ttft_ratio_warm"] = _ratio(out["ttft_s_load_warm"], out["ttft_s_stock_warm"])
+    out["load_compiles"] = _get(runs, "load_cold", "compiled_files")
+    out["stock_compiles"] = _get(runs, "stock_cold", "compiled_files")
+    out["load_decode_captures"] = decode_captures(engine, rep["load_cold"]) if rep["load_cold"] else None
+    out["save_decode_captures"] = decode_captures(engine, rep["save"]) if rep["save"] else None
+    out["tokens_identical_to_save"] = _same(
+        _outputs(runs, "load_cold", "tokens"), _outputs(runs, "save", "tokens")
+    )
+    out["tokens_identical_to_stock"] = _same(
+        _outputs(runs, "load_cold", "tokens"), _outputs(runs, "stock_cold", "tokens")
+    )
+    lp = ("token_logprobs", "top_logprobs")
+    load_lp = [_outputs(runs, "load_cold", f) for f in lp]
+    save_lp = [_outputs(runs, "save", f) for f in lp]
+    out["logprobs_identical_to_save"] = None if None in load_lp + save_lp else load_lp == save_lp
+    out["warm_tokens_identical_to_save"] = _same(
+        _outputs(runs, "load_warm", "tokens"), _outputs(runs, "save", "tokens")
+    )
+    out["outputs_differ_between_prompts"] = outputs_differ((runs.get("load_cold") or {}).get("outputs"))
+    out["self_consistent"] = {r: _get(runs, r, "self_consistent") for r in RUNS if r in runs}
+    out["modes"] = {r: rep[r].get("mode") for r in FOUNDRY_RUNS if r in runs}
+    # A stock server must not have loaded the plugin: any Foundry line in its log says it did.
+    out["foundry_lines_in_stock_logs"] = {
+        r: ((runs.get(r) or {}).get("log_parse") or {}).get("foundry_lines")
+        for r in RUNS
+        if r.startswith("stock") and r in runs
+    }
+    out["load_caches"] = rep["load_cold"].get("caches")
+    out["save_caches"] = rep["save"].get("caches")
+    out["restore_s"], out["capture_s"] = rep["load_cold"].get("restore_s"), rep["save"].get("capture_s")
+    out["breakdown"] = _get(runs, "load_cold", "phases")
+    out["breakdown_stock_cold"] = _get(runs, "stock_cold", "phases")
+    out["errors"] = {r: rec["error"] for r, rec in runs.items() if rec and rec.get("error")}
+    out["runs"] = runs
+    return out
+
+
+def summary_lines(result: dict[str, Any]) -> list[str]:
+    def f(key: str) -> str:
+        v = result.get(key)
+        return "n/a" if v is None else (f"{v:.2f}" if isinstance(v, float) else str(v))
+
+    total = (result.get("load_compiles") or {}).get("total")
+    lines = [
+        f"cold_start {result.get('engine')} {f('engine_version')} on {f('machine')} (commit {f('commit')})",
+        f"  graphs {f('graphs')}; LOAD decode-phase stream captures {f('load_decode_captures')}; "
+        f"LOAD compiled files {total if total is not None else 'n/a'}",
+        f"  cold: ready stock {f('ready_s_stock_cold')} s / LOAD {f('ready_s_load_cold')} s; "
+        f"TTFT stock {f('ttft_s_stock_cold')} s / LOAD {f('ttft_s_load_cold')} s (ratio {f('ttft_ratio_cold')})",
+        f"  warm: ready stock {f('ready_s_stock_warm')} s / LOAD {f('ready_s_load_warm')} s; "
+        f"TTFT stock {f('ttft_s_stock_warm')} s / LOAD {f('ttft_s_load_warm')} s (ratio {f('ttft_ratio_warm')})",
+        f"  tokens LOAD==SAVE {f('tokens_identical_to_save')}, LOAD==stock {f('tokens_identical_to_stock')}, "
+        f"logprobs LOAD==SAVE {f('logprobs_identical_to_save')}, prompts differ {f('outputs_differ_between_prompts')}",
+    ]
+    if result.get("load_compiles"):
+        lines.append(f"  LOAD compiles: {json.dumps(result['load_compiles'], sort_keys=True)}")
+    for run, err in (result.get("errors") or {}).items():
+        lines.append(f"  {run}: {str(err).strip()[:300]}")
+    return lines
+
+
+# --- the chart ---------------------------------------------------------------------------------------
+
+CHART_PHASES = (
+    ("spawn_imports_s", "spawn + imports", "#9aa5b1"),
+    ("until_ready_s", "engine setup until ready", "#3d7ab8"),
+    ("ready_to_first_token_s", "ready -> first token", "#e0a030"),
+)
+CHART_ORDER = ("stock_cold", "load_cold", "stock_warm", "load_warm", "save")
+
+
+def write_chart(result: dict[str, Any], path: Path) -> str | None:
+    """A stacked bar per run (stock vs LOAD, cold and warm); skipped without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    runs = result.get("runs") or {}
+    names = [r for r in CHART_ORDER if (runs.get(r) or {}).get("phases")]
+    if not names:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    bottoms = [0.0] * len(names)
+    for key, label, color in CHART_PHASES:
+        values = [runs[r]["phases"].get(key) or 0.0 for r in names]
+        ax.bar(names, values, bottom=bottoms, label=label, color=color)
+        bottoms = [b + v for b, v in zip(bottoms, values)]
+    for i, r in enumerate(names):
+        ttft = runs[r].get("ttft_s")
+        ax.text(i, bottoms[i], f"{ttft:.1f} s" if ttft else "failed", ha="center", va="bottom", fontsize=9)
+    ax.set_ylabel("seconds from spawn")
+    engine = " ".join(str(x) for x in (result.get("engine"), result.get("engine_version")) if x)
+    title = f"{engine}: time to first token"
+    ax.set_title(f"{title}, {result.get('graphs')} graphs")
+    ax.legend(loc="upper right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return str(path)
+
+
+# --- the parent -------------------------------------------------------------------------------------
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def machine() -> str:
+    rows = _nvidia_smi("gpu=name,driver_version")
+    if not rows:
+        return f"GPU unknown (nvidia-smi failed); host {socket.gethostname()}"
+    name, _, driver = rows[0].rpartition(",")
+    return f"{len(rows)}x {name.strip()}, driver {driver.strip()}; host {socket.gethostname()}"
+
+
+def commit() -> str | None:
+    if os.environ.get("FOUNDRY_COMMIT"):
+        return os.environ["FOUNDRY_COMMIT"]
+    try:
+        q = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (q.stdout.strip() or None) if q.returncode == 0 else None
+
+
+def engine_version(engine: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(engine)
+    except PackageNotFoundError:
+        return None
+
+
+def setup(opts: argparse.Namespace, meta: dict[str, Any]) -> Bench:
+    workdir = Path(opts.workdir or tempfile.mkdtemp(prefix="foundry-cold-")).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    logs = Path(opts.logs).resolve()
+    logs.mkdir(parents=True, exist_ok=True)
+    model_dir, archive_dir, toml = workdir / "model", workdir / "archive", workdir / "foundry.toml"
+    meta["tokenizer"] = write_model(model_dir)
+    toml.write_text(foundry_toml(archive_dir, opts.region_size))
+    plugins = installed_plugins(opts.engine)
+    shim = None if PLUGIN_NAME in plugins else write_entry_point_shim(workdir / "entry-point")
+    meta.update(workdir=str(workdir), plugin_entry_point="installed" if shim is None else f"shim at {shim}")
+    meta["native_library"] = [p.name for p in (SRC / "foundry_core").glob("_foundry_native*.so")]
+    keep = [Path(sys.prefix), Path(sys.executable), REPO, workdir, logs, Path(opts.out).resolve().parent]
+    keep += [Path(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return Bench(
+        engine=opts.engine,
+        workdir=workdir,
+        logs=logs,
+        model_dir=model_dir,
+        archive_dir=archive_dir,
+        toml=toml,
+        shim=shim,
+        other_plugins=plugins,
+        keep_global_caches=opts.keep_global_caches,
+        keep_paths=[p.resolve() for p in keep],
+        user_base=site.getuserbase(),
+        gpu_baseline_mib=gpu_memory_used_mib(),
+    )
+
+
+def skip_reason(run: str, runs: dict[str, Any], left_s: float) -> str | None:
+    if run != "save" and run in FOUNDRY_RUNS and "save" in runs and not runs["save"].get("ok"):
+        return "skipped: the SAVE run did not succeed"
+    if left_s < MIN_RUN_S:
+        return f"skipped: {left_s:.0f} s of the budget left"
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts = parse_args(argv)
+    started = time.monotonic()
+    out_path = Path(opts.out).resolve()
+    meta: dict[str, Any] = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "commit": commit(),
+        "machine": machine(),
+        "command": " ".join(sys.argv if argv is None else [sys.argv[0], *argv]),
+        "engine": opts.engine,
+        "engine_version": engine_version(opts.engine),
+        "python": sys.version.split()[0],
+        "runs_requested": opts.runs,
+        "prompts": PROMPTS,
+        "max_tokens": MAX_TOKENS,
+        "model_config": MODEL_CONFIG,
+    }
+    runs: dict[str, dict[str, Any]] = {}
+
+    def flush() -> dict[str, Any]:
+        meta["elapsed_s"] = round(time.monotonic() - started, 1)
+        result = assemble(meta, runs)
+        write_json(out_path, result)
+        return result
+
+    # The caller's own time limit (SIGTERM) still ends the current server and writes the result.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    try:
+        bench = setup(opts, meta)
+        flush()
+        for run in opts.runs:
+            left = opts.budget - (time.monotonic() - started)
+            reason = skip_reason(run, runs, left - 30)
+            if reason:
+                runs[run] = {"name": run, "ok": False, "skipped": True, "error": reason}
+            else:
+                timeout = min(opts.timeout, left - 30)  # room to end the server and write
+                print(f"[cold_start] {opts.engine} {run}: starting (timeout {timeout:.0f} s)", flush=True)
+                r = run_one(bench, run, timeout, runs)
+                print(
+                    f"[cold_start] {run}: {'ok' if r['ok'] else 'FAILED'} ready {r.get('ready_s')} s, "
+                    f"ttft {r.get('ttft_s')} s {r.get('error') or ''}",
+                    flush=True,
+                )
+            flush()
+    except BaseException as e:  # the result is written whatever happens
+        meta["error"] = f"{type(e).__name__}: {e}\n{traceback.format_exc()[-3000:]}"
+    result = flush()
+    try:
+        meta["chart"] = write_chart(result, out_path.with_suffix(".png"))
+    except Exception as e:  # a chart is never worth losing the result
+        meta["chart"] = f"failed: {type(e).__name__}: {e}"
+    result = flush()
+    print("\n".join(summary_lines(result)), flush=True)
+    ok = all((runs.get(r) or {}).get("ok") for r in opts.runs) and "error" not in meta
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

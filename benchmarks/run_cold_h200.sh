@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# One engine's cold/warm start benchmark (benchmarks/cold_start.py) on the GPU machine, in one call.
+# The wheel set was sent beforehand as tar pieces into /tmp/dw (../shared/tools/device-wheels);
+# .devwheels/lists/<engine>.list names the engine's wheels (carry .devwheels/lists).
+# Usage on the device, from the repository root:
+#   FOUNDRY_COMMIT=<hash> bash benchmarks/run_cold_h200.sh sglang|vllm [seconds]
+set -u
+engine=${1:?sglang or vllm}
+limit=${2:-590}
+out=${OUT:?set OUT to the results folder}
+t0=$(date +%s)
+logs=/tmp/cold-logs-$engine
+mkdir -p /tmp/wh "$logs"
+if [ ! -f /tmp/wh/.unpacked ]; then
+  cat /tmp/dw/part-* | tar -xf - -C /tmp/wh && touch /tmp/wh/.unpacked || exit 2
+fi
+site=/tmp/site-$engine
+if [ ! -f "$site/.done" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" \
+    $(sed 's|^|/tmp/wh/|' ".devwheels/lists/$engine.list") >"$logs/install.log" 2>&1 && touch "$site/.done"
+  [ -f "$site/.done" ] || { tail -n 20 "$logs/install.log"; exit 2; }
+fi
+echo "wheels ready in $(($(date +%s) - t0)) s"
+bash benchmarks/build_native.sh || exit 3
+left=$((limit - $(date +%s) + t0 - 15))
+PYTHONPATH=$site:$PWD/src timeout "$left" python3 benchmarks/cold_start.py --engine "$engine" \
+  --out "$out/cold-$engine-h200.json" --logs "$logs" --workdir "/tmp/cold-$engine" \
+  --budget $((left - 10)) --timeout "${RUN_TIMEOUT:-240}" ${COLD_ARGS:-}
+echo "cold_start rc=$?"
+tar -czf "$out/cold-$engine-logs.tar.gz" -C "$logs" .

@@ -1,0 +1,603 @@
+"""benchmarks/cold_start.py without an engine or a GPU: its pure helpers, and one whole benchmark
+against a stand-in server (a small HTTP server that answers like an engine and leaves files where an
+engine would)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("cold_start", ROOT / "benchmarks" / "cold_start.py")
+cs = importlib.util.module_from_spec(_spec)
+sys.modules["cold_start"] = cs  # dataclasses look their module up by name
+_spec.loader.exec_module(cs)
+
+
+def _touch(path: Path, text: str = "x") -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+# --- counting what was compiled ------------------------------------------------------------------
+
+
+def test_foundry_compiles_count_only_files_not_carried(tmp_path):
+    root = tmp_path / "foundry-caches-load_cold" / "foundry-caches-rank0-ab12"
+    for rel in (
+        "triton/k1/a.cubin",
+        "triton/k1/a.json",
+        "triton/k2/b.cubin",
+        "inductor/fx/g.py",
+        "cuda/c.bin",
+    ):
+        _touch(root / rel)
+    _touch(root / "triton" / "k3" / "busy.lock")  # bookkeeping, never counted
+    (root / "flashinfer").mkdir()
+    (root / cs.CARRIED_LIST).write_text(
+        json.dumps({"triton": ["k1/a.cubin", "k1/a.json"], "inductor": ["fx/g.py"]})
+    )
+    counts = cs.count_foundry_compiles(root.parent)
+    assert counts == {
+        "triton": 1,
+        "inductor": 0,
+        "cuda": 1,
+        "flashinfer": 0,
+        "total": 2,
+        "private_roots": 1,
+    }
+
+
+def test_foundry_compiles_without_carried_list_counts_everything(tmp_path):
+    _touch(tmp_path / "foundry-caches-rank0-x" / "triton" / "a")
+    assert cs.count_foundry_compiles(tmp_path)["total"] == 1
+    assert cs.count_foundry_compiles(tmp_path / "absent") == {"total": 0, "private_roots": 0}
+
+
+def test_new_files_are_grouped_by_folder(tmp_path):
+    home, tmp = tmp_path / "home", tmp_path / "tmp"
+    _touch(home / ".triton" / "cache" / "old" / "k.cubin")
+    roots = {"home": home, "tmp": tmp}
+    before = cs.snapshot(roots)
+    assert before == {"home": {".triton/cache/old/k.cubin"}, "tmp": set()}
+    for rel in (
+        ".cache/flashinfer/90a/cached_ops/x.so",
+        ".cache/flashinfer/90a/y.so",
+        ".nv/ComputeCache/0/1",
+    ):
+        _touch(home / rel)
+    _touch(home / ".cache" / "huggingface" / "modules" / "__init__.py")
+    _touch(home / ".triton" / "cache" / "new" / "k.cubin")
+    _touch(tmp / "torchinductor_root" / "fxgraph" / "ab" / "cd")
+    _touch(tmp / "loose.txt")
+    _touch(tmp / "x.lock")
+    result = cs.count_new_files(before, cs.snapshot(roots))
+    assert result["compiles"] == {
+        "home/.cache/flashinfer": 2,
+        "home/.nv/ComputeCache": 1,
+        "home/.triton/cache": 1,
+        "tmp/torchinductor_root/fxgraph": 1,
+        "tmp": 1,
+    }
+    assert result["not_compiles"] == {"home/.cache/huggingface": 1}
+    assert result["total"] == 6
+    assert result["examples"]["home/.triton/cache"] == [".triton/cache/new/k.cubin"]
+
+
+def test_compiled_files_merges_foundry_kinds_and_outside_folders():
+    rec = {
+        "foundry_cache_files": {"triton": 2, "cuda": 0, "total": 2, "private_roots": 1},
+        "outside_files": {"compiles": {"home/.cache/flashinfer": 3}, "total": 3},
+    }
+    assert cs.compiled_files(rec) == {"triton": 2, "cuda": 0, "home/.cache/flashinfer": 3, "total": 5}
+    assert cs.compiled_files({}) == {"total": 0}
+
+
+# --- logs ------------------------------------------------------------------------------------------
+
+SGLANG_LOG = """\
+[    0.020] /usr/lib/python3/warnings.py: FutureWarning: something
+[    6.500] [2026-01-01 10:00:06] server_args=ServerArgs(model_path='m', ...)
+[   12.000] [2026-01-01 10:00:12 TP0] Load weight begin. avail mem=139.00 GB
+[   13.250] [2026-01-01 10:00:13 TP0] Load weight end. elapsed=1.21 s, type=Qwen3ForCausalLM, avail mem=135.0 GB
+[   20.000] [2026-01-01 10:00:20 TP0] Capture target decode CUDA graph begin. backend=full, bs=[1, 2, 4, 8], avail mem=40 GB
+[   20.500] [2026-01-01 10:00:20 TP0] Compiling kernel with nvcc in 3.5 s
+[   31.000] [2026-01-01 10:00:31 TP0] Capture target decode CUDA graph end. elapsed=10.52 s, mem usage=0.5 GB, avail mem=39 GB.
+[   31.100] [2026-01-01 10:00:31 TP0] Startup timing: init_memory_pool took 1.500s
+[   31.200] [2026-01-01 10:00:31 TP0] Startup timing: init_memory_pool took 0.500s
+[   33.000] [2026-01-01 10:00:33 TP0] Foundry rank 0: LOAD 4 graphs
+[   35.000] [2026-01-01 10:00:35] The server is fired up and ready to roll!
+"""
+
+VLLM_LOG = """\
+[    4.100] (APIServer pid=1) INFO 01-01 10:00:04 [api_utils.py:273] non-default args: {'model': 'm'}
+[   15.000] (EngineCore pid=2) INFO 01-01 10:00:15 [default_loader.py:431] Loading weights took 0.81 seconds
+[   15.100] (EngineCore pid=2) INFO 01-01 10:00:15 [model_runner.py:306] Model loading took 3.2 GiB and 1.234567 seconds
+[   22.000] (EngineCore pid=2) INFO 01-01 10:00:22 [backends.py:1156] Dynamo bytecode transform time: 5.10 s
+[   30.000] (EngineCore pid=2) INFO 01-01 10:00:30 [backends.py:394] Compiling a graph for compile range (1, 8192) takes 7.25 s
+[   30.100] (EngineCore pid=2) INFO 01-01 10:00:30 [monitor.py:20] torch.compile took 12.40 s in total
+[   31.000] Capturing CUDA graphs (decode, FULL): 100%|██████████| 67/67 [00:09<00:00]
+[   40.000] (EngineCore pid=2) INFO 01-01 10:00:40 [model_runner.py:748] Graph capturing finished in 9 secs, took 0.50 GiB
+[   41.000] (EngineCore pid=2) INFO 01-01 10:00:41 [core.py:348] init engine (profile, create kv cache, warmup model) took 25.50 s (compilation: 12.40 s)
+[   44.000] (APIServer pid=1) INFO:     Application startup complete.
+"""
+
+
+def _lines(tmp_path: Path, text: str) -> list[tuple[float, str]]:
+    path = tmp_path / "run.log"
+    path.write_text(text)
+    return cs.read_log(path)
+
+
+def test_read_log_strips_the_stamp(tmp_path):
+    lines = _lines(tmp_path, "[    1.500] hello\nno stamp\n[   12.250] [x] y\n")
+    assert lines == [(1.5, "hello"), (1.5, "no stamp"), (12.25, "[x] y")]
+
+
+def test_parse_sglang_log(tmp_path):
+    parsed = cs.parse_log(_lines(tmp_path, SGLANG_LOG), "sglang")
+    timers = parsed["timers"]
+    assert timers["load_weight_s"]["value"] == 1.21 and timers["load_weight_s"]["t_s"] == 13.25
+    assert timers["decode_graph_s"]["value"] == 10.52 and timers["decode_graph_s"]["t_s"] == 31.0
+    assert timers["startup:init_memory_pool"]["n"] == 2 and timers["startup:init_memory_pool"]["sum"] == 2.0
+    assert parsed["marks"] == {
+        "imports_done": 6.5,
+        "weights_begin": 12.0,
+        "graphs_begin": 20.0,
+        "graphs_end": 31.0,
+        "server_ready_log": 35.0,
+    }
+    assert parsed["graphs_log"] == 4
+    assert parsed["foundry_lines"] == 1
+    assert parsed["compile_markers"]["nvcc"] == 1
+    assert parsed["compile_markers"]["compiling"] == 1
+    assert parsed["compile_markers"]["compile_took"] == 1
+    assert parsed["first_line_s"] == 0.02
+
+
+def test_parse_vllm_log(tmp_path):
+    parsed = cs.parse_log(_lines(tmp_path, VLLM_LOG), "vllm")
+    t = parsed["timers"]
+    assert {k: t[k]["value"] for k in t} == {
+        "load_weights_s": 0.81,
+        "model_loading_s": 1.234567,
+        "dynamo_transform_s": 5.1,
+        "compile_graph_s": 7.25,
+        "torch_compile_total_s": 12.4,
+        "graph_capture_s": 9.0,
+        "init_engine_s": 25.5,
+    }
+    assert parsed["marks"]["imports_done"] == 4.1
+    assert parsed["marks"]["graphs_begin"] == 31.0
+    assert parsed["marks"]["server_ready_log"] == 44.0
+    assert parsed["graphs_log"] == 67
+    assert parsed["compile_markers"]["torch_compile"] == 1
+    assert parsed["compile_markers"]["compiling"] == 1
+
+
+def test_phases_split_the_start():
+    rec = {
+        "ready_s": 40.0,
+        "ttft_s": 41.5,
+        "first_request_s": 1.5,
+        "log_parse": {"marks": {"imports_done": 6.5}, "timers": {"decode_graph_s": {"value": 10.5}}},
+    }
+    ph = cs.phases(rec, "sglang")
+    assert (
+        ph["spawn_imports_s"] == 6.5 and ph["until_ready_s"] == 33.5 and ph["ready_to_first_token_s"] == 1.5
+    )
+    assert ph["graph_phase_s"] == 10.5 and ph["graph_phase_source"] == "log:decode_graph_s"
+    assert ph["setup_s"] == 23.0
+    # No engine timer: Foundry's report.
+    rec["log_parse"]["timers"] = {}
+    rec["foundry_report"] = {"restore_s": 0.8}
+    assert cs.phases(rec, "sglang")["graph_phase_source"] == "report:restore_s"
+
+
+# --- requests and outputs ---------------------------------------------------------------------------
+
+
+def test_completion_body_per_engine():
+    body = cs.completion_body("sglang", "m")
+    assert body["prompt"] == cs.PROMPTS and len(body["prompt"]) == 4
+    assert body["max_tokens"] == 64 and body["temperature"] == 0 and body["logprobs"] == 5
+    assert body["ignore_eos"] is True and body["return_token_ids"] is True
+    assert "return_tokens_as_token_ids" not in body
+    assert cs.completion_body("vllm", "m")["return_tokens_as_token_ids"] is True
+    assert len({json.dumps(p) for p in cs.PROMPTS}) == 4
+    assert max(max(p) for p in cs.PROMPTS) < len(cs.tokenizer_vocab())
+
+
+def test_extract_outputs_orders_choices_and_falls_back_to_logprob_tokens():
+    resp = {
+        "choices": [
+            {
+                "index": 1,
+                "text": "b",
+                "logprobs": {
+                    "tokens": ["token_id:7", "token_id:9"],
+                    "token_logprobs": [-0.5, -0.25],
+                    "top_logprobs": [{"token_id:7": -0.5, "token_id:3": -1.0}, {"token_id:9": -0.25}],
+                },
+            },
+            {"index": 0, "text": "a", "token_ids": [1, 2], "logprobs": {"token_logprobs": [-1.0, -2.0]}},
+        ]
+    }
+    out = cs.extract_outputs(resp)
+    assert out["tokens"] == [[1, 2], [7, 9]]
+    assert out["token_logprobs"] == [[-1.0, -2.0], [-0.5, -0.25]]
+    assert out["top_logprobs"][1] == [[["token_id:3", -1.0], ["token_id:7", -0.5]], [["token_id:9", -0.25]]]
+    assert out["text"] == ["a", "b"]
+    assert cs.outputs_differ(out) is True
+    assert cs.outputs_differ({"tokens": [[1], [1]]}) is False
+    assert cs.outputs_differ(None) is None
+
+
+def test_vllm_graph_phase_captures():
+    report = {"stream_captures": {"before_warmup": 0, "before_graphs": 3, "end": 3}}
+    assert cs.decode_captures("vllm", report) == 0
+    assert cs.decode_captures("sglang", {"decode_phase_stream_captures": {"runtime": 0, "driver": 2}}) == 2
+    assert cs.decode_captures("sglang", {}) is None
+
+
+# --- commands, environment, model ---------------------------------------------------------------------
+
+
+def test_server_commands(tmp_path):
+    argv = cs.server_command("sglang", tmp_path, 1234, None)
+    joined = " ".join(argv)
+    for flag in (
+        "-m sglang.launch_server",
+        "--load-format dummy",
+        "--attention-backend fa3",
+        "--sampling-backend pytorch",
+        "--cuda-graph-max-bs-decode 512",
+        "--cuda-graph-backend-prefill disabled",
+        "--mem-fraction-static 0.5",
+        "--random-seed 0",
+        "--port 1234",
+        "--host 127.0.0.1",
+    ):
+        assert flag in joined
+    assert "--enable-foundry" not in argv
+    argv = cs.server_command("vllm", tmp_path, 1234, tmp_path / "foundry.toml")
+    joined = " ".join(argv)
+    assert "vllm.entrypoints.cli.main serve" in joined and "--max-num-seqs 512" in joined
+    assert "--max-model-len 4096" in joined and "--seed 0" in joined
+    assert argv[-3:] == ["--enable-foundry", "--foundry-config", str(tmp_path / "foundry.toml")]
+
+
+def test_child_env_keeps_plugin_out_of_stock_and_caches_out_of_every_run(tmp_path):
+    base = {
+        "PYTHONPATH": "/tmp/site-sglang",
+        "TRITON_CACHE_DIR": "/x",
+        "XDG_CACHE_HOME": "/y",
+        "FOUNDRY_MODE": "save",
+        "CUDA_VISIBLE_DEVICES": "0",
+    }
+    shim = tmp_path / "shim"
+    paths = cs.RunPaths.for_run(tmp_path, "stock_cold")
+    stock = cs.child_env(base, "sglang", "stock_cold", paths, shim, ["foundry", "other"], "/ub")
+    assert stock["SGLANG_PLUGINS"] == "other"
+    assert str(shim) not in stock["PYTHONPATH"] and str(cs.SRC) in stock["PYTHONPATH"]
+    assert stock["PYTHONPATH"].startswith("/tmp/site-sglang")
+    assert stock["HOME"] == str(tmp_path / "home-stock_cold") and stock["TMPDIR"] == str(
+        tmp_path / "tmp-stock_cold"
+    )
+    assert stock["PYTHONUSERBASE"] == "/ub" and stock["CUDA_VISIBLE_DEVICES"] == "0"
+    for key in (
+        "TRITON_CACHE_DIR",
+        "XDG_CACHE_HOME",
+        "FOUNDRY_MODE",
+        cs.CACHE_ROOT_ENV,
+        cs.SGLANG_REPORT_ENV,
+    ):
+        assert key not in stock
+    for key, value in (("HF_HUB_OFFLINE", "1"), ("PYTHONHASHSEED", "0"), ("FOUNDRY_NO_PROGRESS", "1")):
+        assert stock[key] == value
+
+    paths = cs.RunPaths.for_run(tmp_path, "load_warm")
+    load = cs.child_env(base, "sglang", "load_warm", paths, shim, ["foundry"])
+    assert load["PYTHONPATH"].split(os.pathsep)[0] == str(shim)
+    assert "SGLANG_PLUGINS" not in load
+    assert load["HOME"] == str(tmp_path / "home-load_cold")  # warm: the cold sibling's caches
+    assert load[cs.CACHE_ROOT_ENV] == str(tmp_path / "foundry-caches-load_warm")
+    assert load[cs.SGLANG_REPORT_ENV] == str(tmp_path / "report-load_warm")
+
+    vllm_stock = cs.child_env({}, "vllm", "stock_warm", cs.RunPaths.for_run(tmp_path, "stock_warm"), shim, [])
+    assert vllm_stock["VLLM_PLUGINS"] == "none" and vllm_stock["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
+    vllm_load = cs.child_env(
+        {"VLLM_PLUGINS": "a"}, "vllm", "save", cs.RunPaths.for_run(tmp_path, "save"), shim, []
+    )
+    assert vllm_load["VLLM_PLUGINS"] == "a,foundry" and cs.SGLANG_REPORT_ENV not in vllm_load
+
+
+def test_entry_point_shim_declares_both_engines(tmp_path):
+    cs.write_entry_point_shim(tmp_path)
+    (info,) = tmp_path.glob("*.dist-info")
+    text = (info / "entry_points.txt").read_text()
+    assert "[sglang.srt.plugins]\nfoundry = foundry_sglang_plugin:register" in text
+    assert "[vllm.general_plugins]\nfoundry = foundry_vllm_plugin:register" in text
+
+
+def test_hand_written_tokenizer_loads(tmp_path):
+    tokenizers = pytest.importorskip("tokenizers")
+    for name, data in cs.tokenizer_files().items():
+        (tmp_path / name).write_text(json.dumps(data))
+    tok = tokenizers.Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    assert tok.get_vocab_size() == len(cs.TOKENIZER_SPECIALS) + cs.TOKENIZER_WORDS < 151936 // 10
+    assert tok.encode("w0 w1").ids == [3, 4]
+    assert tok.token_to_id(cs.EOS_TOKEN) == 2
+
+
+def test_model_dir_loads_with_transformers(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    assert cs.write_model(tmp_path) == "tokenizers+transformers"
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["num_hidden_layers"] == 28 and config["vocab_size"] == 151936
+    tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    assert tok.eos_token == cs.EOS_TOKEN and len(tok) == len(cs.tokenizer_vocab())
+    assert tok.decode([3, 4, 100000]) == "w0 w1"  # an id beyond the vocab decodes to nothing
+    # The fallback writes the same vocabulary.
+    hand = tmp_path / "hand"
+    hand.mkdir()
+    for name, data in cs.tokenizer_files().items():
+        (hand / name).write_text(json.dumps(data))
+    assert transformers.AutoTokenizer.from_pretrained(str(hand)).get_vocab() == tok.get_vocab()
+
+
+def test_purge_spares_what_is_in_use(tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    used = cache / "uv" / "python"
+    used.mkdir(parents=True)
+    other = tmp_path / "torchinductor_root"
+    other.mkdir()
+    monkeypatch.setattr(cs, "GLOBAL_CACHES", (str(cache), str(tmp_path / "torchinductor_*")))
+    done = cs.purge_global_caches([used.resolve()])
+    assert done == {"removed": [str(other)], "kept_in_use": [str(cache)]}
+    assert used.is_dir() and not other.exists()
+
+
+def test_parse_args_keeps_the_fixed_order():
+    opts = cs.parse_args(["--engine", "vllm", "--out", "o.json", "--logs", "l", "--runs", "stock_cold,save"])
+    assert opts.runs == ["save", "stock_cold"]
+    with pytest.raises(SystemExit):
+        cs.parse_args(["--engine", "vllm", "--out", "o.json", "--logs", "l", "--runs", "bogus"])
+
+
+# --- the result document -------------------------------------------------------------------------------
+
+
+def _run(tokens, lps, ready, ttft, report=None, compiled=None):
+    rec = {
+        "ok": True,
+        "ready_s": ready,
+        "ttft_s": ttft,
+        "first_request_s": ttft - ready,
+        "outputs": {"tokens": tokens, "token_logprobs": lps, "top_logprobs": [[]] * len(tokens)},
+        "self_consistent": {"tokens": True, "logprobs": True},
+        "phases": {"spawn_imports_s": 5.0},
+        "log_parse": {"graphs_log": 52},
+    }
+    if report is not None:
+        rec["foundry_report"] = report
+    if compiled is not None:
+        rec["compiled_files"] = compiled
+    return rec
+
+
+def test_assemble_has_every_field():
+    toks, lps = [[1, 2], [3, 4], [5, 6], [7, 8]], [[-1.0, -2.0]] * 4
+    runs = {
+        "save": _run(toks, lps, 60.0, 61.0, {"mode": "save", "graphs": 52, "capture_s": 3.0}),
+        "load_cold": _run(
+            toks,
+            lps,
+            30.0,
+            31.0,
+            {"mode": "load", "graphs": 52, "restore_s": 0.4, "decode_phase_stream_captures": {"a": 0}},
+            {"triton": 0, "total": 0},
+        ),
+        "stock_cold": _run(
+            toks, [[-1.0, -2.5]] * 4, 90.0, 92.0, compiled={"home/.triton/cache": 40, "total": 40}
+        ),
+        "load_warm": {"ok": False, "error": "TimeoutError: boom"},
+    }
+    meta = {
+        "date": "d",
+        "commit": "c",
+        "machine": "m",
+        "command": "x",
+        "engine": "sglang",
+        "engine_version": "1",
+    }
+    out = cs.assemble(meta, runs)
+    for field in (
+        "date",
+        "commit",
+        "machine",
+        "command",
+        "engine",
+        "engine_version",
+        "graphs",
+        "ttft_s_stock_cold",
+        "ttft_s_load_cold",
+        "ready_s_stock_cold",
+        "ready_s_load_cold",
+        "ttft_s_stock_warm",
+        "ttft_s_load_warm",
+        "ready_s_stock_warm",
+        "ready_s_load_warm",
+        "ttft_ratio_cold",
+        "load_compiles",
+        "load_decode_captures",
+        "tokens_identical_to_save",
+        "tokens_identical_to_stock",
+        "logprobs_identical_to_save",
+        "outputs_differ_between_prompts",
+        "breakdown",
+        "runs",
+    ):
+        assert field in out, field
+    assert out["graphs"] == 52 and out["load_decode_captures"] == 0
+    assert out["ttft_ratio_cold"] == round(31.0 / 92.0, 4) and out["ttft_s_load_warm"] is None
+    assert out["tokens_identical_to_save"] is True and out["tokens_identical_to_stock"] is True
+    assert out["logprobs_identical_to_save"] is True
+    assert out["outputs_differ_between_prompts"] is True
+    assert out["load_compiles"] == {"triton": 0, "total": 0}
+    assert out["modes"] == {"save": "save", "load_cold": "load", "load_warm": None}
+    assert out["errors"] == {"load_warm": "TimeoutError: boom"}
+    json.dumps(out)  # serialisable as it is
+    runs["load_cold"]["outputs"]["token_logprobs"] = [[-1.0, -2.01]] * 4
+    assert cs.assemble(meta, runs)["logprobs_identical_to_save"] is False
+    assert cs.assemble(meta, {})["tokens_identical_to_save"] is None
+
+
+# --- one whole benchmark against a stand-in server -----------------------------------------------------
+
+FAKE_SERVER = textwrap.dedent(
+    """
+    import json, os, sys, time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from pathlib import Path
+
+    port = int(sys.argv[sys.argv.index("--port") + 1])
+    foundry = "--enable-foundry" in sys.argv
+    home = Path(os.environ["HOME"])
+    print("[2026-01-01 10:00:00] server_args=ServerArgs(model_path='m')", flush=True)
+    time.sleep(0.3)
+    print("[t TP0] Capture target decode CUDA graph begin. backend=full, bs=[1, 2, 4], avail mem=1 GB", flush=True)
+    print("[t TP0] Capture target decode CUDA graph end. elapsed=0.25 s, mem usage=0 GB", flush=True)
+    if not (home / ".cache" / "fake" / "k.so").exists():  # a warm start finds its kernel
+        (home / ".cache" / "fake").mkdir(parents=True, exist_ok=True)
+        (home / ".cache" / "fake" / "k.so").write_text("kernel")
+        print("Compiling kernel k with nvcc", flush=True)
+    if foundry:
+        root = Path(os.environ["FOUNDRY_CACHE_ROOT"]) / "foundry-caches-rank0-abcd"
+        (root / "triton").mkdir(parents=True)
+        (root / "triton" / "carried.cubin").write_text("c")
+        (root / ".foundry-carried.json").write_text(json.dumps({"triton": ["carried.cubin"]}))
+        report = Path(os.environ["FOUNDRY_SGLANG_REPORT_DIR"])
+        report.mkdir(parents=True)
+        mode = "load" if any(Path(os.environ["FOUNDRY_CACHE_ROOT"]).parent.glob("archive/*")) else "save"
+        (report / "rank0.json").write_text(json.dumps(
+            {"mode": mode, "graphs": 3, "decode_phase_stream_captures": {"runtime": 0 if mode == "load" else 3}}
+        ))
+        Path(os.environ["FOUNDRY_CACHE_ROOT"]).parent.joinpath("archive", "graphs.bin").write_text("g")
+
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def _send(self, data):
+            raw = json.dumps(data).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+
+        def do_GET(self):
+            self._send({"data": [{"id": "fake-model"}]} if self.path == "/v1/models" else {})
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            choices = []
+            for i, prompt in enumerate(body["prompt"]):
+                ids = [(sum(prompt) * 31 + k) % 151936 for k in range(body["max_tokens"])]
+                lps = [-0.5 - (t % 7) / 8 for t in ids]
+                tops = [{str(t): lp, "x": lp - 1} for t, lp in zip(ids, lps)]
+                choices.append({"index": i, "text": "", "token_ids": ids,
+                                "logprobs": {"token_logprobs": lps, "top_logprobs": tops}})
+            self._send({"choices": choices, "usage": {"completion_tokens": 4 * body["max_tokens"]}})
+
+
+    print("[t] The server is fired up and ready to roll!", flush=True)
+    ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
+    """
+)
+
+
+def test_whole_benchmark_against_a_stand_in_server(tmp_path, monkeypatch):
+    script = tmp_path / "fake_server.py"
+    script.write_text(FAKE_SERVER)
+
+    def command(engine, model_dir, port, toml):
+        argv = [sys.executable, str(script), "--port", str(port)]
+        return argv + (["--enable-foundry", "--foundry-config", str(toml)] if toml else [])
+
+    monkeypatch.setattr(cs, "server_command", command)
+    monkeypatch.setattr(cs, "drop_page_cache", lambda: False)  # not this machine's page cache
+    out = tmp_path / "out" / "cold-sglang.json"
+    argv = ["--engine", "sglang", "--out", str(out), "--logs", str(tmp_path / "logs")]
+    argv += [
+        "--workdir",
+        str(tmp_path / "work"),
+        "--timeout",
+        "60",
+        "--budget",
+        "900",
+        "--keep-global-caches",
+    ]
+    rc = cs.main(argv)
+    result = json.loads(out.read_text())
+    assert rc == 0, result.get("errors")
+    runs = result["runs"]
+    assert list(runs) == list(cs.RUNS) and all(r["ok"] for r in runs.values())
+    assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == sorted(f"sglang-{r}.log" for r in cs.RUNS)
+    assert result["modes"] == {"save": "save", "load_cold": "load", "load_warm": "load"}
+    assert result["graphs"] == 3 and result["load_decode_captures"] == 0
+    assert result["tokens_identical_to_save"] is True and result["tokens_identical_to_stock"] is True
+    assert result["logprobs_identical_to_save"] is True and result["outputs_differ_between_prompts"] is True
+    # Cold runs compile the kernel into their fresh HOME; warm runs find it there.
+    assert result["load_compiles"] == {"triton": 0, "home/.cache/fake": 1, "total": 1}
+    assert runs["stock_cold"]["compiled_files"] == {"home/.cache/fake": 1, "total": 1}
+    assert (
+        runs["load_warm"]["compiled_files"]["total"] == 0
+        and runs["stock_warm"]["compiled_files"]["total"] == 0
+    )
+    assert runs["load_warm"]["prepare"]["home_reused"] is True
+    assert runs["stock_cold"]["log_parse"]["compile_markers"]["nvcc"] == 1
+    assert runs["stock_warm"]["log_parse"]["compile_markers"]["nvcc"] == 0
+    for name in cs.RUNS:
+        r = runs[name]
+        assert 0 < r["ready_s"] <= r["ttft_s"] and r["self_consistent"] == {"tokens": True, "logprobs": True}
+        assert r["phases"]["spawn_imports_s"] <= r["ready_s"]
+    assert result["breakdown"]["graph_phase_s"] == 0.25
+    assert result["foundry_lines_in_stock_logs"] == {"stock_cold": 0, "stock_warm": 0}
+    assert isinstance(result["ttft_ratio_cold"], float)
+    png = out.with_suffix(".png")
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert result["chart"] is None
+    else:
+        assert result["chart"] == str(png) and png.stat().st_size > 1000
+
+
+def test_a_server_that_dies_is_recorded_and_the_benchmark_goes_on(tmp_path, monkeypatch):
+    def command(engine, model_dir, port, toml):
+        code = "import sys; print('Traceback (most recent call last):'); print('boom'); sys.exit(3)"
+        return [sys.executable, "-c", code]
+
+    monkeypatch.setattr(cs, "server_command", command)
+    monkeypatch.setattr(cs, "drop_page_cache", lambda: False)
+    out = tmp_path / "r.json"
+    argv = ["--engine", "vllm", "--out", str(out), "--logs", str(tmp_path / "logs"), "--keep-global-caches"]
+    argv += ["--workdir", str(tmp_path / "w"), "--runs", "save,load_cold,stock_cold", "--timeout", "30"]
+    assert cs.main(argv) == 1
+    result = json.loads(out.read_text())
+    save, load, stock = (result["runs"][r] for r in ("save", "load_cold", "stock_cold"))
+    assert "exited with status 3" in save["error"] and "boom" in save["log_tail"]
+    assert save["exit_code"] == 3 and save["log_parse"]["tracebacks"] == 1
+    assert load["skipped"] and "SAVE" in load["error"]
+    assert "exited with status 3" in stock["error"]
+    assert result["ttft_s_stock_cold"] is None and result["ttft_ratio_cold"] is None
+    assert set(result["errors"]) == {"save", "load_cold", "stock_cold"}
