@@ -281,3 +281,22 @@ def test_missing_archive_is_not_found(tmp_path):
     with pytest.raises(ArchiveNotFound):
         caches.unpack(tmp_path / "none", loaded, device=0, engine=ENGINE)
     assert json.loads(json.dumps(loaded.files())) == {"triton": {}}
+
+
+def test_kernels_built_while_serving_join_the_saved_caches(tmp_path):
+    cfg = _cfg(tmp_path)
+    h = CacheHandover(cfg, 0, ["triton", "tvm-ffi"], ENGINE)
+    h.begin()
+    assert h.served(device=0) is None  # nothing saved yet (a LOAD never saves)
+    _fill(h.dirs)
+    first = h.save(device=0)["digest"]
+    h.served(device=0).join()  # batch 1: nothing new, nothing written
+    assert h.report["digest"] == first and "late_saves" not in h.report
+    (h.dirs.path("triton") / "prefill.cubin").write_bytes(b"built at the first prefill")
+    h.served(device=0).join()  # batch 2: the new kernel is saved
+    assert h.served(device=0) is None  # batch 3 is not a checkpoint
+    assert h.report["late_saves"] == 1 and h.report["digest"] != first
+    loaded = CacheHandover(cfg, 0, ["triton", "tvm-ffi"], ENGINE)
+    loaded.begin()
+    assert loaded.restore(device=0) is True
+    assert (loaded.dirs.path("triton") / "prefill.cubin").read_bytes() == b"built at the first prefill"

@@ -178,6 +178,13 @@ def around_init_cuda_graphs(original: Any, self: Any, *args: Any, **kwargs: Any)
     return result
 
 
+def after_process_batch_result(result: Any, self: Any, *args: Any, **kwargs: Any) -> None:
+    """``Scheduler.process_batch_result``: SAVE keeps saving the kernels SGLang builds at its first
+    requests (the server warmup runs the first prefill) into the carried caches."""
+    if _session is not None and _session.mode == "save":
+        _session.caches.served(_session.device)
+
+
 LAUNCHER_HOOKS = (
     ("sglang.srt.server_args.ServerArgs.add_cli_args", after_add_cli_args, "AFTER"),
     ("sglang.srt.server_args.ServerArgs.from_cli_args", after_from_cli_args, "AFTER"),
@@ -207,5 +214,10 @@ WORKER_HOOKS = (
         "sglang.srt.model_executor.model_runner.ModelRunner.init_cuda_graphs",
         around_init_cuda_graphs,
         "AROUND",
+    ),
+    (
+        "sglang.srt.managers.scheduler.Scheduler.process_batch_result",
+        after_process_batch_result,
+        "AFTER",
     ),
 )

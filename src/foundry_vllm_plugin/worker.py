@@ -156,6 +156,13 @@ class FoundryWorker(_VllmGpuWorker):
             s.report["attention_backends"] = sorted(graphs.attention_backend_names(self.model_runner))
             s.end_setup()
 
+    # -- 7. serving ------------------------------------------------------------------------------
+    def execute_model(self, *args: Any, **kwargs: Any):
+        output = super().execute_model(*args, **kwargs)
+        # SAVE: kernels built at the first requests join the carried caches (a background save).
+        self._foundry.caches.served(self.device.index if self.device.index is not None else 0)
+        return output
+
     # -- 6. warmup, then capture+save or restore -------------------------------------------------
     def compile_or_warm_up_model(self, *args: Any, **kwargs: Any):
         s = self._foundry

@@ -11,8 +11,11 @@ Order, the same for every engine (the plugin calls each step from its engine's h
    the directories. Missing: a log line, the engine builds as usual. Damaged, foreign or unpinned
    while the graphs are pinned: in ``auto`` mode a warning and the engine builds as usual; in
    ``load`` mode a one-line error.
-3. SAVE, :meth:`CacheHandover.save` (after the engine's last startup compile, before the record
-   that marks the SAVE finished): store the directories as the rank's caches archive.
+3. SAVE, :meth:`CacheHandover.save` (after the engine's startup compiles, before the record that
+   marks the SAVE finished): store the directories as the rank's caches archive. Engines go on
+   building kernels at their first requests (SGLang's server warmup runs the first prefill), so
+   :meth:`CacheHandover.served`, called after each served batch, saves again on a background
+   thread when the directories gained files (checked after batches 1, 2, 4, ... 1024).
 4. Either mode, :meth:`CacheHandover.finish`: count the files this process added to the
    directories (its compilations) for the start report.
 """
@@ -20,6 +23,7 @@ Order, the same for every engine (the plugin calls each step from its engine's h
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -58,6 +62,9 @@ class CacheHandover:
         self.path = cfg.rank_caches_dir(rank)
         self.dirs: caches.CacheDirs | None = None
         self.report: dict[str, Any] = {"archive": str(self.path), "carried": False}
+        self._saved: dict[str, dict[str, int]] | None = None  # what the last save() stored
+        self._batches = 0
+        self._saving = threading.Lock()
 
     @property
     def enabled(self) -> bool:
@@ -143,6 +150,7 @@ class CacheHandover:
         if self.dirs is None:
             return None
         t0 = time.perf_counter()
+        listing = self.dirs.files()
         try:
             summary = caches.pack(
                 self.path,
@@ -156,6 +164,7 @@ class CacheHandover:
             self.report["error"] = " ".join(str(e).split())[:300]
             logger.warning("Foundry rank %d: compile caches not saved (%s)", self.rank, self.report["error"])
             return None
+        self._saved = listing
         self.report.update(
             carried=True,
             digest=summary["digest"],
@@ -170,6 +179,41 @@ class CacheHandover:
             self.report["pack_s"],
         )
         return summary
+
+    def served(self, device: int) -> threading.Thread | None:
+        """SAVE, after each batch the engine served: at batches 1, 2, 4, ... 1024, save the caches
+        again (on a thread, so serving goes on) if the engine built anything since the last save.
+        Returns the thread when one was started."""
+        if self._saved is None:
+            return None
+        self._batches += 1
+        n = self._batches
+        if n > 1024 or n & (n - 1):
+            return None
+        thread = threading.Thread(target=self._save_again, args=(device,), name="foundry-caches", daemon=True)
+        thread.start()
+        return thread
+
+    def _save_again(self, device: int) -> None:
+        if not self._saving.acquire(blocking=False):
+            return  # the previous save is still writing; a later checkpoint looks again
+        try:
+            if self.dirs is None or self.dirs.files() == self._saved:
+                return
+            before = sum(len(v) for v in self._saved.values())
+            if self.save(device) is not None:
+                self.report["late_saves"] = self.report.get("late_saves", 0) + 1
+                after = sum(len(v) for v in self._saved.values())
+                logger.info(
+                    "Foundry rank %d: %d cache files built while serving were added to %s",
+                    self.rank,
+                    after - before,
+                    self.path,
+                )
+        except Exception as e:  # never take serving down
+            logger.warning("Foundry rank %d: compile caches not saved again (%s)", self.rank, e)
+        finally:
+            self._saving.release()
 
     def finish(self) -> dict[str, Any]:
         """Step 4: the files this process added to the directories, per kind (its compilations)."""
