@@ -355,7 +355,9 @@ class RunPaths:
         return cls(
             home=workdir / f"home-{owner}",
             tmp=workdir / f"tmp-{owner}",
-            cache_root=workdir / f"foundry-caches-{run}",
+            # One root for every Foundry run: Foundry's private folder under it is named after the
+            # archive, so a LOAD uses the path its SAVE used (caches record absolute paths).
+            cache_root=workdir / "foundry-caches",
             report_dir=workdir / f"report-{run}",
         )
 
@@ -513,14 +515,26 @@ def count_new_files(before: dict[str, set[str]], after: dict[str, set[str]]) -> 
     }
 
 
+#: Foundry's cache kinds (foundry_core.engine.caches.KINDS), spelled out: the stock child must not
+#: import Foundry, and this script imports nothing from it.
+CACHE_KINDS = ("vllm", "sglang", "inductor", "triton", "tvm-ffi", "flashinfer", "deep-gemm", "cuda")
+
+
+def private_roots(cache_root: Path) -> list[Path]:
+    """Foundry's private cache folders under ``cache_root`` (one or two levels down: Foundry puts
+    them in a per-user folder): those holding at least one cache kind's folder."""
+    if not cache_root.is_dir():
+        return []
+    found = [*sorted(cache_root.glob("*")), *sorted(cache_root.glob("*/*"))]
+    return [p for p in found if p.is_dir() and any((p / k).is_dir() for k in CACHE_KINDS)]
+
+
 def count_foundry_compiles(cache_root: Path) -> dict[str, int]:
     """Per cache kind, files in Foundry's private copies under ``cache_root`` that were not carried
     from the archive (its ``.foundry-carried.json``): what the run compiled despite Foundry. Sums
     over every private root there (one per engine process that made one)."""
     counts: dict[str, int] = {}
-    roots = (
-        sorted(p for p in cache_root.glob("foundry-caches-*") if p.is_dir()) if cache_root.is_dir() else []
-    )
+    roots = private_roots(cache_root)
     for root in roots:
         try:
             carried = json.loads((root / CARRIED_LIST).read_text())

@@ -70,10 +70,38 @@ def test_dirs_redirect_the_engine_variables(tmp_path):
     dirs.redirect()
     assert os.environ["TRITON_CACHE_DIR"] == str(dirs.path("triton"))
     assert os.environ["CUDA_CACHE_PATH"] == str(dirs.path("cuda"))
-    assert dirs.root.parent == tmp_path / "private"
+    assert dirs.root == tmp_path / "private" / f"foundry-caches-{os.getuid()}" / "rank0"
+    assert stat.S_IMODE(dirs.root.parent.stat().st_mode) == 0o700
     assert stat.S_IMODE(dirs.path("triton").stat().st_mode) == 0o700
     with pytest.raises(ValueError, match="unknown cache kind 'nope'"):
         caches.CacheDirs.create(["nope"], label="x")
+
+
+def test_save_and_load_use_the_same_path_and_start_empty(tmp_path):
+    # Caches record absolute paths (FlashInfer's build files): a LOAD must see SAVE's folder names.
+    cfg = _cfg(tmp_path)
+    save = CacheHandover(cfg, 0, ["flashinfer"], ENGINE)
+    save.begin()
+    (save.dirs.path("flashinfer") / "stale.o").write_bytes(b"from an earlier start")
+    del os.environ[caches.DIR_ENV]  # the LOAD is a new process: it inherits nothing
+    load = CacheHandover(cfg, 0, ["flashinfer"], ENGINE)
+    load.begin()
+    assert load.dirs.root == save.dirs.root
+    assert load.dirs.files() == {"flashinfer": {}}
+    del os.environ[caches.DIR_ENV]
+    other = CacheHandover(_cfg(tmp_path / "elsewhere"), 0, ["flashinfer"], ENGINE)
+    other.begin()
+    assert other.dirs.root != load.dirs.root
+
+
+def test_a_folder_others_can_enter_is_not_used(tmp_path, log_records):
+    records = log_records("foundry.caches", logging.WARNING)
+    shared = tmp_path / "private" / f"foundry-caches-{os.getuid()}"
+    shared.mkdir(parents=True, mode=0o777)
+    shared.chmod(0o777)
+    dirs = caches.CacheDirs.create(["triton"], label="rank0")
+    assert dirs.root.parent == tmp_path / "private" and dirs.root.name.startswith("foundry-caches-rank0-")
+    assert any("using a random folder" in r.getMessage() for r in records)
 
 
 def test_workers_adopt_the_launchers_directories(tmp_path):

@@ -29,7 +29,7 @@ def _touch(path: Path, text: str = "x") -> None:
 
 
 def test_foundry_compiles_count_only_files_not_carried(tmp_path):
-    root = tmp_path / "foundry-caches-load_cold" / "foundry-caches-rank0-ab12"
+    root = tmp_path / "foundry-caches" / "foundry-caches-0" / "archive-ab12"
     for rel in (
         "triton/k1/a.cubin",
         "triton/k1/a.json",
@@ -43,7 +43,7 @@ def test_foundry_compiles_count_only_files_not_carried(tmp_path):
     (root / cs.CARRIED_LIST).write_text(
         json.dumps({"triton": ["k1/a.cubin", "k1/a.json"], "inductor": ["fx/g.py"]})
     )
-    counts = cs.count_foundry_compiles(root.parent)
+    counts = cs.count_foundry_compiles(root.parent.parent)
     assert counts == {
         "triton": 1,
         "inductor": 0,
@@ -307,7 +307,7 @@ def test_child_env_keeps_plugin_out_of_stock_and_caches_out_of_every_run(tmp_pat
     assert load["PYTHONPATH"].split(os.pathsep)[0] == str(shim)
     assert "SGLANG_PLUGINS" not in load
     assert load["HOME"] == str(tmp_path / "home-load_cold")  # warm: the cold sibling's caches
-    assert load[cs.CACHE_ROOT_ENV] == str(tmp_path / "foundry-caches-load_warm")
+    assert load[cs.CACHE_ROOT_ENV] == str(tmp_path / "foundry-caches")  # SAVE's and LOAD's paths agree
     assert load[cs.SGLANG_REPORT_ENV] == str(tmp_path / "report-load_warm")
 
     vllm_stock = cs.child_env({}, "vllm", "stock_warm", cs.RunPaths.for_run(tmp_path, "stock_warm"), shim, [])

@@ -101,6 +101,15 @@ def _private_parent() -> tuple[Path, bool]:
     return Path(tempfile.gettempdir()), False
 
 
+def _owned_private_dir(path: Path) -> bool:
+    """``path`` is a real directory (not a link) of this user that nobody else can enter."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077
+
+
 @dataclasses.dataclass
 class CacheDirs:
     """One process's private cache directories: ``root/<kind>`` for each kind in ``kinds``."""
@@ -110,10 +119,28 @@ class CacheDirs:
 
     @classmethod
     def create(cls, kinds: Iterable[str], *, label: str) -> CacheDirs:
-        """Fresh, empty, owner-only directories (removed at exit unless :data:`ROOT_ENV` is set)."""
+        """Fresh, empty, owner-only directories (removed at exit unless :data:`ROOT_ENV` is set).
+
+        The path depends only on ``label`` (the engine layer passes a digest of the archive
+        directory) and the user, so SAVE and every later LOAD on a machine use the same one:
+        caches record absolute paths (FlashInfer's build files name their folder, and a path that
+        changed makes its build tool compile everything again). Whatever a previous start left
+        there is removed first; a path another user could have prepared is not trusted: a random
+        folder is used instead.
+        """
         names = _known(kinds)
         parent, keep = _private_parent()
-        root = Path(tempfile.mkdtemp(prefix=f"foundry-caches-{label}-", dir=parent))
+        owner = parent / f"foundry-caches-{os.getuid()}"
+        root = owner / label
+        try:
+            owner.mkdir(mode=0o700, exist_ok=True)
+            if not _owned_private_dir(owner):
+                raise PermissionError(f"{owner} is not a private folder of this user")
+            shutil.rmtree(root, ignore_errors=True)
+            root.mkdir(mode=0o700)
+        except OSError as e:
+            logger.warning("Foundry caches: %s not usable (%s); using a random folder", root, e)
+            root = Path(tempfile.mkdtemp(prefix=f"foundry-caches-{label}-", dir=parent))
         for k in names:
             (root / k).mkdir(mode=0o700)
         if not keep:

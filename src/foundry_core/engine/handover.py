@@ -40,9 +40,16 @@ def redirect_for_launch(cfg: Any, kinds: Iterable[str]) -> caches.CacheDirs | No
     Files are handed over later, by each worker's :meth:`CacheHandover.restore`."""
     if not getattr(cfg, "carry_caches", True):
         return None
-    dirs = caches.CacheDirs.create(kinds, label="launch")
+    dirs = caches.CacheDirs.create(kinds, label=_label(cfg))
     dirs.redirect()
     return dirs
+
+
+def _label(cfg: Any) -> str:
+    """The private folder's name: the same for every start that uses this archive directory."""
+    import hashlib
+
+    return "archive-" + hashlib.sha256(str(cfg.archive_dir).encode()).hexdigest()[:16]
 
 
 class CacheRefused(ArchiveError):
@@ -77,7 +84,7 @@ class CacheHandover:
             return
         if self.dirs is None:
             self.dirs = caches.CacheDirs.inherited(self.kinds) or caches.CacheDirs.create(
-                self.kinds, label=f"rank{self.rank}"
+                self.kinds, label=f"{_label(self.cfg)}-rank{self.rank}"
             )
         self.dirs.redirect()
         self.report["dir"] = str(self.dirs.root)
