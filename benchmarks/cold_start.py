@@ -520,6 +520,14 @@ def count_new_files(before: dict[str, set[str]], after: dict[str, set[str]]) -> 
 CACHE_KINDS = ("vllm", "sglang", "inductor", "triton", "tvm-ffi", "flashinfer", "deep-gemm", "cuda")
 
 
+def _stamp(path: Path) -> list[int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return [st.st_size, st.st_mtime_ns]
+
+
 def private_roots(cache_root: Path) -> list[Path]:
     """Foundry's private cache folders under ``cache_root`` (one or two levels down: Foundry puts
     them in a per-user folder): those holding at least one cache kind's folder."""
@@ -541,7 +549,11 @@ def count_foundry_compiles(cache_root: Path) -> dict[str, int]:
         except (OSError, ValueError):
             carried = {}
         for kind_dir in sorted(p for p in root.iterdir() if p.is_dir()):
-            new = _files_under(kind_dir) - set(carried.get(kind_dir.name, ()))
+            before = carried.get(kind_dir.name) or ()
+            if isinstance(before, dict):  # {path: [size, mtime_ns]}: a rewritten file counts too
+                new = {rel for rel in _files_under(kind_dir) if before.get(rel) != _stamp(kind_dir / rel)}
+            else:
+                new = _files_under(kind_dir) - set(before)
             counts[kind_dir.name] = counts.get(kind_dir.name, 0) + len(new)
     counts["total"] = sum(counts.values())
     counts["private_roots"] = len(roots)

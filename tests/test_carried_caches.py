@@ -44,7 +44,10 @@ def machine(monkeypatch, tmp_path):
         for name in kind.envs:
             monkeypatch.delenv(name, raising=False)
     monkeypatch.delenv(caches.DIR_ENV, raising=False)
-    return state
+    yield state
+    from foundry_core.engine import undo_launch_redirect
+
+    undo_launch_redirect()
 
 
 def _fill(dirs):
@@ -142,6 +145,9 @@ def test_pack_then_unpack_hands_every_file_over(tmp_path):
     (loaded.path("cuda") / "ComputeCache").mkdir()
     (loaded.path("cuda") / "ComputeCache" / "index").write_bytes(b"x")
     assert loaded.new_files() == {"triton": 0, "tvm-ffi": 0, "cuda": 1, "total": 1}
+    # So is a carried file its tool wrote again (a build tool that decided to rebuild).
+    so.write_bytes(b"\x7fELF-rebuilt")
+    assert loaded.new_files() == {"triton": 0, "tvm-ffi": 1, "cuda": 1, "total": 2}
 
 
 def test_a_flipped_byte_is_refused_before_any_file_is_written(tmp_path):
@@ -328,3 +334,16 @@ def test_kernels_built_while_serving_join_the_saved_caches(tmp_path):
     loaded.begin()
     assert loaded.restore(device=0) is True
     assert (loaded.dirs.path("triton") / "prefill.cubin").read_bytes() == b"built at the first prefill"
+
+
+def test_a_later_launch_gets_the_users_environment_back(tmp_path, monkeypatch):
+    from foundry_core.engine import redirect_for_launch, undo_launch_redirect
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", "/home/user/.triton-mine")
+    redirect_for_launch(_cfg(tmp_path), ["triton", "cuda"])
+    assert os.environ["TRITON_CACHE_DIR"] != "/home/user/.triton-mine"
+    undo_launch_redirect()
+    assert os.environ["TRITON_CACHE_DIR"] == "/home/user/.triton-mine"
+    assert "CUDA_CACHE_PATH" not in os.environ and caches.DIR_ENV not in os.environ
+    undo_launch_redirect()  # nothing left to undo
+    assert os.environ["TRITON_CACHE_DIR"] == "/home/user/.triton-mine"

@@ -40,16 +40,22 @@ def test_foundry_compiles_count_only_files_not_carried(tmp_path):
         _touch(root / rel)
     _touch(root / "triton" / "k3" / "busy.lock")  # bookkeeping, never counted
     (root / "flashinfer").mkdir()
-    (root / cs.CARRIED_LIST).write_text(
-        json.dumps({"triton": ["k1/a.cubin", "k1/a.json"], "inductor": ["fx/g.py"]})
-    )
+    stamps = {
+        rel: cs._stamp(root / kind / rel) for kind, rel in (("triton", "k1/a.cubin"), ("inductor", "fx/g.py"))
+    }
+    carried = {
+        "triton": {"k1/a.cubin": stamps["k1/a.cubin"], "k1/a.json": [-1, 0]},
+        "inductor": {"fx/g.py": stamps["fx/g.py"]},
+    }
+    (root / cs.CARRIED_LIST).write_text(json.dumps(carried))
     counts = cs.count_foundry_compiles(root.parent.parent)
+    # k1/a.json was rewritten after it was carried (its stamp differs): counted with k2/b.cubin.
     assert counts == {
-        "triton": 1,
+        "triton": 2,
         "inductor": 0,
         "cuda": 1,
         "flashinfer": 0,
-        "total": 2,
+        "total": 3,
         "private_roots": 1,
     }
 

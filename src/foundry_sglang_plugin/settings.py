@@ -125,7 +125,11 @@ def export_env(cfg: Any, mode: str) -> dict[str, str]:
 
 
 def clear_env() -> None:
-    """Drop settings a previous Foundry-enabled launch in this process exported."""
+    """Drop settings a previous Foundry-enabled launch in this process exported (its compile-cache
+    folders included)."""
+    from foundry_core.engine import undo_launch_redirect
+
+    undo_launch_redirect()
     if os.environ.get(ENV_MARKER) != "1":
         return
     for key in (ENV_MARKER, *ENV_KEYS):

@@ -129,6 +129,10 @@ def _wrap_create_engine_config(orig):
     def create_engine_config(self, *args, **kwargs):
         entry = settings.foundry_entry(self.additional_config)
         if entry is None:
+            # An engine built after a Foundry one in this process compiles where it would alone.
+            from foundry_core.engine import undo_launch_redirect
+
+            undo_launch_redirect()
             return orig(self, *args, **kwargs)
         # Validate the TOML before any work and pin its absolute path (stable across SAVE and LOAD).
         self.additional_config = {

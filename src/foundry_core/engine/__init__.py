@@ -7,6 +7,6 @@ caches from its SAVE process to every later LOAD (see :mod:`foundry_core.engine.
 
 from __future__ import annotations
 
-from .handover import CacheHandover, CacheRefused, redirect_for_launch
+from .handover import CacheHandover, CacheRefused, redirect_for_launch, undo_launch_redirect
 
-__all__ = ["CacheHandover", "CacheRefused", "redirect_for_launch"]
+__all__ = ["CacheHandover", "CacheRefused", "redirect_for_launch", "undo_launch_redirect"]

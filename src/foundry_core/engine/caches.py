@@ -171,30 +171,38 @@ class CacheDirs:
         not defaulted: some tools write their default into the environment on first use."""
         os.environ.update(self.environment())
 
-    def files(self) -> dict[str, dict[str, int]]:
-        """kind -> {relative path: size} of the regular files now in the directories."""
-        out: dict[str, dict[str, int]] = {}
+    def files(self) -> dict[str, dict[str, list[int]]]:
+        """kind -> {relative path: [size, mtime_ns]} of the regular files now in the directories."""
+        out: dict[str, dict[str, list[int]]] = {}
         for k in self.kinds:
             base = self.path(k)
-            found: dict[str, int] = {}
+            found: dict[str, list[int]] = {}
             for dirpath, _dirnames, filenames in os.walk(base):
                 for fn in filenames:
                     full = Path(dirpath, fn)
-                    if fn.endswith(_SKIP_SUFFIXES) or not full.is_file() or full.is_symlink():
+                    if fn.endswith(_SKIP_SUFFIXES) or fn.startswith(".foundry-"):
                         continue
-                    found[full.relative_to(base).as_posix()] = full.stat().st_size
+                    try:
+                        st = full.lstat()
+                    except OSError:  # removed by its tool meanwhile
+                        continue
+                    if stat.S_ISREG(st.st_mode):
+                        found[full.relative_to(base).as_posix()] = [st.st_size, st.st_mtime_ns]
             out[k] = found
         return out
 
     def new_files(self) -> dict[str, int]:
-        """Per kind, the files that are here now but did not come from the archive: what this
-        process compiled (``total`` sums them)."""
+        """Per kind, the files this process wrote (new, or rewritten since they were carried from
+        the archive): what it compiled. ``total`` sums them."""
         try:
             carried = json.loads((self.root / CARRIED_LIST).read_text())
         except (OSError, ValueError):
             carried = {}
         now = self.files()
-        counts = {k: len(set(now[k]) - set(carried.get(k, ()))) for k in self.kinds}
+        counts = {}
+        for k in self.kinds:
+            before = carried.get(k) or {}
+            counts[k] = sum(1 for rel, stamp in now[k].items() if before.get(rel) != stamp)
         counts["total"] = sum(counts.values())
         return counts
 
@@ -301,7 +309,7 @@ def unpack(
     compare_fingerprint(archive.fingerprint, fingerprint(device, engine, rank=rank, world_size=world_size))
     modes = archive.meta.get("modes") or {}
     mtimes = archive.meta.get("mtimes") or {}
-    carried: dict[str, list[str]] = {k: [] for k in dirs.kinds}
+    carried: dict[str, dict[str, list[int]]] = {k: {} for k in dirs.kinds}
     for member in archive.files:
         parts = member.split("/", 2)
         if len(parts) != 3 or parts[0] != "caches":
@@ -324,6 +332,8 @@ def unpack(
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
-        carried[kind].append(rel)
+        st = dest.stat()
+        carried[kind][rel] = [st.st_size, st.st_mtime_ns]
+    # What came from the archive, with size and time: a file rewritten later counts as compiled.
     (dirs.root / CARRIED_LIST).write_text(json.dumps(carried, sort_keys=True))
     return {"digest": archive.digest, "kinds": archive.meta.get("kinds") or {}}

@@ -23,6 +23,7 @@ Order, the same for every engine (the plugin calls each step from its engine's h
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Iterable
@@ -34,15 +35,34 @@ from . import caches
 logger = logging.getLogger("foundry.caches")
 
 
+# The variables redirect_for_launch changed in this process, with their earlier values (None:
+# unset), so that a later launch in the same process starts from the user's environment.
+_launch_env: dict[str, str | None] = {}
+
+
 def redirect_for_launch(cfg: Any, kinds: Iterable[str]) -> caches.CacheDirs | None:
     """In the launching process: make the private directories and export them (and
     :data:`caches.DIR_ENV`) for the engine processes it starts. None when caches are not carried.
     Files are handed over later, by each worker's :meth:`CacheHandover.restore`."""
+    undo_launch_redirect()
     if not getattr(cfg, "carry_caches", True):
         return None
     dirs = caches.CacheDirs.create(kinds, label=_label(cfg))
-    dirs.redirect()
+    env = dirs.environment()
+    _launch_env.update({name: os.environ.get(name) for name in env})
+    os.environ.update(env)
     return dirs
+
+
+def undo_launch_redirect() -> None:
+    """Put back the cache variables an earlier :func:`redirect_for_launch` in this process changed
+    (an engine launched after it, with Foundry off, compiles where it would have without Foundry)."""
+    for name, value in _launch_env.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    _launch_env.clear()
 
 
 def _label(cfg: Any) -> str:
