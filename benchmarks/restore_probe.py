@@ -4,7 +4,7 @@ Usage on the GPU machine (after ``benchmarks/build_native.sh``)::
 
     python benchmarks/restore_probe.py --workdir /tmp/probe --out $OUT/restore-probe-h200.json
 
-It SAVEs the bench's graph set (``python -m foundry_core.demo save``) unless the archive is already
+It SAVEs the bench's graph set (``python -m foundry_tools.demo save``) unless the archive is already
 there, then, in this fresh process, times separately: reading and checking the archive (read,
 sha256, inflate), loading each code image, building every graph without instantiating it,
 instantiating with several flag sets and thread counts, uploading, cloning, and the same for graphs
@@ -27,15 +27,15 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
-from foundry_core.bench import BENCH_BATCH_SIZES  # noqa: E402
 from foundry_core.config import DEFAULT_REGION_BASE, DEFAULT_REGION_SIZE  # noqa: E402
+from foundry_tools.options import BENCH_BATCH_SIZES  # noqa: E402
 
 now = time.perf_counter
 
 
 def save(args) -> float:
     cmd = [
-        sys.executable, "-m", "foundry_core.demo", "save",
+        sys.executable, "-m", "foundry_tools.demo", "save",
         "--archive", args.archive, "--reference", args.reference,
         "--variant", "qwen3", "--preset", args.preset, "--max-seq-len", "512", "--seed", "1234",
         "--device", "0", "--region-base", hex(DEFAULT_REGION_BASE),
@@ -70,12 +70,13 @@ def main() -> None:
 def probe(args, out: dict) -> None:
     import torch
 
-    from foundry_core import _native, demo
+    from foundry_core import _native
     from foundry_core import archive as A
     from foundry_core import graphs as G
     from foundry_core.driver import call
     from foundry_core.modules import LoadedModules
-    from foundry_core.workloads import Spec
+    from foundry_tools import demo
+    from foundry_tools.workloads import Spec
 
     out["cuda_module_loading"] = os.environ.get("CUDA_MODULE_LOADING")
     out["cpus"] = os.cpu_count()
@@ -401,7 +402,7 @@ def focus_instantiate2(out, args, graphs, workload, region, spec):
 
     import torch
 
-    from foundry_core import demo
+    from foundry_tools import demo
 
     libcuda = ctypes.CDLL("libcuda.so.1")
     out["glibc_tunables"] = os.environ.get("GLIBC_TUNABLES")
@@ -472,8 +473,8 @@ def focus_instantiate(out, args, graphs, blobs, build_only, region, workload, sp
     """Why does torch's first instantiate of a captured graph take about half as long as ours?"""
     import torch
 
-    from foundry_core import demo
     from foundry_core.driver import call, cu
+    from foundry_tools import demo
 
     libcuda = ctypes.CDLL("libcuda.so.1")
     cudart = _cudart()

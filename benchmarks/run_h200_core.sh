@@ -15,7 +15,7 @@ budget=${FOUNDRY_RUN_BUDGET_S:-570}
   --presets tiny,small --out "$out/bench-h200.json" >"$out/bench.log" 2>&1
  echo "bench rc=$?" >>"$out/bench.log") &
 
-(CUDA_VISIBLE_DEVICES=1 timeout $((budget - 10)) python -m foundry_core.cli soak --workdir /tmp/soak \
+(CUDA_VISIBLE_DEVICES=1 timeout $((budget - 10)) python -m foundry_core.cli soak --tests tests --workdir /tmp/soak \
   --out "$out/reliability-h200.json" --replays 10000 --cycles 20 >"$out/soak.log" 2>&1
  echo "soak rc=$?" >>"$out/soak.log"
  cp /tmp/soak/cpu-suite.json "$out/" 2>/dev/null

@@ -2,7 +2,7 @@
 
 import pytest
 
-from foundry_core import bench
+from foundry_tools import bench
 
 
 def _result(tmp_path):

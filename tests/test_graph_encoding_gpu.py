@@ -22,7 +22,7 @@ def _worker(phase, archive, reference, *extra, env=None):
     cmd = [
         sys.executable,
         "-m",
-        "foundry_core.demo",
+        "foundry_tools.demo",
         phase,
         "--archive",
         str(archive),

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from foundry_core.models import Qwen3Config, Qwen3Model, build_model, to_hf_state_dict
+from foundry_tools.models import Qwen3Config, Qwen3Model, build_model, to_hf_state_dict
 
 transformers = pytest.importorskip("transformers")
 

@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from foundry_core import cli, soak
+from foundry_core import cli
+from foundry_tools import soak
 
 MIB = 1 << 20
 
@@ -284,7 +285,7 @@ def test_crash_wrappers_classify_what_each_kill_left():
 
 
 def test_cli_soak_without_a_gpu_says_so(monkeypatch, capsys):
-    monkeypatch.setattr("foundry_core.demo.gpu_available", lambda: False)
+    monkeypatch.setattr("foundry_tools.demo.gpu_available", lambda: False)
     assert cli.main(["soak", "--replays", "10", "--cycles", "2"]) == 2
     assert "no NVIDIA GPU" in capsys.readouterr().out
 
@@ -292,7 +293,7 @@ def test_cli_soak_without_a_gpu_says_so(monkeypatch, capsys):
 def test_cli_soak_defaults():
     import argparse
 
-    from foundry_core.demo import DEFAULT_BATCH_SIZES, add_arguments
+    from foundry_tools.options import DEFAULT_BATCH_SIZES, add_arguments
 
     p = argparse.ArgumentParser()
     add_arguments(p)
@@ -343,7 +344,7 @@ def test_orchestrate_assembles_and_prints_with_stub_workers(monkeypatch, tmp_pat
     """The parent's flow without a GPU: the two workers stubbed, the CPU suite left out."""
     import argparse
 
-    from foundry_core.demo import add_arguments
+    from foundry_tools.options import add_arguments
 
     calls = []
 
@@ -362,3 +363,93 @@ def test_orchestrate_assembles_and_prints_with_stub_workers(monkeypatch, tmp_pat
     json.dumps(record)
     soak.print_summary(record)
     assert "result: PASS" in capsys.readouterr().out
+
+
+def _soak_args(*argv):
+    import argparse
+
+    from foundry_tools.options import add_arguments
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    soak.add_soak_arguments(p)
+    return p.parse_args(list(argv))
+
+
+def _stub_workers(monkeypatch):
+    def fake_worker(cmd, errors):
+        return {"native_logit_mismatches": 0, "soak_s": 1.0} if cmd[3] == "save" else _load()
+
+    monkeypatch.setattr(soak, "_run_worker", fake_worker)
+
+
+def test_without_tests_the_cpu_suite_is_skipped_and_says_how_to_run_it(monkeypatch, tmp_path, capsys):
+    """The installed package reads no repository tests/: without --tests that phase does not run."""
+    _stub_workers(monkeypatch)
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail(f"started {a}"))
+    record, status = soak.orchestrate(
+        _soak_args("--cycles", "3", "--workdir", str(tmp_path)), commit="c0ffee", command="foundry soak"
+    )
+    out = capsys.readouterr().out
+    assert "CPU suite skipped" in out and "--tests" in out and "python -m foundry_tools.soak cpu-suite" in out
+    assert status == 0 and record["pass"]
+    assert record["cpu_suite"]["exit_status"] is None and "--tests" in record["cpu_suite"]["notes"][0]
+    assert "cpu suite passed" not in record["criteria"] and record["tamper_cases"] is None
+
+
+def test_tests_must_name_a_folder(monkeypatch, tmp_path):
+    _stub_workers(monkeypatch)
+    args = _soak_args("--tests", str(tmp_path / "nowhere"), "--workdir", str(tmp_path))
+    with pytest.raises(SystemExit, match="no such folder"):
+        soak.orchestrate(args, commit="c0ffee", command="foundry soak")
+
+
+FAKE_MATRIX = """
+import pytest
+
+
+@pytest.mark.parametrize("row", ["flip", "truncate", "swap"])
+def test_tamper_matrix(row):
+    assert row != "swap"  # one row not refused
+
+
+def test_docs_mirror_the_matrix():
+    pass
+"""
+
+FAKE_CRASH = """
+def kill_at(*args):
+    return "commit", {}
+
+
+def check_complete(*args):
+    return "complete"
+
+
+def test_sigkill_during_save_never_leaves_a_partial_archive():
+    kill_at()
+    assert check_complete() == "complete"
+"""
+
+
+def test_cpu_suite_runs_the_tests_named_by_tests(monkeypatch, tmp_path):
+    """--tests DIR: the suite runs that folder's files alongside (a real subprocess), counted, with the
+    missing file noted; the stand-in matrix has a row that is not refused, so the run fails."""
+    tests = tmp_path / "checkout" / "tests"
+    tests.mkdir(parents=True)
+    (tests / soak.TAMPER_FILE).write_text(FAKE_MATRIX)
+    (tests / soak.CRASH_FILE).write_text(FAKE_CRASH)  # no fuzz file: noted, and the suite fails
+    _stub_workers(monkeypatch)
+    workdir = tmp_path / "work"
+    args = _soak_args("--cycles", "3", "--tests", str(tests), "--workdir", str(workdir))
+    record, status = soak.orchestrate(args, commit="c0ffee", command="foundry soak --tests ...")
+    cpu = record["cpu_suite"]
+    assert cpu["counts"]["tamper_cases"] == 3 and cpu["counts"]["tamper_refused"] == 2, cpu
+    assert cpu["counts"]["tamper_file_tests"] == 4 and cpu["counts"]["crash_file_passed"] == 1
+    assert cpu["counts"]["kill_points"] == 1 and cpu["counts"]["kill_outcomes"]["complete"] == 1
+    assert any(soak.FUZZ_FILE in note for note in cpu["notes"]), cpu["notes"]
+    assert str(tests.parent) in cpu["command"]
+    assert cpu["exit_status"] != 0 and status == 1 and not record["pass"]
+    assert not record["criteria"]["tamper_refused == tamper_cases"]
+    assert not record["criteria"]["cpu suite passed"]
+    assert (workdir / "cpu-suite.json").exists()

@@ -1,4 +1,10 @@
-"""The ``foundry`` command: demo, bench, soak, inspect, verify."""
+"""The ``foundry`` command: demo, bench, soak, inspect, verify.
+
+``demo``, ``bench`` and ``soak`` are tools beside the library (the ``foundry_tools`` package): they
+are imported here only inside their subcommand functions, and their options come from
+``foundry_tools.options``, which imports no torch, so ``foundry --version`` and ``foundry --help``
+stay quick. The library itself (every other ``foundry_core`` module) never imports ``foundry_tools``.
+"""
 
 from __future__ import annotations
 
@@ -145,7 +151,7 @@ def _git_commit() -> str:
 
 
 def cmd_demo(args) -> int:
-    from .demo import gpu_available, orchestrate, print_summary
+    from foundry_tools.demo import gpu_available, orchestrate, print_summary
 
     if not gpu_available():
         print(
@@ -178,8 +184,8 @@ def cmd_demo(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from .bench import plot, print_table, summarize
-    from .demo import gpu_available, orchestrate
+    from foundry_tools.bench import plot, print_table, summarize
+    from foundry_tools.demo import gpu_available, orchestrate
 
     if not gpu_available():
         print("foundry bench: no NVIDIA GPU is visible on this machine; nothing was run.")
@@ -210,8 +216,8 @@ def cmd_bench(args) -> int:
 
 
 def cmd_soak(args) -> int:
-    from .demo import gpu_available
-    from .soak import orchestrate, print_summary
+    from foundry_tools.demo import gpu_available
+    from foundry_tools.soak import orchestrate, print_summary
 
     if not gpu_available():
         print("foundry soak: no NVIDIA GPU is visible on this machine; nothing was run.")
@@ -225,30 +231,31 @@ def cmd_soak(args) -> int:
     return status
 
 
-def main(argv=None) -> int:
-    os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    p = argparse.ArgumentParser(prog="foundry", description="CUDA-graph persistence for LLM serving engines")
+def build_parser() -> argparse.ArgumentParser:
+    """The ``foundry`` parser. Imports no torch and no tool: only ``foundry_tools.options``."""
+    from foundry_tools.options import BENCH_BATCH_SIZES, HelpFormatter, add_arguments, add_soak_arguments
+
+    fmt = HelpFormatter
+    p = argparse.ArgumentParser(
+        prog="foundry", description="CUDA-graph persistence for LLM serving engines", formatter_class=fmt
+    )
     p.add_argument("--version", action="version", version=f"foundry {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
-    d = sub.add_parser(
-        "demo", help="SAVE the embedded model's decode graphs, LOAD them in a fresh process, compare"
-    )
-    from .demo import add_arguments
-
+    what = "SAVE the embedded model's decode graphs, LOAD them in a fresh process, compare"
+    d = sub.add_parser("demo", help=what, description=what, formatter_class=fmt)
     add_arguments(d)
     d.set_defaults(preset="1.7b")
     d.add_argument("--workdir", default=None, help="where the archive and reference outputs go")
     d.add_argument("--out", default=None, help="write the results as JSON here")
     d.set_defaults(func=cmd_demo)
 
-    b = sub.add_parser("bench", help="native capture vs restore, and replay parity, in one run")
+    what = "native capture vs restore, and replay parity, in one run"
+    b = sub.add_parser("bench", help=what, description=what, formatter_class=fmt)
     add_arguments(b)
-    from .bench import BENCH_BATCH_SIZES
-
     b.set_defaults(preset="1.7b", batch_sizes=list(BENCH_BATCH_SIZES))
     b.add_argument("--replays", type=int, default=200, help="timed replays per batch size (median)")
-    b.add_argument("--workdir", default=None)
+    b.add_argument("--workdir", default=None, help="where the archives and reference outputs go")
     b.add_argument("--out", default=None, help="JSON results (a PNG plot is written beside it)")
     b.add_argument(
         "--presets",
@@ -257,29 +264,33 @@ def main(argv=None) -> int:
     )
     b.set_defaults(func=cmd_bench)
 
-    s = sub.add_parser(
-        "soak",
-        help="10,000 replays of restored graphs, load/unload cycles with memory curves, and the CPU "
-        "reliability tests, into one JSON record",
+    what = (
+        "10,000 replays of restored graphs, load/unload cycles with memory curves, and (with --tests) the "
+        "CPU reliability tests, into one JSON record"
     )
+    s = sub.add_parser("soak", help=what, description=what, formatter_class=fmt)
     add_arguments(s)
-    from .soak import add_soak_arguments
-
     add_soak_arguments(s)
     s.set_defaults(preset="1.7b", func=cmd_soak)
 
-    i = sub.add_parser("inspect", help="show an archive's graphs, kernels, modules, bytes and fingerprint")
-    i.add_argument("archive")
+    what = "show an archive's graphs, kernels, modules, bytes and fingerprint"
+    i = sub.add_parser("inspect", help=what, description=what, formatter_class=fmt)
+    i.add_argument("archive", help="archive directory (or its carried caches, ARCHIVE.caches)")
     i.add_argument("--kernels", action="store_true", help="also list every kernel by name")
     i.set_defaults(func=cmd_inspect)
 
-    v = sub.add_parser("verify", help="check an archive's integrity and fingerprint against this machine")
-    v.add_argument("archive")
-    v.add_argument("--device", type=int, default=0)
+    what = "check an archive's integrity and fingerprint against this machine"
+    v = sub.add_parser("verify", help=what, description=what, formatter_class=fmt)
+    v.add_argument("archive", help="archive directory")
+    v.add_argument("--device", type=int, default=0, help="CUDA device index to compare the fingerprint with")
     v.add_argument("--digest", default=None, help="also require this archive digest (sha256)")
     v.set_defaults(func=cmd_verify)
+    return p
 
-    args = p.parse_args(argv)
+
+def main(argv=None) -> int:
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    args = build_parser().parse_args(argv)
     return int(args.func(args) or 0)
 
 

@@ -51,7 +51,7 @@ def test_load_refuses_other_model(tmp_path):
     cmd = [
         sys.executable,
         "-m",
-        "foundry_core.demo",
+        "foundry_tools.demo",
         "load",
         "--archive",
         result["archive"],

@@ -1,6 +1,6 @@
 """``foundry demo``: SAVE in one process, LOAD in a fresh one, compare, print times.
 
-The parent never touches the GPU; each phase runs in its own ``python -m foundry_core.demo``
+The parent never touches the GPU; each phase runs in its own ``python -m foundry_tools.demo``
 subprocess so that the LOAD process has provably never captured anything.
 """
 
@@ -15,33 +15,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from .config import DEFAULT_REGION_BASE, DEFAULT_REGION_SIZE
+from .options import DEFAULT_BATCH_SIZES, HelpFormatter, add_arguments  # noqa: F401  (re-exported)
 
-# SGLang's default decode capture list starts 1, 2, 4, 8, then steps of 8 (and 16 further up).
-DEFAULT_BATCH_SIZES = (
-    1,
-    2,
-    4,
-    8,
-    12,
-    16,
-    24,
-    32,
-    40,
-    48,
-    56,
-    64,
-    72,
-    80,
-    88,
-    96,
-    104,
-    112,
-    120,
-    128,
-    144,
-    160,
-)
 ROUNDS = 2  # replays per graph compared, each with different inputs
 
 
@@ -273,7 +248,7 @@ def run_load(args) -> dict:
         per_bs[str(bs)] = not bad
         mismatched += bad
     if getattr(args, "dump_graphs", None):
-        from .graphs import structure
+        from foundry_core.graphs import structure
 
         dump = {name: structure(g._rebuilt.graph) for name, g in restored.graphs.items()}
         Path(args.dump_graphs).write_text(json.dumps(dump, sort_keys=True))
@@ -313,7 +288,7 @@ def _worker_args(args, phase: str, archive: str, reference: str) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "foundry_core.demo",
+        "foundry_tools.demo",
         phase,
         "--archive",
         archive,
@@ -455,20 +430,6 @@ def print_summary(result: dict) -> None:
     print("  result: " + ("OK, restored graphs are bit-exact" if ok else "FAILED"))
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    from .workloads import VARIANTS
-
-    p.add_argument("--variant", default="qwen3", choices=VARIANTS)
-    p.add_argument("--preset", default="small", help="model size: tiny, small, 0.6b, 1.7b")
-    p.add_argument("--batch-sizes", type=int, nargs="+", default=list(DEFAULT_BATCH_SIZES))
-    p.add_argument("--max-seq-len", type=int, default=512)
-    p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--device", type=int, default=0)
-    p.add_argument("--region-base", type=lambda s: int(s, 0), default=DEFAULT_REGION_BASE)
-    p.add_argument("--region-size", type=int, default=DEFAULT_REGION_SIZE)
-    p.add_argument("--archive", default=None, help="archive directory (default: a temporary one)")
-
-
 def gpu_available() -> bool:
     try:
         import torch
@@ -478,9 +439,17 @@ def gpu_available() -> bool:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m foundry_core.demo")
-    p.add_argument("phase", choices=("save", "load"))
-    p.add_argument("--reference", required=True)
+    p = argparse.ArgumentParser(
+        prog="python -m foundry_tools.demo",
+        description="One phase of foundry demo / bench, in its own process (the parent starts both).",
+        formatter_class=HelpFormatter,
+    )
+    p.add_argument(
+        "phase", choices=("save", "load"), help="SAVE (capture and save) or LOAD (restore and compare)"
+    )
+    p.add_argument(
+        "--reference", required=True, help="the SAVE's reference outputs (written by save, read by load)"
+    )
     p.add_argument("--replays", type=int, default=0, help="also time this many replays per batch size")
     p.add_argument(
         "--save-replays", type=int, default=0, help="SAVE: also time native replays right after capture"

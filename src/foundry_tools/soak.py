@@ -2,17 +2,20 @@
 
 One command, three processes that matter (the parent itself never touches the GPU):
 
-* **SAVE** (``python -m foundry_core.soak save``): builds the embedded model, warms up and captures
+* **SAVE** (``python -m foundry_tools.soak save``): builds the embedded model, warms up and captures
   one decode graph per batch size exactly as ``foundry demo`` does, saves the archive, then runs
   the *soak sequence* on the native graphs and records its baseline.
-* **LOAD** (``python -m foundry_core.soak load``, a fresh process that never captured): restores
+* **LOAD** (``python -m foundry_tools.soak load``, a fresh process that never captured): restores
   the archive, runs the same soak sequence on the restored graphs and compares it with the
   baseline; unloads; then does ``--cycles`` more load/unload cycles in the same process, measuring
   device and host memory after each.
-* **CPU suite** (``python -m foundry_core.soak cpu-suite``, started first, run alongside with no GPU
-  visible): the tamper matrix, the damage fuzzing and the SIGKILL crash test, with a small pytest
-  plugin that *counts* what ran (matrix rows refused, Hypothesis test cases executed, kills
-  performed and what each left behind). Nothing in the result is copied from documentation.
+* **CPU suite** (``python -m foundry_tools.soak cpu-suite --tests DIR``, started first, run
+  alongside with no GPU visible): the tamper matrix, the damage fuzzing and the SIGKILL crash test,
+  with a small pytest plugin that *counts* what ran (matrix rows refused, Hypothesis test cases
+  executed, kills performed and what each left behind). Nothing in the result is copied from
+  documentation. Those tests live in the repository, not in the installed package, so this phase
+  runs only when ``--tests`` names the repository's ``tests/`` folder; without it the phase is
+  skipped (with a line saying so) and its criteria are left out of the record.
 
 The soak sequence and why its baseline is sound
 -----------------------------------------------
@@ -60,7 +63,7 @@ cycles (default 1) may settle lazily created driver and allocator state once.
 The run fails (exit 1) if any of these is not met: ``soak_mismatches == 0``,
 ``native_logit_mismatches == 0``, all cycles completed, ``cycle_mismatches == 0``, device growth 0,
 host growth under the limit, every tamper matrix row refused, ``kill_loadable_partial == 0`` and
-the CPU suite passed.
+the CPU suite passed (these last three only where the CPU suite ran).
 """
 
 from __future__ import annotations
@@ -81,17 +84,23 @@ import tempfile
 import time
 from pathlib import Path
 
-DEFAULT_REPLAYS = 10_000
-DEFAULT_CYCLES = 20
-DEFAULT_WARMUP_CYCLES = 1
-DEFAULT_HOST_GROWTH_LIMIT_MIB = 64
+from .options import (  # noqa: F401  (re-exported: the soak's defaults and options)
+    DEFAULT_CYCLES,
+    DEFAULT_HOST_GROWTH_LIMIT_MIB,
+    DEFAULT_REPLAYS,
+    DEFAULT_WARMUP_CYCLES,
+    HelpFormatter,
+    add_arguments,
+    add_soak_arguments,
+)
+
 SOAK_SEED = 4321
 RESULT_PREFIX = "FOUNDRY_RESULT "
 
-REPO = Path(__file__).resolve().parents[2]
-TAMPER_FILE = "tests/test_tamper_matrix.py"
-FUZZ_FILE = "tests/test_archive_fuzz.py"
-CRASH_FILE = "tests/test_archive_crash.py"
+# The CPU suite's test files, by name, in the folder given with ``--tests`` (the repository's tests/).
+TAMPER_FILE = "test_tamper_matrix.py"
+FUZZ_FILE = "test_archive_fuzz.py"
+CRASH_FILE = "test_archive_crash.py"
 CPU_SUITE_FILES = (TAMPER_FILE, FUZZ_FILE, CRASH_FILE)
 KILL_TEST = "test_sigkill_during_save_never_leaves_a_partial_archive"
 SWEEP_TEST = "test_every_flipped_manifest_byte"
@@ -282,7 +291,7 @@ def measure(device: int) -> dict:
     """Device and host memory of this process now (after a GC and a device synchronize)."""
     import torch
 
-    from .driver import call
+    from foundry_core.driver import call
 
     gc.collect()
     torch.cuda.synchronize(device)
@@ -298,7 +307,7 @@ def measure(device: int) -> dict:
 def machine_info(device: int) -> str:
     import torch
 
-    from .driver import call
+    from foundry_core.driver import call
 
     driver = None
     try:
@@ -609,10 +618,12 @@ class SuiteCounter:
 
     def counts(self) -> dict:
         def of(file: str, name: str | None = None) -> list[str]:
+            # Node ids are relative to pytest's rootdir ("tests/test_x.py::test_y[row]"): match the file by name.
             return [
                 o
                 for nid, o in self.outcomes.items()
-                if nid.startswith(file + "::") and (name is None or nid.split("::")[-1].split("[")[0] == name)
+                if nid.split("::", 1)[0].rsplit("/", 1)[-1] == file
+                and (name is None or nid.split("::")[-1].split("[")[0] == name)
             ]
 
         rows = of(TAMPER_FILE, MATRIX_TEST)
@@ -666,29 +677,39 @@ def _make_plugin():
     return Plugin()
 
 
-def run_cpu_suite(out_json: str, root: Path = REPO) -> int:
-    """Run the reliability tests here (in this process) and write what they did to ``out_json``."""
+def run_cpu_suite(out_json: str, tests: str | Path) -> int:
+    """Run the reliability tests in the folder ``tests`` here (in this process); write what they did to ``out_json``.
+
+    ``tests`` is the repository's ``tests/`` folder, named by the caller: the installed package has
+    no tests of its own. pytest runs from the folder above it (the checkout, whose pyproject.toml
+    configures pytest), on the files of ``CPU_SUITE_FILES`` that are there.
+    """
     import importlib.util
 
     import pytest
 
     started = datetime.datetime.now(datetime.timezone.utc)
-    files = [f for f in CPU_SUITE_FILES if (root / f).exists()]
+    tests = Path(tests).resolve()
+    root = tests.parent
+    present = [f for f in CPU_SUITE_FILES if (tests / f).is_file()]
     notes = []
     if importlib.util.find_spec("hypothesis") is None:
-        files = [f for f in files if f != FUZZ_FILE]
+        present = [f for f in present if f != FUZZ_FILE]
         notes.append("hypothesis is not installed here: the fuzz tests did not run, fuzz_cases is null")
-    missing = [f for f in CPU_SUITE_FILES if not (root / f).exists()]
+    missing = [f for f in CPU_SUITE_FILES if not (tests / f).is_file()]
     if missing:
-        notes.append(f"not found under {root}: {', '.join(missing)}")
+        notes.append(f"not found in {tests}: {', '.join(missing)}")
+    files = [str((tests / f).relative_to(root)) for f in present]
     plugin = _make_plugin()
     t0 = time.perf_counter()
-    cwd = os.getcwd()
-    os.chdir(root)
-    try:
-        status = int(pytest.main([*files, "-q", "-p", "no:cacheprovider"], plugins=[plugin]))
-    finally:
-        os.chdir(cwd)
+    status = 5  # pytest's "no tests were collected"
+    if files:  # never a bare pytest.main([]): that would run whatever the folder's configuration names
+        cwd = os.getcwd()
+        os.chdir(root)
+        try:
+            status = int(pytest.main([*files, "-q", "-p", "no:cacheprovider"], plugins=[plugin]))
+        finally:
+            os.chdir(cwd)
     versions = {}
     for name in ("pytest", "hypothesis", "torch"):
         try:
@@ -700,7 +721,9 @@ def run_cpu_suite(out_json: str, root: Path = REPO) -> int:
         "no GPU visible (CUDA_VISIBLE_DEVICES='')",
         "started_utc": started.isoformat(timespec="seconds"),
         "duration_s": round(time.perf_counter() - t0, 1),
-        "command": "python -m pytest " + " ".join(files) + " -q  (with foundry_core.soak's counting plugin)",
+        "command": f"cd {root} && python -m pytest "
+        + " ".join(files)
+        + " -q  (with foundry_tools.soak's counting plugin)",
         "versions": versions,
         "exit_status": 0 if status == 0 and not missing else (status or 1),
         "outcomes": {
@@ -721,7 +744,7 @@ def _worker_cmd(args, phase: str, archive: str, baseline: str) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "foundry_core.soak",
+        "foundry_tools.soak",
         phase,
         "--archive",
         archive,
@@ -800,16 +823,44 @@ def orchestrate(args, commit: str, command: str) -> tuple[dict, int]:
     cpu_proc = None
     cpu_json = workdir / "cpu-suite.json"
     cpu_log = workdir / "cpu-suite.log"
-    if not args.no_cpu_suite:
+    tests = getattr(args, "tests", None)
+    skipped = None
+    if args.no_cpu_suite:
+        skipped = "not run (--no-cpu-suite)"
+    elif tests is None:
+        skipped = "not run (no --tests: the CPU suite's tests are in the repository, not in the package)"
+        print(
+            "foundry soak: CPU suite skipped: no --tests given. To run the tamper, fuzz and crash tests "
+            "alongside, pass the repository's tests folder (from a checkout: foundry soak --tests tests ...), "
+            "or run them on their own: python -m foundry_tools.soak cpu-suite --tests tests --json cpu-suite.json",
+            flush=True,
+        )
+    else:
+        tests_dir = Path(tests).resolve()
+        if not tests_dir.is_dir():
+            raise SystemExit(f"foundry soak: --tests {tests}: no such folder")
         env = dict(os.environ, CUDA_VISIBLE_DEVICES="", FOUNDRY_NO_PROGRESS="1")
-        env["PYTHONPATH"] = str(REPO / "src") + os.pathsep + env.get("PYTHONPATH", "")
+        # The CPU suite and the tests it runs import the very foundry_core and foundry_tools this process runs.
+        import foundry_core
+
+        here = {str(Path(f).resolve().parents[1]) for f in (foundry_core.__file__, __file__)}
+        env["PYTHONPATH"] = os.pathsep.join([*sorted(here), *filter(None, [env.get("PYTHONPATH")])])
         with open(cpu_log, "w") as log:
             cpu_proc = subprocess.Popen(
-                [sys.executable, "-m", "foundry_core.soak", "cpu-suite", "--json", str(cpu_json)],
+                [
+                    sys.executable,
+                    "-m",
+                    "foundry_tools.soak",
+                    "cpu-suite",
+                    "--tests",
+                    str(tests_dir),
+                    "--json",
+                    str(cpu_json),
+                ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,
-                cwd=str(REPO),
+                cwd=str(tests_dir.parent),
             )
         print(f"foundry soak: CPU suite started alongside (pid {cpu_proc.pid}, log {cpu_log})", flush=True)
     save = _run_worker(_worker_cmd(args, "save", archive, baseline), errors)
@@ -826,7 +877,7 @@ def orchestrate(args, commit: str, command: str) -> tuple[dict, int]:
         if rc != 0:
             print("\n".join(tail))
     else:
-        cpu = {"exit_status": None, "notes": ["not run (--no-cpu-suite)"], "counts": {}}
+        cpu = {"exit_status": None, "notes": [skipped], "counts": {}}
     record = assemble(
         args_command=command,
         commit=commit,
@@ -843,34 +894,32 @@ def orchestrate(args, commit: str, command: str) -> tuple[dict, int]:
     return record, 0 if record["pass"] else 1
 
 
-def add_soak_arguments(p: argparse.ArgumentParser) -> None:
-    """The options ``foundry soak`` adds to the demo's (model, sizes, region)."""
-    p.add_argument("--replays", type=int, default=DEFAULT_REPLAYS, help="soak replays in all (round robin)")
-    p.add_argument("--cycles", type=int, default=DEFAULT_CYCLES, help="load/unload cycles after the soak")
-    p.add_argument("--warmup-cycles", type=int, default=DEFAULT_WARMUP_CYCLES)
-    p.add_argument("--host-growth-limit-mib", type=int, default=DEFAULT_HOST_GROWTH_LIMIT_MIB)
-    p.add_argument("--no-cpu-suite", action="store_true", help="skip the tamper/fuzz/crash tests")
-    p.add_argument("--workdir", default=None, help="archive, baseline and the CPU suite's log go here")
-    p.add_argument("--out", default=None, help="write the reliability record as JSON here")
-
-
 def main(argv=None) -> int:
     """Workers: ``save`` / ``load`` (one GPU phase each) and ``cpu-suite``."""
-    from .demo import add_arguments
-
-    p = argparse.ArgumentParser(prog="python -m foundry_core.soak")
+    p = argparse.ArgumentParser(prog="python -m foundry_tools.soak")
     sub = p.add_subparsers(dest="phase", required=True)
     for phase in ("save", "load"):
-        w = sub.add_parser(phase)
+        w = sub.add_parser(phase, formatter_class=HelpFormatter)
         add_arguments(w)
-        w.add_argument("--baseline", required=True)
-        w.add_argument("--replays", type=int, default=DEFAULT_REPLAYS)
-        w.add_argument("--cycles", type=int, default=DEFAULT_CYCLES)
-    c = sub.add_parser("cpu-suite")
-    c.add_argument("--json", required=True)
+        w.add_argument(
+            "--baseline", required=True, help="the SAVE's soak baseline (written by save, read by load)"
+        )
+        w.add_argument(
+            "--replays", type=int, default=DEFAULT_REPLAYS, help="soak replays in all (round robin)"
+        )
+        w.add_argument(
+            "--cycles", type=int, default=DEFAULT_CYCLES, help="LOAD: load/unload cycles after the soak"
+        )
+    c = sub.add_parser(
+        "cpu-suite",
+        help="the tamper, fuzz and crash tests of a repository's tests/ folder, counted",
+        formatter_class=HelpFormatter,
+    )
+    c.add_argument("--tests", required=True, metavar="DIR", help="the repository's tests/ folder")
+    c.add_argument("--json", required=True, help="write what ran, counted, here")
     args = p.parse_args(argv)
     if args.phase == "cpu-suite":
-        return run_cpu_suite(args.json)
+        return run_cpu_suite(args.json, args.tests)
     if args.archive is None:
         p.error("--archive is required")
     result = run_save(args) if args.phase == "save" else run_load(args)

@@ -12,7 +12,7 @@ import dataclasses
 
 import torch
 
-VARIANTS = ("qwen3", "qwen3-compiled", "hf-qwen3")
+from .options import VARIANTS
 
 
 @dataclasses.dataclass

@@ -1,0 +1,124 @@
+"""The command-line options of ``foundry demo``, ``bench`` and ``soak``, and their defaults.
+
+Kept apart from the tools themselves so that building the ``foundry`` parser (``foundry --help``,
+``foundry --version``) imports neither torch nor the tools: this module imports only argparse and
+``foundry_core.config``.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from foundry_core.config import DEFAULT_REGION_BASE, DEFAULT_REGION_SIZE
+
+# The workloads ``foundry_tools.workloads.Workload`` builds.
+VARIANTS = ("qwen3", "qwen3-compiled", "hf-qwen3")
+PRESETS = ("tiny", "small", "0.6b", "1.7b")
+
+# SGLang's default decode capture list starts 1, 2, 4, 8, then steps of 8 (and 16 further up).
+DEFAULT_BATCH_SIZES = (
+    1,
+    2,
+    4,
+    8,
+    12,
+    16,
+    24,
+    32,
+    40,
+    48,
+    56,
+    64,
+    72,
+    80,
+    88,
+    96,
+    104,
+    112,
+    120,
+    128,
+    144,
+    160,
+)
+
+# ``foundry bench``: a long decode capture list, 60 graphs: every size to 32, then steps of 8 to 256.
+BENCH_BATCH_SIZES = tuple(range(1, 33)) + tuple(range(40, 257, 8))
+
+# ``foundry soak``.
+DEFAULT_REPLAYS = 10_000
+DEFAULT_CYCLES = 20
+DEFAULT_WARMUP_CYCLES = 1
+DEFAULT_HOST_GROWTH_LIMIT_MIB = 64
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's help ends with its default, except where there is none to show (None, a flag's False)."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
+def address(text: str) -> int:
+    """An integer in any base Python reads (``0x600000000000``, ``105553116266496``)."""
+    return int(text, 0)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The model, batch sizes and region: what a SAVE and every LOAD must repeat identically."""
+    p.add_argument("--variant", default="qwen3", choices=VARIANTS, help="which workload to build and capture")
+    p.add_argument("--preset", default="small", help=f"model size: {', '.join(PRESETS)}")
+    p.add_argument(
+        "--batch-sizes",
+        type=int,
+        nargs="+",
+        default=list(DEFAULT_BATCH_SIZES),
+        help="one decode graph per batch size",
+    )
+    p.add_argument("--max-seq-len", type=int, default=512, help="KV cache length per sequence")
+    p.add_argument("--seed", type=int, default=1234, help="seed of the random weights")
+    p.add_argument("--device", type=int, default=0, help="CUDA device index")
+    p.add_argument(
+        "--region-base",
+        type=address,
+        default=hex(DEFAULT_REGION_BASE),  # a string default goes through ``type``: an int once parsed
+        help="fixed virtual address of the device-memory region",
+    )
+    p.add_argument(
+        "--region-size",
+        type=int,
+        default=DEFAULT_REGION_SIZE,
+        help=f"virtual size of the region, in bytes (default: %(default)s, {DEFAULT_REGION_SIZE / 2**30:g} GiB)",
+    )
+    p.add_argument("--archive", default=None, help="archive directory (default: a temporary one)")
+
+
+def add_soak_arguments(p: argparse.ArgumentParser) -> None:
+    """The options ``foundry soak`` adds to the demo's (model, sizes, region)."""
+    p.add_argument("--replays", type=int, default=DEFAULT_REPLAYS, help="soak replays in all (round robin)")
+    p.add_argument("--cycles", type=int, default=DEFAULT_CYCLES, help="load/unload cycles after the soak")
+    p.add_argument(
+        "--warmup-cycles",
+        type=int,
+        default=DEFAULT_WARMUP_CYCLES,
+        help="first cycles left out of the memory growth (lazily created driver and allocator state)",
+    )
+    p.add_argument(
+        "--host-growth-limit-mib",
+        type=int,
+        default=DEFAULT_HOST_GROWTH_LIMIT_MIB,
+        help="largest host RSS growth over the cycles (after the warm-up) that passes",
+    )
+    p.add_argument(
+        "--tests",
+        default=None,
+        metavar="DIR",
+        help="the repository's tests/ folder: run its CPU reliability tests (tamper matrix, damage "
+        "fuzzing, SIGKILL crash test) alongside, counted. Without it that phase is skipped",
+    )
+    p.add_argument(
+        "--no-cpu-suite", action="store_true", help="skip the CPU reliability tests even with --tests"
+    )
+    p.add_argument("--workdir", default=None, help="archive, baseline and the CPU suite's log go here")
+    p.add_argument("--out", default=None, help="write the reliability record as JSON here")
