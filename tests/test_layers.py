@@ -1,0 +1,167 @@
+"""Which package may import which: the plugins and the tools import foundry_core, never the other way.
+
+    foundry_sglang_plugin, foundry_vllm_plugin  ->  foundry_core  <-  foundry_tools
+
+The library (every module under src/foundry_core) imports neither plugin nor any tool. The one
+exception is the ``foundry`` command line (foundry_core/cli.py): it reaches foundry_tools for its
+demo, bench and soak subcommands, lazily, inside functions, never when it is imported. Read from the
+source with ``ast`` (imports inside functions count too), so a lazy import cannot slip through.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+CORE = "foundry_core"
+TOOLS = "foundry_tools"
+PLUGINS = ("foundry_sglang_plugin", "foundry_vllm_plugin")
+# foundry_core files allowed to import foundry_tools, and only inside a function.
+LAZY_TOOL_IMPORTS = {"foundry_core/cli.py"}
+
+
+def imports(source: str) -> list[tuple[str, int, bool]]:
+    """(absolute module name, line, at import time?) of every import in ``source``.
+
+    Counts ``import x``, ``from x import y`` (relative ones are resolved only within their own
+    package, so they cannot leave it and are left out) and ``importlib.import_module("x")`` /
+    ``__import__("x")`` with a literal name. "At import time" is False inside a function body.
+    """
+    found: list[tuple[str, int, bool]] = []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.Import):
+                found.extend((alias.name, child.lineno, not in_function) for alias in child.names)
+            elif isinstance(child, ast.ImportFrom) and child.level == 0 and child.module:
+                found.append((child.module, child.lineno, not in_function))
+            elif isinstance(child, ast.Call) and child.args:
+                func, first = child.func, child.args[0]
+                name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+                if (
+                    name in ("import_module", "__import__")
+                    and isinstance(first, ast.Constant)
+                    and isinstance(first.value, str)
+                ):
+                    found.append((first.value, child.lineno, not in_function))
+            visit(
+                child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            )
+
+    visit(ast.parse(source), False)
+    return found
+
+
+def _top(module: str) -> str:
+    return module.split(".", 1)[0]
+
+
+def _files(package: str) -> list[Path]:
+    files = sorted((SRC / package).rglob("*.py"))
+    assert files, f"no sources under {SRC / package}"
+    return files
+
+
+def _violations(package: str, forbidden: tuple[str, ...], allow_lazy: set[str] = frozenset()) -> list[str]:
+    out = []
+    for path in _files(package):
+        rel = path.relative_to(SRC).as_posix()
+        for module, line, eager in imports(path.read_text()):
+            if _top(module) not in forbidden:
+                continue
+            if rel in allow_lazy and _top(module) == TOOLS and not eager:
+                continue
+            out.append(f"{rel}:{line} imports {module}" + (" at import time" if eager else ""))
+    return out
+
+
+def test_the_scan_sees_every_kind_of_import():
+    source = textwrap.dedent(
+        """
+        import os, foundry_tools.demo
+        from foundry_vllm_plugin.support import x
+        from . import config
+        from .engine import caches
+
+        class C:
+            from foundry_sglang_plugin import y
+
+        def f():
+            import importlib
+            from foundry_tools import soak
+            importlib.import_module("foundry_tools.bench")
+            return lambda: __import__("foundry_vllm_plugin")
+        """
+    )
+    assert imports(source) == [
+        ("os", 2, True),
+        ("foundry_tools.demo", 2, True),
+        ("foundry_vllm_plugin.support", 3, True),
+        ("foundry_sglang_plugin", 8, True),  # a class body runs at import time
+        ("importlib", 11, False),
+        ("foundry_tools", 12, False),
+        ("foundry_tools.bench", 13, False),
+        ("foundry_vllm_plugin", 14, False),
+    ]
+
+
+def test_the_library_imports_no_plugin_and_no_tool():
+    assert _violations(CORE, (TOOLS, *PLUGINS), allow_lazy=LAZY_TOOL_IMPORTS) == []
+
+
+def test_the_command_line_reaches_the_tools_only_lazily():
+    cli = (SRC / "foundry_core" / "cli.py").read_text()
+    tool_imports = [(m, line, eager) for m, line, eager in imports(cli) if _top(m) == TOOLS]
+    assert tool_imports, "foundry_core/cli.py no longer imports foundry_tools: update LAZY_TOOL_IMPORTS"
+    assert [i for i in tool_imports if i[2]] == []
+
+
+def test_tools_and_plugins_do_not_import_each_other():
+    assert _violations(TOOLS, PLUGINS) == []
+    for plugin in PLUGINS:
+        assert _violations(plugin, (TOOLS, *(p for p in PLUGINS if p != plugin))) == []
+
+
+def test_the_tools_import_foundry_core_absolutely():
+    """Inside foundry_tools, a relative import names another tool; the library is ``foundry_core.x``."""
+    siblings = {p.stem for p in (SRC / TOOLS).iterdir() if p.suffix == ".py" or (p / "__init__.py").exists()}
+    wrong = []
+    for path in _files(TOOLS):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 1 and path.parent == SRC / TOOLS:
+                names = [node.module] if node.module else [a.name for a in node.names]
+                wrong += [f"{path.name}:{node.lineno} .{n}" for n in names if n.split(".")[0] not in siblings]
+    assert wrong == []
+
+
+def test_version_and_help_import_neither_torch_nor_the_tools():
+    """``foundry --version`` / ``--help`` (and each subcommand's help) build the parser only."""
+    script = textwrap.dedent(
+        """
+        import json, sys
+        from foundry_core import cli
+
+        seen = {}
+        for argv in (["--version"], ["--help"], ["demo", "--help"], ["bench", "--help"], ["soak", "--help"]):
+            try:
+                cli.main(argv)
+            except SystemExit:
+                pass
+            seen[" ".join(argv)] = sorted(
+                m for m in sys.modules if m.split(".")[0] in ("torch", "foundry_tools")
+            )
+        print(json.dumps(seen))
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert set(seen) == {"--version", "--help", "demo --help", "bench --help", "soak --help"}
+    for argv, modules in seen.items():
+        assert modules == ["foundry_tools", "foundry_tools.options"] or modules == [], (argv, modules)
+    assert "usage: foundry soak" in proc.stdout and "(default: 10000)" in proc.stdout
