@@ -14,11 +14,52 @@ Importing this package is cheap: torch, cuda.bindings and the native library loa
 
 __version__ = "0.1.0"
 
-from .api import Restored, RestoredGraph, SaveError, load, save, verify  # noqa: E402
-from .archive import Archive, ArchiveError, FingerprintMismatch  # noqa: E402
-from .config import ConfigError, FoundryConfig, load_config  # noqa: E402
-from .modules import ModuleError, start_recording, stop_recording, stream_captures  # noqa: E402
-from .region import PlacementError, Region, RegionError  # noqa: E402
+import importlib
+from typing import Any
+
+# Where each public name lives. Resolved on first use (PEP 562), so that importing the package, or
+# one light module of it (config, the engine layer's records), does not load the archive, graph and
+# region machinery: an engine imports its plugin in every process it starts.
+_PUBLIC = {
+    "Restored": "api",
+    "RestoredGraph": "api",
+    "SaveError": "api",
+    "load": "api",
+    "save": "api",
+    "verify": "api",
+    "Archive": "archive",
+    "ArchiveError": "archive",
+    "FingerprintMismatch": "archive",
+    "ConfigError": "config",
+    "FoundryConfig": "config",
+    "load_config": "config",
+    "ModuleError": "modules",
+    "start_recording": "modules",
+    "stop_recording": "modules",
+    "stream_captures": "modules",
+    "PlacementError": "region",
+    "Region": "region",
+    "RegionError": "region",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _PUBLIC.get(name)
+    if module is not None:
+        value = getattr(importlib.import_module(f".{module}", __name__), name)
+        globals()[name] = value
+        return value
+    try:  # a submodule, as ``foundry_core.modules`` after a plain ``import foundry_core``
+        return importlib.import_module(f".{name}", __name__)
+    except ModuleNotFoundError as e:
+        if e.name != f"{__name__}.{name}":  # the submodule exists; something it imports does not
+            raise
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_PUBLIC))
+
 
 __all__ = [
     "Archive",

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
+from foundry_core.engine.records import read_json, write_json_atomic
 from foundry_sglang_plugin._view import reader
 
 SIDECAR_SUFFIX = ".sglang.json"
@@ -144,18 +143,13 @@ def sidecar_path(cfg: Any, rank: int) -> Path:
 
 
 def read_sidecar(cfg: Any, rank: int) -> dict[str, Any] | None:
-    try:
-        return json.loads(sidecar_path(cfg, rank).read_text())
-    except (OSError, ValueError):
-        return None
+    data = read_json(sidecar_path(cfg, rank))
+    return data if isinstance(data, dict) else None
 
 
 def write_sidecar(cfg: Any, rank: int, data: dict[str, Any]) -> None:
-    path = sidecar_path(cfg, rank)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-    os.replace(tmp, path)
+    """Atomic and fsynced: its presence marks a finished SAVE, also after a crash."""
+    write_json_atomic(sidecar_path(cfg, rank), data)
 
 
 def drop_sidecar(cfg: Any, rank: int) -> None:

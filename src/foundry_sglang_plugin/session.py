@@ -38,6 +38,7 @@ import os
 import time
 from typing import Any
 
+from foundry_core.engine.records import write_json_atomic
 from foundry_sglang_plugin import archive, settings
 from foundry_sglang_plugin._view import reader
 from foundry_sglang_plugin.outputs import flatten, unflatten
@@ -165,8 +166,7 @@ class Session:
 
         expected_digest = self.cfg.digest_for_rank(self.rank)  # a bad pin table is a config error
         try:
-            verified = _call(
-                fc.verify,
+            verified = fc.verify(
                 str(self.path),
                 device=self.device,
                 fingerprint_model=self.fingerprint,
@@ -266,8 +266,7 @@ class Session:
         import foundry_core as fc
 
         t0 = time.perf_counter()
-        self.restored = _call(
-            fc.load,
+        self.restored = fc.load(
             str(self.path),
             region=self.region,
             fingerprint_model=self.fingerprint,
@@ -335,8 +334,7 @@ class Session:
         import foundry_core as fc
 
         t0 = time.perf_counter()
-        _call(
-            fc.save,
+        fc.save(
             str(self.path),
             graphs=self.graphs,
             tensors=self.tensors,
@@ -394,11 +392,7 @@ class Session:
         if not directory:
             return
         try:
-            os.makedirs(directory, exist_ok=True)
-            path = os.path.join(directory, f"rank{self.rank}.json")
-            with open(path + ".tmp", "w") as f:
-                json.dump(self.report, f, indent=1, sort_keys=True, default=str)
-            os.replace(path + ".tmp", path)
+            write_json_atomic(os.path.join(directory, f"rank{self.rank}.json"), self.report)
         except OSError as e:  # a report must never take the server down
             logger.warning("Foundry: cannot write the report to %s: %s", directory, e)
 
@@ -419,18 +413,6 @@ def settle(server_args: Any) -> tuple[Any, str] | None:
             "run once with mode=save (or auto)"
         )
     return cfg, mode
-
-
-def _call(fn: Any, *args: Any, **kwargs: Any) -> Any:
-    """Call a foundry_core function with the keyword arguments it accepts (the plugin contract
-    names path/graphs/tensors/region/fingerprint_model/slots; rank, world_size and
-    expected_digest are passed where the core takes them)."""
-    import inspect
-
-    accepted = inspect.signature(fn).parameters
-    if not any(p.kind is p.VAR_KEYWORD for p in accepted.values()):
-        kwargs = {k: v for k, v in kwargs.items() if k in accepted}
-    return fn(*args, **kwargs)
 
 
 def _engine_facts() -> dict[str, Any]:

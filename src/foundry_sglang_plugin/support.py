@@ -11,15 +11,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from foundry_core.engine.refusal import FoundryUnsupportedError as _Refusal
 from foundry_sglang_plugin._view import has_field, reader
 
 
-class FoundryUnsupportedError(RuntimeError):
+class FoundryUnsupportedError(_Refusal):
     """An SGLang configuration Foundry refuses; ``str(err)`` is one line naming every reason."""
 
     def __init__(self, reasons: list[str]):
-        self.reasons = list(reasons)
-        super().__init__("Foundry cannot run this SGLang configuration: " + "; ".join(self.reasons))
+        super().__init__("SGLang", reasons)
 
 
 _DEEPEP_BACKENDS = ("deepep", "deepep_v2")

@@ -17,12 +17,11 @@ Nothing here touches the GPU; the worker supplies the device description.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from foundry_core.config import ConfigError, FoundryConfig
+from foundry_core.engine.records import write_json_atomic
 
 MANIFEST_SCHEMA = 1
 MANIFEST_KIND = "foundry-vllm"
@@ -116,21 +115,6 @@ def write_manifest(path: Path, fingerprint: dict, sizing: dict, graphs: list[dic
     }
     write_json_atomic(path, data)
     return data
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write ``data`` as JSON to ``path`` through a temporary file renamed over it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, sort_keys=True, default=str)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def fingerprint_mismatch(saved: dict, current: dict) -> str | None:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from foundry_core.engine.refusal import FoundryUnsupportedError as _Refusal
+
 FOUNDRY_CUDAGRAPH_MODE = "FULL_DECODE_ONLY"
 # The worker classes Foundry knows how to extend; anything else replaces the code Foundry hooks.
 VLLM_GPU_WORKER = "vllm.v1.worker.gpu_worker.Worker"
@@ -24,13 +26,13 @@ FOUNDRY_WORKER = "foundry_vllm_plugin.worker.FoundryWorker"
 VALIDATED_ATTENTION_BACKENDS = frozenset({"FLASH_ATTN"})
 
 
-class FoundryUnsupportedError(ValueError):
+class FoundryUnsupportedError(_Refusal):
     """The engine configuration would make a restored CUDA graph wrong; the message is one line."""
 
     def __init__(self, feature: str, reason: str):
         self.feature = feature
         self.reason = reason
-        super().__init__(f"Foundry cannot persist CUDA graphs with {feature}: {reason}")
+        super().__init__("vLLM", [f"{feature}: {reason}"])
 
 
 def _get(obj: Any, *path: str, default: Any = None) -> Any:

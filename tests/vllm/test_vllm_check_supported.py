@@ -180,44 +180,52 @@ CASES = [
     (
         "enforce_eager",
         _enforce_eager,
-        "Foundry cannot persist CUDA graphs with enforce_eager: it turns CUDA graphs off",
+        "Foundry cannot run this vLLM configuration: enforce_eager: it turns CUDA graphs off",
     ),
-    ("piecewise", _set_mode("PIECEWISE"), "with cudagraph_mode=PIECEWISE: piecewise graphs"),
+    ("piecewise", _set_mode("PIECEWISE"), "configuration: cudagraph_mode=PIECEWISE: piecewise graphs"),
     (
         "full_and_piecewise",
         _set_mode("FULL_AND_PIECEWISE"),
-        "with cudagraph_mode=FULL_AND_PIECEWISE: piecewise",
+        "configuration: cudagraph_mode=FULL_AND_PIECEWISE: piecewise",
     ),
-    ("full_mixed", _set_mode("FULL"), "with cudagraph_mode=FULL: only pure-decode full graphs"),
-    ("no_graphs", _set_mode("NONE"), "with cudagraph_mode=NONE: Foundry needs FULL_DECODE_ONLY"),
-    ("speculative_decoding", _speculative, "with speculative decoding: draft and verify graphs"),
-    ("lora", _lora, "with LoRA: adapter slots"),
-    ("pipeline_parallel", _pp, "with pipeline parallelism: stage-to-stage transfers"),
-    ("custom_all_reduce", _tp_custom_all_reduce, "with custom all-reduce: its IPC buffers"),
-    ("tensor_parallel", _tp, "with tensor parallelism: captured NCCL collectives"),
-    ("context_parallel", _dcp, "with context parallelism"),
-    ("expert_parallel", _ep, "with expert parallelism: all-to-all kernels"),
-    ("eplb", _eplb, "with expert load balancing"),
-    ("dual_batch_overlap", _dbo, "with dual-batch overlap (enable_dbo)"),
-    ("data_parallel_moe", _dp_moe, "with data-parallel MoE"),
-    ("multimodal", _multimodal, "with multimodal models: encoder graphs"),
-    ("encoder_cudagraphs", _mm_encoder_graphs, "with encoder CUDA graphs (cudagraph_mm_encoder)"),
-    ("encoder_decoder", _encoder_decoder, "with encoder-decoder models"),
-    ("pooling", _pooling, "with runner_type=pooling"),
-    ("hybrid_mamba", _hybrid, "with hybrid (Mamba/linear-attention) models"),
-    ("sleep_mode", _sleep, "with sleep mode: the cuMem allocator"),
-    ("cumem_allocator", _cumem, "with the cuMem allocator (enable_cumem_allocator): vLLM then allocates"),
-    ("kv_transfer", _kv_transfer, "with KV transfer (disaggregated prefill)"),
-    ("ec_transfer", _ec_transfer, "with encoder-cache transfer"),
-    ("weight_transfer", _weight_transfer, "with weight transfer"),
-    ("cpu_weight_offload", _cpu_offload, "with CPU weight offloading"),
-    ("kv_offload", _kv_offload, "with KV cache offloading"),
-    ("unvalidated_attention_backend", _flashinfer, "with attention backend FLASHINFER: its capture-time"),
-    ("hisparse", _hisparse, "with HiSparse attention"),
-    ("watermark", _watermark, "with watermarking"),
-    ("diffusion", _diffusion, "with diffusion decoding"),
-    ("non_cuda_device", _cpu_device, "with device 'cpu'"),
-    ("custom_worker_cls", _custom_worker, "with worker_cls=my_pkg.MyWorker"),
+    ("full_mixed", _set_mode("FULL"), "configuration: cudagraph_mode=FULL: only pure-decode full graphs"),
+    ("no_graphs", _set_mode("NONE"), "configuration: cudagraph_mode=NONE: Foundry needs FULL_DECODE_ONLY"),
+    ("speculative_decoding", _speculative, "configuration: speculative decoding: draft and verify graphs"),
+    ("lora", _lora, "configuration: LoRA: adapter slots"),
+    ("pipeline_parallel", _pp, "configuration: pipeline parallelism: stage-to-stage transfers"),
+    ("custom_all_reduce", _tp_custom_all_reduce, "configuration: custom all-reduce: its IPC buffers"),
+    ("tensor_parallel", _tp, "configuration: tensor parallelism: captured NCCL collectives"),
+    ("context_parallel", _dcp, "configuration: context parallelism"),
+    ("expert_parallel", _ep, "configuration: expert parallelism: all-to-all kernels"),
+    ("eplb", _eplb, "configuration: expert load balancing"),
+    ("dual_batch_overlap", _dbo, "configuration: dual-batch overlap (enable_dbo)"),
+    ("data_parallel_moe", _dp_moe, "configuration: data-parallel MoE"),
+    ("multimodal", _multimodal, "configuration: multimodal models: encoder graphs"),
+    ("encoder_cudagraphs", _mm_encoder_graphs, "configuration: encoder CUDA graphs (cudagraph_mm_encoder)"),
+    ("encoder_decoder", _encoder_decoder, "configuration: encoder-decoder models"),
+    ("pooling", _pooling, "configuration: runner_type=pooling"),
+    ("hybrid_mamba", _hybrid, "configuration: hybrid (Mamba/linear-attention) models"),
+    ("sleep_mode", _sleep, "configuration: sleep mode: the cuMem allocator"),
+    (
+        "cumem_allocator",
+        _cumem,
+        "configuration: the cuMem allocator (enable_cumem_allocator): vLLM then allocates",
+    ),
+    ("kv_transfer", _kv_transfer, "configuration: KV transfer (disaggregated prefill)"),
+    ("ec_transfer", _ec_transfer, "configuration: encoder-cache transfer"),
+    ("weight_transfer", _weight_transfer, "configuration: weight transfer"),
+    ("cpu_weight_offload", _cpu_offload, "configuration: CPU weight offloading"),
+    ("kv_offload", _kv_offload, "configuration: KV cache offloading"),
+    (
+        "unvalidated_attention_backend",
+        _flashinfer,
+        "configuration: attention backend FLASHINFER: its capture-time",
+    ),
+    ("hisparse", _hisparse, "configuration: HiSparse attention"),
+    ("watermark", _watermark, "configuration: watermarking"),
+    ("diffusion", _diffusion, "configuration: diffusion decoding"),
+    ("non_cuda_device", _cpu_device, "configuration: device 'cpu'"),
+    ("custom_worker_cls", _custom_worker, "configuration: worker_cls=my_pkg.MyWorker"),
 ]
 
 
@@ -235,7 +243,7 @@ def test_unsupported_mode_is_refused_with_its_reason(base_vllm_config, apply, me
         check_supported(config)
     text = str(err.value)
     assert message in text
-    assert "\n" not in text and text.startswith("Foundry cannot persist CUDA graphs with ")
+    assert "\n" not in text and text.startswith("Foundry cannot run this vLLM configuration: ")
 
 
 def test_every_case_names_a_distinct_reason():
@@ -254,7 +262,7 @@ def test_refusal_happens_in_create_engine_config(engine_args_factory, foundry_to
 
 def test_lora_is_refused_through_engine_args(engine_args_factory, foundry_toml):
     args = engine_args_factory(additional_config={"foundry": {"config": str(foundry_toml)}}, enable_lora=True)
-    with pytest.raises(FoundryUnsupportedError, match="with LoRA"):
+    with pytest.raises(FoundryUnsupportedError, match="configuration: LoRA"):
         args.create_engine_config()
 
 

@@ -121,7 +121,7 @@ def test_worker_refuses_unsupported_configs_before_touching_the_device(base_vllm
         try:
             FoundryWorker(vllm_config=pickle.load(open("lora.pkl", "rb")), **kwargs)
         except FoundryUnsupportedError as e:
-            assert "with LoRA" in str(e), e
+            assert "configuration: LoRA" in str(e), e
         else:
             raise AssertionError("LoRA was not refused")
         session = FoundrySession(pickle.load(open("ok.pkl", "rb")))

@@ -1,12 +1,26 @@
 """The engine layer: what both engine plugins do the same way, with no engine knowledge.
 
 Plugins (``foundry_sglang_plugin``, ``foundry_vllm_plugin``) import this package; it imports only
-``foundry_core`` (never an engine). :class:`CacheHandover` carries an engine's compile and JIT
-caches from its SAVE process to every later LOAD (see :mod:`foundry_core.engine.caches`).
+``foundry_core`` (never an engine):
+
+* :class:`CacheHandover` carries an engine's compile and JIT caches from its SAVE process to every
+  later LOAD (:mod:`foundry_core.engine.caches`);
+* :func:`write_json_atomic` writes the records beside an archive (atomic, fsynced);
+* :class:`FoundryUnsupportedError` is the one refusal both plugins raise at startup.
 """
 
 from __future__ import annotations
 
 from .handover import CacheHandover, CacheRefused, redirect_for_launch, undo_launch_redirect
+from .records import read_json, write_json_atomic
+from .refusal import FoundryUnsupportedError
 
-__all__ = ["CacheHandover", "CacheRefused", "redirect_for_launch", "undo_launch_redirect"]
+__all__ = [
+    "CacheHandover",
+    "CacheRefused",
+    "FoundryUnsupportedError",
+    "read_json",
+    "redirect_for_launch",
+    "undo_launch_redirect",
+    "write_json_atomic",
+]

@@ -1,0 +1,54 @@
+"""The engine layer's shared pieces: the record writer and the one refusal error."""
+
+import json
+import os
+
+import pytest
+
+from foundry_core.config import ConfigError
+from foundry_core.engine import FoundryUnsupportedError, read_json, write_json_atomic
+
+
+def test_records_replace_atomically_and_leave_no_temporary(tmp_path):
+    path = tmp_path / "archive" / "rank0.engine.json"
+    write_json_atomic(path, {"a": 1})
+    write_json_atomic(path, {"a": 2, "when": tmp_path})  # default=str: a Path is written as text
+    assert read_json(path) == {"a": 2, "when": str(tmp_path)}
+    assert os.listdir(path.parent) == ["rank0.engine.json"]
+    assert read_json(tmp_path / "missing.json") is None
+    (tmp_path / "broken.json").write_text("{")
+    assert read_json(tmp_path / "broken.json") is None
+
+
+def test_a_failed_write_keeps_the_old_record(tmp_path):
+    path = tmp_path / "rank0.json"
+    write_json_atomic(path, {"ok": True})
+    with pytest.raises(TypeError):
+        write_json_atomic(path, {"bad": object.__new__(_Unserializable)})
+    assert json.loads(path.read_text()) == {"ok": True}
+    assert os.listdir(tmp_path) == ["rank0.json"]
+
+
+class _Unserializable:
+    def __str__(self):
+        raise TypeError("not JSON")
+
+
+def test_refusal_is_one_line_and_a_config_error():
+    err = FoundryUnsupportedError("SGLang", ["tp_size=2: needs symmetric memory", "lora: adapters"])
+    assert str(err) == (
+        "Foundry cannot run this SGLang configuration: tp_size=2: needs symmetric memory; lora: adapters"
+    )
+    assert isinstance(err, ConfigError) and isinstance(err, ValueError)
+    assert err.reasons == ["tp_size=2: needs symmetric memory", "lora: adapters"]
+
+
+def test_both_plugins_raise_the_shared_error():
+    from foundry_sglang_plugin.support import FoundryUnsupportedError as SGLangError
+    from foundry_vllm_plugin.support import FoundryUnsupportedError as VllmError
+
+    assert issubclass(SGLangError, FoundryUnsupportedError)
+    assert issubclass(VllmError, FoundryUnsupportedError)
+    e = VllmError("enforce_eager", "it turns CUDA graphs off")
+    assert str(e) == "Foundry cannot run this vLLM configuration: enforce_eager: it turns CUDA graphs off"
+    assert (e.feature, e.reason, e.engine) == ("enforce_eager", "it turns CUDA graphs off", "vLLM")
