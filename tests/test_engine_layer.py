@@ -52,3 +52,27 @@ def test_both_plugins_raise_the_shared_error():
     e = VllmError("enforce_eager", "it turns CUDA graphs off")
     assert str(e) == "Foundry cannot run this vLLM configuration: enforce_eager: it turns CUDA graphs off"
     assert (e.feature, e.reason, e.engine) == ("enforce_eager", "it turns CUDA graphs off", "vLLM")
+
+
+def test_a_refusal_at_server_start_ends_with_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    from foundry_core.engine import exiting
+
+    err = exiting(FoundryUnsupportedError("SGLang", ["lora: adapters", "pp_size=2: stages"]))
+    # Still the error it was, for code that catches it ...
+    assert isinstance(err, FoundryUnsupportedError) and isinstance(err, ValueError)
+    assert err.reasons == ["lora: adapters", "pp_size=2: stages"] and err.engine == "SGLang"
+    assert exiting(err) is err
+    # ... and, uncaught, one line and status 1 instead of a traceback.
+    script = tmp_path / "serve.py"
+    script.write_text(
+        "from foundry_core.engine import FoundryUnsupportedError, exiting\n"
+        "def start():\n"
+        "    raise exiting(FoundryUnsupportedError('vLLM', ['lora: adapter slots']))\n"
+        "start()\n"
+    )
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert proc.stderr == "error: Foundry cannot run this vLLM configuration: lora: adapter slots\n"

@@ -65,10 +65,14 @@ def before_check_server_args(server_args: Any, *args: Any, **kwargs: Any) -> Non
     req = settings.requested(server_args)
     if not req.enabled and req.config_path is None:
         return
-    from foundry_core.engine import redirect_for_launch
-    from foundry_sglang_plugin.session import CACHE_KINDS, settle
+    from foundry_core.config import ConfigError
+    from foundry_core.engine import exiting, redirect_for_launch
+    from foundry_sglang_plugin.session import CACHE_KINDS, FoundrySessionError, settle
 
-    cfg, mode = settle(server_args)
+    try:
+        cfg, mode = settle(server_args)
+    except (ConfigError, FoundrySessionError) as e:
+        raise exiting(e) from None  # one line at the end of `sglang serve`, not a traceback
     settings.set_mode(server_args, mode)
     settings.export_env(cfg, mode)
     # Before SGLang spawns its schedulers: they inherit private compile-cache folders, in place

@@ -134,13 +134,19 @@ def _wrap_create_engine_config(orig):
 
             undo_launch_redirect()
             return orig(self, *args, **kwargs)
-        # Validate the TOML before any work and pin its absolute path (stable across SAVE and LOAD).
-        self.additional_config = {
-            **self.additional_config,
-            settings.ADDITIONAL_CONFIG_KEY: settings.make_entry(entry["config"]),
-        }
-        prepare_engine_args(self)
-        return finalize_engine_config(orig(self, *args, **kwargs))
+        from foundry_core.engine import exiting
+
+        try:
+            # Validate the TOML before any work and pin its absolute path (stable across SAVE and LOAD).
+            self.additional_config = {
+                **self.additional_config,
+                settings.ADDITIONAL_CONFIG_KEY: settings.make_entry(entry["config"]),
+            }
+            prepare_engine_args(self)
+            config = orig(self, *args, **kwargs)
+            return finalize_engine_config(config)
+        except settings.ConfigError as e:  # FoundryUnsupportedError too: one line at `vllm serve`'s end
+            raise exiting(e) from None
 
     setattr(create_engine_config, _MARK, True)
     return create_engine_config

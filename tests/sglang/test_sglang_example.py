@@ -58,6 +58,9 @@ def test_server_cli_refuses_before_starting(model_dir, foundry_toml):
         text=True,
         timeout=300,
     )
-    assert proc.returncode != 0
-    assert "FoundryUnsupportedError: Foundry cannot run this SGLang configuration: " in proc.stderr
-    assert "PD multiplexing (--enable-pdmux) is not supported" in proc.stderr
+    assert proc.returncode == 1
+    # One line a user can act on, at the end, and no traceback above it.
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: Foundry cannot run this SGLang configuration: "), proc.stderr[-2000:]
+    assert "PD multiplexing (--enable-pdmux) is not supported" in last
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]

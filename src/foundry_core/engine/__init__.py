@@ -13,12 +13,13 @@ from __future__ import annotations
 
 from .handover import CacheHandover, CacheRefused, redirect_for_launch, undo_launch_redirect
 from .records import read_json, write_json_atomic
-from .refusal import FoundryUnsupportedError
+from .refusal import FoundryUnsupportedError, exiting
 
 __all__ = [
     "CacheHandover",
     "CacheRefused",
     "FoundryUnsupportedError",
+    "exiting",
     "read_json",
     "redirect_for_launch",
     "undo_launch_redirect",

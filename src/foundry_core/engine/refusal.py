@@ -16,3 +16,23 @@ class FoundryUnsupportedError(ConfigError):
         self.engine = engine
         self.reasons = list(reasons)
         super().__init__(f"Foundry cannot run this {engine} configuration: " + "; ".join(self.reasons))
+
+
+_EXITING: dict[type, type] = {}
+
+
+def exiting(error: BaseException) -> BaseException:
+    """``error`` as an error of its own class that is also a :class:`SystemExit` carrying its one
+    line: left uncaught at a server's start (``sglang serve``, ``vllm serve``), the process ends
+    with that line and status 1 instead of a 25-45 line traceback; code that catches the error's own
+    class (or ``ValueError``, ``Exception``) still does."""
+    cls = type(error)
+    if isinstance(error, SystemExit):
+        return error
+    if cls not in _EXITING:
+        _EXITING[cls] = type(cls.__name__, (cls, SystemExit), {"__module__": cls.__module__})
+    new = _EXITING[cls].__new__(_EXITING[cls])
+    new.args = error.args
+    new.__dict__.update(getattr(error, "__dict__", {}))
+    new.code = f"error: {' '.join(str(error).split())}"
+    return new
