@@ -76,3 +76,49 @@ def test_a_refusal_at_server_start_ends_with_one_line(tmp_path):
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1
     assert proc.stderr == "error: Foundry cannot run this vLLM configuration: lora: adapter slots\n"
+
+
+def _cfg(tmp_path, mode="auto", **extra):
+    from foundry_core.config import config_from_dict
+
+    return config_from_dict({"mode": mode, "archive_dir": str(tmp_path / "a"), **extra})
+
+
+def test_refusal_policy_is_one_for_both_engines(tmp_path, log_records):
+    import logging
+
+    from foundry_core.engine import decide
+
+    records = log_records("engine.test", logging.WARNING)
+    line = decide.after_refusal(
+        _cfg(tmp_path), 0, 1, "checksum mismatch", log=logging.getLogger("engine.test")
+    )
+    assert (
+        line
+        == f"Foundry rank 0: archive {tmp_path / 'a' / 'rank0'} refused (checksum mismatch); capturing and saving a fresh one"
+    )
+    assert [r.getMessage() for r in records] == [line]
+    with pytest.raises(decide.ArchiveRefused, match="has 2 ranks .* start once with mode = save") as err:
+        decide.after_refusal(_cfg(tmp_path), 1, 2, "gpu_name differs")
+    assert "\n" not in str(err.value) and "rank1" in str(err.value)
+    with pytest.raises(KeyError, match="mode = load cannot go on"):  # the plugin's own error class
+        decide.after_refusal(_cfg(tmp_path, "load"), 0, 1, "damaged", error=KeyError)
+
+
+def test_verify_archive_reports_a_refusal_and_raises_on_a_bad_pin_table(tmp_path, monkeypatch):
+    import foundry_core as fc
+    from foundry_core.engine import decide
+
+    seen = {}
+
+    def refuse(path, **kw):
+        seen.update(kw, path=path)
+        raise fc.ArchiveError("archive x: member  modules/a.cubin\\n checksum mismatch")
+
+    monkeypatch.setattr(fc, "verify", refuse)
+    verified, reason = decide.verify_archive(_cfg(tmp_path), 0, device=3, fingerprint={"m": 1}, world_size=1)
+    assert verified is None and reason == "archive x: member modules/a.cubin\\n checksum mismatch"
+    assert seen["trusted_root"] == tmp_path / "a" and seen["device"] == 3 and seen["expected_digest"] is None
+    pinned_other_rank = _cfg(tmp_path, trust={"archive_digest": {"1": "a" * 64}})
+    with pytest.raises(ConfigError, match="pin every rank or none"):
+        decide.verify_archive(pinned_other_rank, 0, device=0, fingerprint={}, world_size=2)

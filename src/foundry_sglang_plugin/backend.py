@@ -26,35 +26,8 @@ import contextlib
 import functools
 from typing import Any
 
+from foundry_core.engine.capture import keep_captured_graphs
 from foundry_sglang_plugin import replay_timing
-
-
-@contextlib.contextmanager
-def _graphs_keep_topology():
-    """While active, ``torch.cuda.CUDAGraph()`` creates graphs with ``keep_graph=True``.
-
-    SGLang's backend builds its graph object itself; this is the one place where SAVE needs a
-    different constructor argument. Capture runs single-threaded in the scheduler process.
-    """
-    import torch
-
-    original = torch.cuda.CUDAGraph
-
-    class KeptCUDAGraph(original):
-        # torch's CUDAGraph forwards ``keep_graph`` to ``__new__``, but the C++ object is built by the
-        # pybind ``__init__(self, keep_graph=False)``, which Python calls with the caller's arguments
-        # (none, in SGLang): both must be overridden, or the graph silently drops its topology.
-        def __new__(cls, *args: Any, **kwargs: Any):
-            return super().__new__(cls, keep_graph=True)
-
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(keep_graph=True)
-
-    torch.cuda.CUDAGraph = KeptCUDAGraph
-    try:
-        yield
-    finally:
-        torch.cuda.CUDAGraph = original
 
 
 @functools.cache
@@ -83,7 +56,7 @@ def foundry_backend_class(base: type) -> type:
                 self._graphs[shape_key] = graph
                 self._outputs[shape_key] = output
                 return
-            with _graphs_keep_topology():
+            with keep_captured_graphs():
                 super().capture_one(shape_key, forward_fn, *args, **kwargs)
             session.record(shape_key, self._graphs[shape_key], self._outputs[shape_key])
 

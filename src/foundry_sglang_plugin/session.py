@@ -38,6 +38,7 @@ import os
 import time
 from typing import Any
 
+from foundry_core.engine import capture, decide
 from foundry_core.engine.records import write_json_atomic
 from foundry_sglang_plugin import archive, settings
 from foundry_sglang_plugin._view import reader
@@ -106,7 +107,7 @@ class Session:
         self.report: dict[str, Any] = {"mode": mode, "rank": rank, "archive": str(self.path), "ok": None}
         from foundry_core.engine import CacheHandover
 
-        self.caches = CacheHandover(cfg, rank, CACHE_KINDS, _engine_facts())
+        self.caches = CacheHandover(cfg, rank, CACHE_KINDS, _engine_facts(), log=logger)
         self._t_capture: float | None = None
         self._captures_at_capture: dict[str, int] | None = None
         if mode == "load":
@@ -159,44 +160,23 @@ class Session:
 
     def check_archive(self) -> None:
         """LOAD, before the region is reserved or any model memory allocated: verify the core
-        archive against this machine and this configuration (``fc.verify`` reads GPU properties
-        only). ``fc.load`` checks the same later, once the model is built; refusing here lets an
-        ``auto`` start fall back to a SAVE instead of failing."""
-        import foundry_core as fc
-
-        expected_digest = self.cfg.digest_for_rank(self.rank)  # a bad pin table is a config error
-        try:
-            verified = fc.verify(
-                str(self.path),
-                device=self.device,
-                fingerprint_model=self.fingerprint,
-                rank=self.rank,
-                world_size=self.world_size,
-                expected_digest=expected_digest,
-                trusted_root=self.cfg.archive_dir,  # checked first, as fc.load does
-            )
+        archive against this machine and this configuration (GPU properties only). ``fc.load``
+        checks the same later, once the model is built; refusing here lets an ``auto`` start fall
+        back to a SAVE instead of failing."""
+        verified, reason = decide.verify_archive(
+            self.cfg, self.rank, device=self.device, fingerprint=self.fingerprint, world_size=self.world_size
+        )
+        if reason is None:
             saved_slots = (getattr(verified, "meta", None) or {}).get("slots")
             if saved_slots is not None and saved_slots != self.sidecar["slots"]:
-                raise fc.ArchiveError("pool sizing differs between the core archive and its .sglang.json")
-        except fc.ArchiveError as e:
-            reason = " ".join(str(e).split()) or type(e).__name__
-        else:
+                reason = "pool sizing differs between the core archive and its .sglang.json"
+        if reason is None:
+            import foundry_core as fc
+
             if isinstance(verified, fc.Archive):  # held in memory: fc.load takes it instead of re-reading
                 self._verified = verified
             return
-        self._refused(reason)  # outside the handler: the error that follows is one line, no chain
-
-    def _refused(self, reason: str) -> None:
-        head = f"Foundry: archive {self.path} refused ({reason})"
-        if self.cfg.mode != "auto":
-            raise FoundrySessionError(f"{head}; mode=load cannot go on: SAVE again (mode=save or auto)")
-        if self.world_size > 1:
-            # Each rank decides alone here: one falling back would size its pools unlike the others.
-            raise FoundrySessionError(
-                f"{head}; auto mode falls back to a fresh capture only with one rank, this engine has "
-                f"{self.world_size}: start once with mode=save to SAVE again"
-            )
-        logger.warning("%s; capturing and saving a fresh one", head)
+        decide.after_refusal(self.cfg, self.rank, self.world_size, reason, FoundrySessionError, logger)
         self.mode = "save"
         self.sidecar = None
         archive.drop_sidecar(self.cfg, self.rank)  # the old archive is invalid until the new one is saved
@@ -424,24 +404,11 @@ def _engine_facts() -> dict[str, Any]:
     }
 
 
-def _stream_captures() -> dict[str, int] | None:
-    try:
-        import foundry_core as fc
-
-        return fc.stream_captures() if fc.modules.recording() else None
-    except Exception:  # no native library (CPU tests): nothing to count
-        return None
+_stream_captures = capture.stream_captures
 
 
 def _stop_recording() -> None:
-    """Detach CUPTI once the decode graphs are saved or restored, so the serving loop runs with no
-    profiler interface attached. A failure here is logged, never raised: the graphs are fine."""
-    try:
-        import foundry_core as fc
-
-        fc.stop_recording()
-    except Exception as e:
-        logger.warning("Foundry: cannot stop CUDA module recording: %s", e)
+    capture.stop_recording(logger)
 
 
 def _mirror_profiling_side_effects() -> None:

@@ -16,11 +16,11 @@ objects.  This module runs only inside a GPU worker with Foundry on; nothing her
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import enum
 from typing import Any
 
+from foundry_core.engine.capture import keep_captured_graphs, kept_graph_class  # noqa: F401 (the worker's names)
 from foundry_vllm_plugin.support import (
     FOUNDRY_CUDAGRAPH_MODE,
     VALIDATED_ATTENTION_BACKENDS,
@@ -51,49 +51,6 @@ def descriptor_key(desc: Any) -> dict:
 
 def graph_name(key: dict) -> str:
     return "decode/" + ",".join(f"{k}={key[k]}" for k in sorted(key))
-
-
-def kept_graph_class(base: type) -> type:
-    """A subclass of ``base`` (``torch.cuda.CUDAGraph``) whose instances are built with ``keep_graph=True``.
-
-    ``foundry_core.save`` reads each graph through ``raw_cuda_graph()``, which torch allows only for a
-    graph constructed with ``keep_graph=True`` (``CUDAGraph::raw_cuda_graph`` checks ``keep_graph_``).
-    ``enable_debug_mode()`` keeps the ``cudaGraph_t`` alive too, but does not set that flag, so it is
-    not enough.  The flag is a constructor argument (``CUDAGraph.__new__(cls, keep_graph=False)``).
-    With it, torch instantiates the executable graph at the first ``replay()`` instead of at the end of
-    the capture.
-    """
-
-    class _KeptCUDAGraph(base):
-        def __new__(cls, *args, **kwargs):  # vLLM passes nothing; any keep_graph given is overridden
-            return super().__new__(cls, keep_graph=True)
-
-        # The C++ object is built by pybind's ``__init__(self, keep_graph=False)``, which Python calls
-        # with the caller's (empty) arguments: without this override the flag is lost (seen on torch
-        # 2.11: "You cannot access the raw cudaGraph_t instance unless ... keep_graph=true").
-        def __init__(self, *args, **kwargs):
-            super().__init__(keep_graph=True)
-
-    _KeptCUDAGraph.__name__ = _KeptCUDAGraph.__qualname__ = "KeptCUDAGraph"
-    return _KeptCUDAGraph
-
-
-@contextlib.contextmanager
-def keep_captured_graphs():
-    """While active, every ``torch.cuda.CUDAGraph()`` is created with ``keep_graph=True``.
-
-    vLLM creates its graphs with a plain ``torch.cuda.CUDAGraph()`` (V2 ``CudaGraphManager.capture``,
-    V1 ``CUDAGraphWrapper.__call__``), looked up on ``torch.cuda`` at call time, so replacing the
-    attribute for the duration of the capture is enough.  Capture runs on the worker's main thread.
-    """
-    import torch
-
-    base = torch.cuda.CUDAGraph
-    torch.cuda.CUDAGraph = kept_graph_class(base)
-    try:
-        yield
-    finally:
-        torch.cuda.CUDAGraph = base
 
 
 def attention_backend_names(runner: Any) -> set[str]:

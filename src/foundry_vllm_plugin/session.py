@@ -13,6 +13,7 @@ import os
 import time
 from typing import Any
 
+from foundry_core.engine import capture, decide
 from foundry_vllm_plugin import archive, graphs, settings
 
 logger = logging.getLogger("vllm.foundry")  # under vLLM's logger: same handlers and level
@@ -23,27 +24,16 @@ CACHE_KINDS = ("vllm", "inductor", "triton", "tvm-ffi", "flashinfer", "deep-gemm
 
 def start_module_recording() -> None:
     """Start the core's CUDA module recorder, keeping images (idempotent)."""
-    import foundry_core as fc
-
-    fc.start_recording()
+    capture.start_recording()
 
 
 def count_captures_only() -> None:
     """LOAD: keep counting stream captures but stop copying module images."""
-    import foundry_core as fc
-
-    fc.start_recording(keep_images=False)
+    capture.start_recording(keep_images=False)
 
 
 def stop_module_recording() -> None:
-    """Detach CUPTI once the graphs are saved or restored, so the serving loop runs with no profiler
-    interface attached. A failure is logged, never raised: the graphs are fine."""
-    try:
-        import foundry_core as fc
-
-        fc.stop_recording()
-    except Exception as e:
-        logger.warning("Foundry: cannot stop CUDA module recording: %s", e)
+    capture.stop_recording(logger)
 
 
 def _engine_facts() -> dict[str, Any]:
@@ -58,13 +48,8 @@ def _engine_facts() -> dict[str, Any]:
 
 def stream_captures() -> int | None:
     """CUDA stream captures begun in this process since module recording started (CUPTI), or None."""
-    try:
-        import foundry_core as fc
-
-        counts = fc.stream_captures()
-    except Exception:  # no native library or no recorder: the count is unknown, not zero
-        return None
-    return int(sum(counts.values()))
+    counts = capture.stream_captures()
+    return None if counts is None else int(sum(counts.values()))
 
 
 # The call in vLLM's init_device (releases without _init_workspace_and_model_runner) that comes right
@@ -127,7 +112,7 @@ class FoundrySession:
         self._pending_manifest: tuple | None = None  # SAVE: written once the caches are saved too
         from foundry_core.engine import CacheHandover
 
-        self.caches = CacheHandover(cfg, self.rank, CACHE_KINDS, _engine_facts(), self.world_size)
+        self.caches = CacheHandover(cfg, self.rank, CACHE_KINDS, _engine_facts(), self.world_size, logger)
         # What this start did, written next to the archive when graphs are ready (start report).
         self.report: dict[str, Any] = {
             "kind": archive.START_REPORT_KIND,
@@ -174,24 +159,10 @@ class FoundrySession:
         if mode == "load":
             refusal = self.check_core_archive(device_index)
             if refusal is not None:
-                path = archive.core_archive_dir(self.cfg, self.rank)
-                if self.cfg.mode == "load":
-                    raise archive.ArchiveStateError(
-                        f"foundry mode = load, but rank {self.rank}'s archive {path} was refused ({refusal})"
-                    )
-                if self.world_size > 1:
-                    raise archive.ArchiveStateError(
-                        f"Foundry rank {self.rank}: archive {path} refused ({refusal}); with "
-                        f"data_parallel_size={self.world_size} every rank must size its KV cache the same "
-                        "way, so auto mode does not re-save one rank alone: start once with foundry "
-                        "mode = save to save every rank again"
-                    )
-                logger.warning(
-                    "Foundry rank %d: archive %s refused (%s); capturing and saving a fresh one",
-                    self.rank,
-                    path,
-                    refusal,
+                decide.after_refusal(
+                    self.cfg, self.rank, self.world_size, refusal, archive.ArchiveStateError, logger
                 )
+                path = archive.core_archive_dir(self.cfg, self.rank)
                 mode, manifest, why = "save", None, f"archive {path} refused ({refusal})"
                 self.report["refused"] = refusal
         self.mode, self.manifest = mode, manifest
@@ -209,26 +180,14 @@ class FoundrySession:
     def check_core_archive(self, device_index: int) -> str | None:
         """Verify this rank's core archive as ``foundry_core.load`` will; the one-line reason it is
         refused, or None when it would load.  Configuration errors (an unpinned rank) still raise."""
+        verified, reason = decide.verify_archive(
+            self.cfg, self.rank, device=device_index, fingerprint=self.fingerprint, world_size=self.world_size
+        )
         import foundry_core as fc
-        from foundry_core.archive import ArchiveError
 
-        path = archive.core_archive_dir(self.cfg, self.rank)
-        expected_digest = self.cfg.digest_for_rank(self.rank)  # a bad pin table is a config error
-        try:
-            verified = fc.verify(
-                path,
-                device=device_index,
-                fingerprint_model=self.fingerprint,
-                rank=self.rank,
-                world_size=self.world_size,
-                expected_digest=expected_digest,
-                trusted_root=self.cfg.archive_dir,  # checked first, as fc.load does
-            )
-        except ArchiveError as e:
-            return " ".join(str(e).split())[:500] or type(e).__name__
         if isinstance(verified, fc.Archive):  # held in memory: restore() loads it without re-reading
             self.verified = verified
-        return None
+        return reason
 
     @contextlib.contextmanager
     def routing(self, label: str):

@@ -97,7 +97,7 @@ def test_auto_load_with_an_accepted_archive_stays_a_load(launch, core):
     assert session.mode == "load" and session.report["mode"] == "load"
     assert "fallback" not in session.report
     ((path, kwargs),) = core.verified
-    assert path == str(cfg.rank_archive_dir(0))
+    assert path == cfg.rank_archive_dir(0)
     assert kwargs["fingerprint_model"] == session.fingerprint
     assert (kwargs["device"], kwargs["rank"], kwargs["world_size"]) == (0, 0, 1)
     assert kwargs["expected_digest"] is None and kwargs["trusted_root"] == cfg.archive_dir
@@ -146,7 +146,7 @@ def test_auto_falls_back_to_a_fresh_save_with_a_warning(launch, core, logged, re
     assert session.report["mode"] == "save" and session.report["fallback"] == reason
     warnings = [r.getMessage() for r in logged if r.levelno == logging.WARNING]
     assert warnings == [
-        f"Foundry: archive {cfg.rank_archive_dir(0)} refused ({reason}); capturing and saving a fresh one"
+        f"Foundry rank 0: archive {cfg.rank_archive_dir(0)} refused ({reason}); capturing and saving a fresh one"
     ]
     # module images are kept from before the model's kernels load: the fresh SAVE needs them
     assert core.recording == [True, True]
@@ -217,9 +217,9 @@ def test_auto_with_several_ranks_refuses_instead_of_falling_back(launch, core):
     text = str(err.value)
     assert "\n" not in text
     assert text.startswith(
-        f"Foundry: archive {cfg.rank_archive_dir(0)} refused (archive was saved for driver"
+        f"Foundry rank 0: archive {cfg.rank_archive_dir(0)} refused (archive was saved for driver"
     )
-    assert "mode=save" in text and "2" in text
+    assert "start once with mode = save" in text and "has 2 ranks" in text
     assert core.verified[0][1]["world_size"] == 2
     assert archive.read_sidecar(cfg, 0) is not None  # nothing was invalidated
 

@@ -311,7 +311,7 @@ class _TorchGraph(_PybindGraph):
 
 
 def test_save_graphs_keep_their_topology(monkeypatch):
-    from foundry_sglang_plugin.backend import _graphs_keep_topology
+    from foundry_core.engine.capture import keep_captured_graphs
 
     # The shape check first: a plain subclass overriding __new__ alone would leave the C++ graph at
     # keep_graph=False, because Python calls __init__ with the caller's (empty) arguments.
@@ -319,7 +319,7 @@ def test_save_graphs_keep_their_topology(monkeypatch):
     assert _TorchGraph().cpp_keep_graph is False
 
     monkeypatch.setattr(torch.cuda, "CUDAGraph", _TorchGraph)
-    with _graphs_keep_topology():
+    with keep_captured_graphs():
         kept = torch.cuda.CUDAGraph()  # as FullCudaGraphBackend.capture_one builds it
         assert isinstance(kept, _TorchGraph)
     assert kept.cpp_keep_graph is True and kept.py_keep_graph is True

@@ -142,7 +142,7 @@ def test_auto_with_several_ranks_refuses_instead_of_saving_one(
     s = _session(base_vllm_config, tmp_path, world_size=2)
     fake_verify, calls = _refusing(_mismatch())
     monkeypatch.setattr(foundry_core, "verify", fake_verify)
-    with pytest.raises(ArchiveStateError, match="refused .*start once with foundry mode = save") as err:
+    with pytest.raises(ArchiveStateError, match="refused .*start once with mode = save") as err:
         s.decide_mode(0)
     assert "\n" not in str(err.value) and "580.2" in str(err.value)
     assert calls[0][1]["world_size"] == 2
@@ -155,7 +155,7 @@ def test_load_mode_refusal_is_an_error_with_the_reason(base_vllm_config, tmp_pat
     fake_verify, _ = _refusing(exc)
     monkeypatch.setattr(foundry_core, "verify", fake_verify)
     with pytest.raises(
-        ArchiveStateError, match="foundry mode = load, but rank 0's archive .* was refused"
+        ArchiveStateError, match="Foundry rank 0: archive .* refused .*mode = load cannot go on"
     ) as err:
         s.decide_mode(0)
     assert str(exc) in str(err.value) and "\n" not in str(err.value)

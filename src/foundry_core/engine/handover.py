@@ -80,7 +80,16 @@ class CacheHandover:
     """Carried caches of one rank. ``kinds`` names the caches the engine uses (:data:`caches.KINDS`);
     ``engine`` holds the engine facts the caches are valid for (name and version)."""
 
-    def __init__(self, cfg: Any, rank: int, kinds: Iterable[str], engine: dict, world_size: int = 1):
+    def __init__(
+        self,
+        cfg: Any,
+        rank: int,
+        kinds: Iterable[str],
+        engine: dict,
+        world_size: int = 1,
+        log: logging.Logger | None = None,
+    ):
+        self.log = log or logger  # the engine's logger: its handlers show these lines
         self.cfg = cfg
         self.rank = rank
         self.world_size = world_size
@@ -128,7 +137,7 @@ class CacheHandover:
                     trusted_root=self.cfg.archive_dir,
                 )
             except ArchiveNotFound:
-                logger.info(
+                self.log.info(
                     "Foundry rank %d: the archive carries no compile caches (%s); the engine builds them",
                     self.rank,
                     self.path,
@@ -145,7 +154,7 @@ class CacheHandover:
                     unpack_s=round(time.perf_counter() - t0, 3),
                 )
                 files = sum(k.get("files", 0) for k in summary["kinds"].values())
-                logger.info(
+                self.log.info(
                     "Foundry rank %d: %d carried cache files handed to the engine (%s) in %.2f s",
                     self.rank,
                     files,
@@ -158,7 +167,7 @@ class CacheHandover:
             raise CacheRefused(
                 f"Foundry: carried caches {self.path} refused ({reason}); mode=load cannot go on"
             )
-        logger.warning(
+        self.log.warning(
             "Foundry rank %d: carried caches %s refused (%s); the engine compiles as usual",
             self.rank,
             self.path,
@@ -189,7 +198,9 @@ class CacheHandover:
             )
         except (ArchiveError, OSError) as e:  # the graphs are saved; a LOAD then compiles as usual
             self.report["error"] = " ".join(str(e).split())[:300]
-            logger.warning("Foundry rank %d: compile caches not saved (%s)", self.rank, self.report["error"])
+            self.log.warning(
+                "Foundry rank %d: compile caches not saved (%s)", self.rank, self.report["error"]
+            )
             return None
         self._saved = listing
         self.report.update(
@@ -198,7 +209,7 @@ class CacheHandover:
             kinds=summary["kinds"],
             pack_s=round(time.perf_counter() - t0, 3),
         )
-        logger.info(
+        self.log.info(
             "Foundry rank %d: compile caches saved to %s (%s) in %.2f s",
             self.rank,
             self.path,
@@ -231,14 +242,14 @@ class CacheHandover:
             if self.save(device) is not None:
                 self.report["late_saves"] = self.report.get("late_saves", 0) + 1
                 after = sum(len(v) for v in self._saved.values())
-                logger.info(
+                self.log.info(
                     "Foundry rank %d: %d cache files built while serving were added to %s",
                     self.rank,
                     after - before,
                     self.path,
                 )
         except Exception as e:  # never take serving down
-            logger.warning("Foundry rank %d: compile caches not saved again (%s)", self.rank, e)
+            self.log.warning("Foundry rank %d: compile caches not saved again (%s)", self.rank, e)
         finally:
             self._saving.release()
 

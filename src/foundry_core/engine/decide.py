@@ -1,0 +1,74 @@
+"""SAVE or LOAD for one rank: verify the archive before any memory exists, and what a refusal means.
+
+The plugins decide ``auto`` from their own records (an archive saved for exactly this
+configuration). When the answer is LOAD, :func:`verify_archive` checks the rank's graph archive the
+way ``foundry_core.load`` will (files, checksums, location, pinned digest, machine and engine
+fingerprint), reading GPU properties only. :func:`after_refusal` then applies the one policy both
+engines follow: in ``auto`` mode a single-rank engine falls back to a fresh SAVE with a warning;
+with several ranks (which must size their memory pools alike) or in ``load`` mode the start stops
+with one line.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ..config import ConfigError
+
+logger = logging.getLogger("foundry.engine")
+
+
+class ArchiveRefused(ConfigError):
+    """A start that cannot go on because its archive was refused; the message is one line."""
+
+
+def one_line(error: BaseException, limit: int = 500) -> str:
+    return " ".join(str(error).split())[:limit] or type(error).__name__
+
+
+def verify_archive(
+    cfg: Any, rank: int, *, device: int, fingerprint: dict, world_size: int
+) -> tuple[Any, str | None]:
+    """``(verified archive, None)`` when rank's archive would load here, ``(None, reason)`` when it
+    is refused. A bad pin table in the configuration raises (it is not the archive's fault)."""
+    import foundry_core as fc
+
+    expected_digest = cfg.digest_for_rank(rank)
+    try:
+        verified = fc.verify(
+            cfg.rank_archive_dir(rank),
+            device=device,
+            fingerprint_model=fingerprint,
+            rank=rank,
+            world_size=world_size,
+            expected_digest=expected_digest,
+            trusted_root=cfg.archive_dir,  # checked first, as fc.load does
+        )
+    except fc.ArchiveError as e:
+        return None, one_line(e)
+    return verified, None
+
+
+def after_refusal(
+    cfg: Any,
+    rank: int,
+    world_size: int,
+    reason: str,
+    error: type = ArchiveRefused,
+    log: logging.Logger | None = None,
+) -> str:
+    """Apply the refusal policy; returns the warning line (logged on ``log``, the engine's logger)
+    when the start goes on as a SAVE. Call it outside any ``except`` block, so that the one line is
+    not chained to a traceback."""
+    head = f"Foundry rank {rank}: archive {cfg.rank_archive_dir(rank)} refused ({reason})"
+    if cfg.mode != "auto":
+        raise error(f"{head}; mode = load cannot go on: SAVE again (mode = save or auto)")
+    if world_size > 1:
+        raise error(
+            f"{head}; auto mode saves again only on a single-rank engine, this one has {world_size} ranks "
+            "(they must size their memory pools alike): start once with mode = save"
+        )
+    line = f"{head}; capturing and saving a fresh one"
+    (log or logger).warning("%s", line)
+    return line
