@@ -1162,7 +1162,7 @@ def test_reads_are_bounded_by_the_declared_size(tmp_path, monkeypatch):
         requested.append((n, len(data)))
         return data
 
-    monkeypatch.setattr(archive.os, "read", spy)
+    monkeypatch.setattr(os, "read", spy)  # os.read itself: each archive submodule calls it
     f = tmp_path / "f"
     for content, declared, ok in [
         (b"abcd", 4, True),
@@ -1187,8 +1187,6 @@ def test_reads_are_bounded_by_the_declared_size(tmp_path, monkeypatch):
 
 
 def test_open_reads_each_member_once_within_bounds(arch, monkeypatch):
-    from foundry_core import archive
-
     path, _ = arch
     requested = []
     real_read = os.read
@@ -1198,7 +1196,7 @@ def test_open_reads_each_member_once_within_bounds(arch, monkeypatch):
         requested.append((n, len(data)))
         return data
 
-    monkeypatch.setattr(archive.os, "read", spy)
+    monkeypatch.setattr(os, "read", spy)  # os.read itself: each archive submodule calls it
     ar = open_archive(path)
     manifest_size = (real(path) / "manifest.json").stat().st_size
     sizes = [manifest_size, *ar.files.values()]

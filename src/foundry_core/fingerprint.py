@@ -3,7 +3,9 @@
 A Foundry archive holds device code and CUDA graphs that are only valid on the setup that produced them.
 The fingerprint records that setup; LOAD compares the saved fingerprint with :func:`current_fingerprint`
 field by field, in the order of :data:`FINGERPRINT_FIELDS`, and refuses on the first difference
-(see :func:`foundry_core.archive.compare_fingerprint`).
+(:func:`compare_fingerprint`, here beside the making so that the two stay in step). A difference is a
+:class:`FingerprintMismatch`, an :class:`~foundry_core.archive.ArchiveError`; both are defined in
+:mod:`foundry_core.archive.errors` and importable from here as well.
 
 This module imports neither torch nor the CUDA bindings at import time; :func:`current_fingerprint`
 imports them when called. :func:`make_fingerprint` is pure, so tests can build fingerprints without a GPU.
@@ -12,11 +14,13 @@ imports them when called. :func:`make_fingerprint` is pure, so tests can build f
 from __future__ import annotations
 
 import json
-import math
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from foundry_core import __version__
+from foundry_core.archive.errors import MISSING, ArchiveError, FingerprintMismatch, _one_line
+from foundry_core.archive.format import _dumps, canonical_json_value
 
 #: Version of the fingerprint scheme itself; bumped when fields are added, removed or change meaning,
 #: so that an old archive is reported as "saved with fingerprint scheme N" rather than a confusing field.
@@ -50,31 +54,6 @@ def format_driver_version(version: int) -> str:
             f"driver_version: expected a positive integer from cuDriverGetVersion, got {version!r}"
         )
     return f"{version // 1000}.{(version % 1000) // 10}"
-
-
-def canonical_json_value(value: Any, where: str) -> Any:
-    """Return ``value`` as plain JSON data (tuples become lists); refuse anything JSON cannot hold exactly.
-
-    Dict keys must be strings (``json`` would silently turn ``1`` into ``"1"``), floats must be finite.
-    """
-    if value is None or isinstance(value, (bool, str)):
-        return value
-    if isinstance(value, int):
-        return int(value)
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise ValueError(f"{where}: cannot store non-finite number {value!r}")
-        return float(value)
-    if isinstance(value, (list, tuple)):
-        return [canonical_json_value(v, f"{where}[{i}]") for i, v in enumerate(value)]
-    if isinstance(value, dict):
-        out = {}
-        for k, v in value.items():
-            if not isinstance(k, str):
-                raise ValueError(f"{where}: key {k!r} is not a string")
-            out[k] = canonical_json_value(v, f"{where}.{k}")
-        return out
-    raise ValueError(f"{where}: cannot store a value of type {type(value).__name__}")
 
 
 def make_fingerprint(**fields: Any) -> dict:
@@ -171,3 +150,65 @@ def current_fingerprint(
         world_size=world_size,
         model=model if model is not None else {},
     )
+
+
+# --------------------------------------------------------------------------------------------------
+# comparison
+
+
+def _show(value: Any) -> str:
+    return _one_line(repr(value), 120)
+
+
+def _canon(value: Any, field: str, side: str) -> bytes:
+    try:
+        return _dumps(canonical_json_value(value, f"{side} fingerprint {field}"))
+    except ValueError as e:
+        raise ArchiveError(_one_line(str(e))) from None
+    except RecursionError:
+        raise ArchiveError(f"{side} fingerprint {field}: nested too deeply") from None
+
+
+def _mismatch(field: str, saved: Any, current: Any) -> FingerprintMismatch:
+    if saved is MISSING:
+        text = f"archive was saved without {field}, this machine has {_show(current)}"
+    elif current is MISSING:
+        text = f"archive was saved for {field}={_show(saved)}, this machine has no {field}"
+    else:
+        text = f"archive was saved for {field}={_show(saved)}, this machine has {_show(current)}"
+    return FingerprintMismatch(text + "; SAVE again on this setup", field, saved, current)
+
+
+def _compare_values(field: str, saved: Any, current: Any) -> None:
+    if isinstance(saved, dict) and isinstance(current, dict):
+        for key in sorted(set(saved) | set(current), key=str):
+            _compare_values(f"{field}.{key}", saved.get(key, MISSING), current.get(key, MISSING))
+        return
+    if saved is MISSING or current is MISSING:
+        raise _mismatch(field, saved, current)
+    if isinstance(saved, (list, tuple)) and isinstance(current, (list, tuple)):
+        # Name the first difference: long lists (capture sizes) would otherwise print alike once cut.
+        for i, (a, b) in enumerate(zip(saved, current)):
+            _compare_values(f"{field}[{i}]", a, b)
+        if len(saved) != len(current):
+            n = min(len(saved), len(current))
+            raise _mismatch(f"{field}[{n}:]", list(saved[n:]), list(current[n:]))
+        return
+    # Compare JSON encodings: a tuple equals the list JSON gives back, but True != 1 and 1 != 1.0.
+    if _canon(saved, field, "saved") != _canon(current, field, "current"):
+        raise _mismatch(field, saved, current)
+
+
+def compare_fingerprint(saved: Mapping, current: Mapping) -> None:
+    """Raise :class:`FingerprintMismatch` naming the first differing field.
+
+    Order: :data:`~foundry_core.fingerprint.FINGERPRINT_FIELDS` (the fingerprint scheme, GPU, driver,
+    CUDA, torch, Foundry, rank layout, ``model``), then any other keys sorted. Dict values (``model``)
+    are compared key by key in sorted order and reported as ``model.<key>``. A key present on one
+    side only is a mismatch. Values are compared as JSON (a tuple equals a list; ``True`` != ``1``).
+    """
+    if not isinstance(saved, Mapping) or not isinstance(current, Mapping):
+        raise ArchiveError("fingerprints must be dicts")
+    order = list(FINGERPRINT_FIELDS) + sorted((set(saved) | set(current)) - set(FINGERPRINT_FIELDS), key=str)
+    for field in order:
+        _compare_values(str(field), saved.get(field, MISSING), current.get(field, MISSING))

@@ -1,0 +1,292 @@
+"""Reading an archive: :func:`open_archive` verifies everything, then hands out an in-memory :class:`Archive`.
+
+The order of checks (docs/archive-format.md): the manifest (a bounded regular file, strict JSON,
+its schema and its own checksum), the pinned digest and the fingerprint (cheap, before any member
+is read), the tree (nothing unlisted, no symlinks), then every member's size and sha256, and last
+the inflation of compressed members. Separate from the writer because it is the trust boundary:
+nothing here writes, and nothing is re-read from disk once verified.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+from .codec import _decode_members, _map_on_threads
+from .errors import ArchiveError, ArchiveNotFound, FingerprintMismatch, _one_line, _oserr
+from .format import _HEX64, MANIFEST_NAME, MAX_MANIFEST_BYTES, _check_manifest, _loads, _self_checksum_matches
+
+# Threads that hash archive files at open; sha256 runs at ~1-2 GB/s per core.
+_READ_THREADS = max(1, min(8, os.cpu_count() or 1))
+_READ_CHUNK = 1 << 30
+_OPEN_ATTEMPTS = 3
+
+
+class Archive:
+    """A fully verified archive held in memory; nothing is re-read from disk after :func:`open_archive`."""
+
+    def __init__(self, path: Path, manifest: dict, digest: str, contents: dict[str, bytes]):
+        self.path = path
+        self.manifest = manifest
+        self.digest = digest
+        self.meta: dict = manifest["meta"]
+        self.fingerprint: dict = manifest["fingerprint"]
+        self.format_version: int = manifest["format_version"]
+        self.files: dict[str, int] = {rel: len(b) for rel, b in sorted(contents.items())}
+        self._contents = contents
+
+    def __repr__(self) -> str:
+        return f"Archive({str(self.path)!r}, digest={self.digest[:16]}, files={len(self.files)})"
+
+    def read_bytes(self, relpath: str) -> bytes:
+        """The verified bytes of member ``relpath``."""
+        try:
+            return self._contents[relpath]
+        except (KeyError, TypeError):
+            raise ArchiveError(f"archive {self.path} has no file {_one_line(repr(relpath), 120)}") from None
+
+    def read_json(self, relpath: str) -> Any:
+        """Member ``relpath`` parsed as strict JSON."""
+        data = self.read_bytes(relpath)
+        try:
+            return _loads(data)
+        except (ValueError, RecursionError) as e:
+            raise ArchiveError(
+                f"archive {self.path}: {relpath} is not valid JSON: {_one_line(str(e), 120)}"
+            ) from None
+
+
+def _read_exact(fd: int, size: int, what: str) -> bytes:
+    """Read exactly ``size`` bytes, allocating at most size + 1; refuse short or grown files.
+
+    One ``os.read`` per GiB: a member up to 1 GiB lands in a single bytes object without a copy.
+    """
+    chunks: list[bytes] = []
+    got = 0
+    while got <= size:
+        chunk = os.read(fd, min(size + 1 - got, _READ_CHUNK))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        got += len(chunk)
+    if got != size:
+        raise ArchiveError(
+            f"{what} is {'shorter' if got < size else 'longer'} than the expected {size} bytes; "
+            "it is damaged or being modified, SAVE again"
+        )
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _raise(e: OSError) -> None:
+    raise e
+
+
+def _open_member(root_fd: int, rel: str) -> int:
+    """Open ``rel`` below ``root_fd`` refusing a symlink at every component (O_NOFOLLOW each step)."""
+    parts = rel.split("/")
+    fd = root_fd
+    opened: list[int] = []
+    try:
+        for part in parts[:-1]:
+            fd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            opened.append(fd)
+        return os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=fd)
+    finally:
+        for d in opened:
+            os.close(d)
+
+
+def _member_error(where: str, rel: str, e: OSError) -> ArchiveError:
+    shown = _one_line(repr(rel), 120)
+    if e.errno == errno.ENOENT:
+        return ArchiveError(f"{where}: file {shown} listed in the manifest is missing; SAVE again")
+    if e.errno in (errno.ELOOP, errno.ENOTDIR):
+        return ArchiveError(
+            f"{where}: file {shown} is reached through a symlink or non-directory; refusing it"
+        )
+    return ArchiveError(f"{where}: cannot read file {shown}: {_oserr(e)}")
+
+
+def _verify(root_fd: int, where: str, expected_fingerprint: dict | None, expected_digest: str | None):
+    # 1. manifest: a regular file, bounded size, strict JSON
+    try:
+        mfd = os.open(
+            MANIFEST_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=root_fd
+        )
+    except FileNotFoundError:
+        raise ArchiveError(f"{where}: manifest.json is missing (an interrupted SAVE?); SAVE again") from None
+    except OSError as e:
+        raise ArchiveError(f"{where}: cannot open manifest.json: {_oserr(e)}") from None
+    try:
+        st = os.fstat(mfd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ArchiveError(f"{where}: manifest.json is not a regular file")
+        if st.st_size > MAX_MANIFEST_BYTES:
+            raise ArchiveError(
+                f"{where}: manifest.json is {st.st_size} bytes, over the {MAX_MANIFEST_BYTES}-byte limit"
+            )
+        try:
+            raw = _read_exact(mfd, st.st_size, f"{where}: manifest.json")
+        except OSError as e:
+            raise ArchiveError(f"{where}: cannot read manifest.json: {_oserr(e)}") from None
+    finally:
+        os.close(mfd)
+    try:
+        manifest = _loads(raw)
+    except RecursionError:
+        raise ArchiveError(
+            f"{where}: manifest.json is nested too deeply; it is damaged, SAVE again"
+        ) from None
+    except ValueError as e:
+        raise ArchiveError(
+            f"{where}: manifest.json is not valid JSON (truncated or damaged?): {_one_line(str(e), 100)}; SAVE again"
+        ) from None
+    # 2. schema and version, then the manifest's own checksum (covers meta and fingerprint text,
+    #    which no member checksum does)
+    _check_manifest(manifest, where)
+    if not _self_checksum_matches(raw, manifest):
+        raise ArchiveError(
+            f"{where}: manifest.json is damaged: its content does not match its own checksum "
+            "(manifest_sha256); SAVE again"
+        )
+    digest = hashlib.sha256(raw).hexdigest()
+    # 3. pinned digest and fingerprint: cheap, and a mismatch makes hashing gigabytes pointless
+    if expected_digest is not None and digest != expected_digest:
+        raise ArchiveError(
+            f"{where}: archive digest {digest} does not match the pinned trust.archive_digest {expected_digest}"
+        )
+    if expected_fingerprint is not None:
+        # Imported here: foundry_core.fingerprint imports this package for its error types.
+        from foundry_core.fingerprint import compare_fingerprint
+
+        compare_fingerprint(manifest["fingerprint"], expected_fingerprint)
+    files: dict[str, Any] = manifest["files"]
+    # 4. the tree: nothing but directories and listed regular files, no symlinks anywhere
+    seen: set[str] = set()
+    try:
+        for dirpath, dirnames, filenames, dfd in os.fwalk(".", dir_fd=root_fd, onerror=_raise):
+            rel_dir = "" if dirpath == "." else dirpath[2:] + "/"
+            for name in dirnames + filenames:
+                rel = rel_dir + name
+                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                shown = _one_line(repr(rel), 120)
+                if stat.S_ISLNK(st.st_mode):
+                    raise ArchiveError(f"{where}: {shown} is a symlink; archives never contain symlinks")
+                if stat.S_ISDIR(st.st_mode):
+                    continue
+                if not stat.S_ISREG(st.st_mode):
+                    raise ArchiveError(f"{where}: {shown} is not a regular file")
+                if rel == MANIFEST_NAME:
+                    continue
+                if rel not in files:
+                    raise ArchiveError(
+                        f"{where}: file {shown} is not listed in the manifest; refusing extra content"
+                    )
+                seen.add(rel)
+    except OSError as e:
+        raise ArchiveError(f"{where}: cannot list the archive: {_oserr(e)}") from None
+    for rel in sorted(files):
+        if rel not in seen:
+            raise ArchiveError(
+                f"{where}: file {_one_line(repr(rel), 120)} listed in the manifest is missing; SAVE again"
+            )
+
+    # 5. contents: exact size and sha256, bytes kept for read_bytes. Files are read on this thread
+    # (so their memory comes from the main allocator arena), then hashed on a few threads (sha256 of
+    # large buffers releases the GIL: most of a LOAD's archive time). The first damaged file in
+    # sorted order is the one reported, as with one thread.
+    names = sorted(files)
+    contents: dict[str, bytes] = {}
+    for rel in names:
+        size = files[rel]["size"]
+        shown = _one_line(repr(rel), 120)
+        try:
+            fd = _open_member(root_fd, rel)
+        except OSError as e:
+            raise _member_error(where, rel, e) from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise ArchiveError(f"{where}: {shown} is not a regular file")
+            if st.st_size != size:
+                raise ArchiveError(
+                    f"{where}: file {shown} is {st.st_size} bytes, the manifest lists {size}; it is damaged, SAVE again"
+                )
+            contents[rel] = _read_exact(fd, size, f"{where}: file {shown}")
+        except OSError as e:
+            raise _member_error(where, rel, e) from None
+        finally:
+            os.close(fd)
+
+    def digest_of(rel: str) -> str:
+        return hashlib.sha256(contents[rel]).hexdigest()
+
+    digests = _map_on_threads(digest_of, names, _READ_THREADS, "foundry-sha")
+    for rel, got in zip(names, digests):
+        if got != files[rel]["sha256"]:
+            shown = _one_line(repr(rel), 120)
+            raise ArchiveError(f"{where}: file {shown} fails its sha256 check; it is damaged, SAVE again")
+    # 6. compressed members (format 2): inflated only after their checksums passed
+    _decode_members(contents, files, where)
+    return manifest, digest, contents
+
+
+def open_archive(
+    path: str | os.PathLike,
+    *,
+    expected_fingerprint: dict | None = None,
+    expected_digest: str | None = None,
+) -> Archive:
+    """Open and fully verify the archive at ``path`` (see docs/archive-format.md for the order of checks).
+
+    Raises :class:`ArchiveNotFound` when nothing is there, :class:`FingerprintMismatch` when it was saved
+    for another setup, :class:`ArchiveError` for anything else.
+    """
+    p = Path(path)
+    where = f"archive {p}"
+    if expected_digest is not None:
+        if not isinstance(expected_digest, str) or not _HEX64.fullmatch(expected_digest.lower()):
+            raise ArchiveError("expected archive digest must be 64 hex characters (sha256)")
+        expected_digest = expected_digest.lower()
+    if expected_fingerprint is not None and not isinstance(expected_fingerprint, dict):
+        raise ArchiveError(f"expected fingerprint must be a dict, got {type(expected_fingerprint).__name__}")
+    for attempt in range(_OPEN_ATTEMPTS):
+        try:
+            root_fd = os.open(p, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            if os.path.islink(p):
+                raise ArchiveError(
+                    f"{where} is a dangling symlink to {os.readlink(p)!r}; SAVE again"
+                ) from None
+            raise ArchiveNotFound(f"no Foundry archive at {p}; run SAVE first") from None
+        except NotADirectoryError:
+            raise ArchiveError(f"{where} is not a directory") from None
+        except OSError as e:
+            raise ArchiveError(f"cannot open {where}: {_oserr(e)}") from None
+        try:
+            try:
+                manifest, digest, contents = _verify(root_fd, where, expected_fingerprint, expected_digest)
+            except FingerprintMismatch:
+                raise
+            except ArchiveError:
+                # A concurrent SAVE may have swapped in a new version and removed the one we were reading.
+                if attempt + 1 < _OPEN_ATTEMPTS and _swapped(p, root_fd):
+                    continue
+                raise
+            return Archive(p, manifest, digest, contents)
+        finally:
+            os.close(root_fd)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _swapped(p: Path, root_fd: int) -> bool:
+    try:
+        now = os.stat(p)
+        was = os.fstat(root_fd)
+    except OSError:
+        return False
+    return (now.st_dev, now.st_ino) != (was.st_dev, was.st_ino)
