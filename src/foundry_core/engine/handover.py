@@ -17,11 +17,12 @@ Order, the same for every engine (the plugin calls each step from its engine's h
    :meth:`CacheHandover.served`, called after each served batch, saves again on a background
    thread when the directories gained files (checked after batches 1, 2, 4, ... 1024).
 4. Either mode, :meth:`CacheHandover.finish`: count the files this process added to the
-   directories (its compilations) for the start report.
+   directories or rewrote (its compilations) for the start report.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import threading
@@ -67,8 +68,6 @@ def undo_launch_redirect() -> None:
 
 def _label(cfg: Any) -> str:
     """The private folder's name: the same for every start that uses this archive directory."""
-    import hashlib
-
     return "archive-" + hashlib.sha256(str(cfg.archive_dir).encode()).hexdigest()[:16]
 
 
