@@ -122,3 +122,29 @@ def test_verify_archive_reports_a_refusal_and_raises_on_a_bad_pin_table(tmp_path
     pinned_other_rank = _cfg(tmp_path, trust={"archive_digest": {"1": "a" * 64}})
     with pytest.raises(ConfigError, match="pin every rank or none"):
         decide.verify_archive(pinned_other_rank, 0, device=0, fingerprint={}, world_size=2)
+
+
+def test_every_error_foundry_raises_has_one_exported_base():
+    import foundry_core as fc
+
+    errors = [
+        fc.ArchiveError,
+        fc.ArchiveNotFound,
+        fc.ArchiveLocationError,
+        fc.FingerprintMismatch,
+        fc.ConfigError,
+        fc.CudaError,
+        fc.GraphError,
+        fc.ModuleError,
+        fc.PlacementError,
+        fc.RegionError,
+        fc.SaveError,
+        FoundryUnsupportedError,
+    ]
+    for cls in errors:
+        assert issubclass(cls, fc.FoundryError), cls
+        assert cls.__name__ in fc.__all__ or cls is FoundryUnsupportedError, cls
+    # Each keeps the builtin it always was, so existing handlers still catch it.
+    assert issubclass(fc.ConfigError, ValueError) and issubclass(fc.SaveError, RuntimeError)
+    assert issubclass(fc.RegionError, RuntimeError) and issubclass(fc.ModuleError, RuntimeError)
+    assert set(fc.__all__) <= set(dir(fc))

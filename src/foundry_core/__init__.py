@@ -21,6 +21,11 @@ from typing import Any
 # one light module of it (config, the engine layer's records), does not load the archive, graph and
 # region machinery: an engine imports its plugin in every process it starts.
 _PUBLIC = {
+    "FoundryError": "errors",
+    "CudaError": "driver",
+    "GraphError": "graphs",
+    "ArchiveNotFound": "archive",
+    "ArchiveLocationError": "trust",
     "Restored": "api",
     "RestoredGraph": "api",
     "SaveError": "api",
@@ -64,9 +69,14 @@ def __dir__() -> list[str]:
 __all__ = [
     "Archive",
     "ArchiveError",
+    "ArchiveLocationError",
+    "ArchiveNotFound",
     "ConfigError",
+    "CudaError",
     "FingerprintMismatch",
     "FoundryConfig",
+    "FoundryError",
+    "GraphError",
     "ModuleError",
     "PlacementError",
     "Region",

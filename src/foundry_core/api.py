@@ -34,6 +34,7 @@ import warnings
 from . import __version__
 from .archive import Archive, ArchiveError, ArchiveWriter, compare_fingerprint, open_archive
 from .driver import call, cu
+from .errors import FoundryError
 from .fingerprint import current_fingerprint
 from .graphs import (
     ENCODING,
@@ -58,7 +59,7 @@ from .trust import check_location, warn_if_world_writable
 ARCHIVE_KIND = "foundry-graphs"
 
 
-class SaveError(RuntimeError):
+class SaveError(FoundryError, RuntimeError):
     """SAVE refused: the captured state cannot be restored faithfully; nothing was written."""
 
 

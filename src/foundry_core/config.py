@@ -32,6 +32,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .errors import FoundryError
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised only on 3.10
@@ -48,7 +50,7 @@ _SIZE_RE = re.compile(r"^\s*(\d+)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
-class ConfigError(ValueError):
+class ConfigError(FoundryError, ValueError):
     """A Foundry configuration that cannot be used; the message is one line a user can act on."""
 
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from .errors import FoundryError
 
-class CudaError(RuntimeError):
+
+class CudaError(FoundryError, RuntimeError):
     """A CUDA driver call failed; ``.name`` is the driver's error name (e.g. CUDA_ERROR_INVALID_VALUE)."""
 
     def __init__(self, call: str, result: Any):

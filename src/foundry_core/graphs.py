@@ -31,6 +31,7 @@ from collections.abc import Callable
 
 from . import _native
 from .driver import call, cu
+from .errors import FoundryError
 from .modules import LoadedModules, Recorded, function_attributes
 
 CU_LAUNCH_PARAM_END = 0
@@ -58,7 +59,7 @@ NODE_ATTRIBUTES = {
 }
 
 
-class GraphError(RuntimeError):
+class GraphError(FoundryError, RuntimeError):
     """A graph cannot be saved or rebuilt; the message names the node and kernel."""
 
 

@@ -22,6 +22,7 @@ import sys
 
 from . import _native
 from .driver import call, cu
+from .errors import FoundryError
 
 # Function attributes a kernel's launch depends on that a library may have set at run time.
 SETTABLE_FUNC_ATTRIBUTES = {
@@ -36,7 +37,7 @@ SETTABLE_FUNC_ATTRIBUTES = {
 NUM_REGS = 4
 
 
-class ModuleError(RuntimeError):
+class ModuleError(FoundryError, RuntimeError):
     """A kernel's code could not be captured or reloaded; the message names the kernel."""
 
 

@@ -17,13 +17,14 @@ import threading
 import warnings
 
 from . import _native
+from .errors import FoundryError
 
 _labels: list[str] = ["unlabelled"]
 _label_lock = threading.Lock()
 RESTORED_LABEL = "restored"
 
 
-class RegionError(RuntimeError):
+class RegionError(FoundryError, RuntimeError):
     """The region could not be set up or used; the message says why in one line."""
 
 

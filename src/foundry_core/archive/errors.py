@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..errors import FoundryError
 
-class ArchiveError(Exception):
+
+class ArchiveError(FoundryError):
     """An archive that cannot be written or used; the message is one line a user can act on."""
 
 

@@ -1,0 +1,11 @@
+"""The root of every error Foundry raises.
+
+Each concern keeps its own class (``ArchiveError``, ``SaveError``, ``RegionError``, ...), still a
+subclass of the builtin it always was (``ValueError``, ``RuntimeError``); ``FoundryError`` is what
+they share, so a caller can catch everything Foundry refuses in one ``except``. Every message is
+one line naming what to fix.
+"""
+
+
+class FoundryError(Exception):
+    """Base of Foundry's errors."""
