@@ -148,3 +148,22 @@ def test_every_error_foundry_raises_has_one_exported_base():
     assert issubclass(fc.ConfigError, ValueError) and issubclass(fc.SaveError, RuntimeError)
     assert issubclass(fc.RegionError, RuntimeError) and issubclass(fc.ModuleError, RuntimeError)
     assert set(fc.__all__) <= set(dir(fc))
+
+
+def test_archive_dir_problem_and_the_save_failure_policy(tmp_path, log_records):
+    import logging
+
+    from foundry_core.engine import decide
+
+    assert decide.archive_dir_problem(_cfg(tmp_path)) is None  # created when missing
+    assert (tmp_path / "a").is_dir() and list((tmp_path / "a").iterdir()) == []  # no probe left
+    (tmp_path / "file").write_text("")
+    blocked = _cfg(tmp_path, archive_dir=str(tmp_path / "file" / "a"))
+    assert "is not writable" in decide.archive_dir_problem(blocked)
+
+    records = log_records("engine.test", logging.WARNING)
+    err = OSError(28, "No space left on device")
+    decide.save_failed(_cfg(tmp_path), 0, err, logging.getLogger("engine.test"))  # auto: serve on
+    assert "SAVE failed" in records[0].getMessage() and "No space left" in records[0].getMessage()
+    with pytest.raises(OSError, match="No space left"):
+        decide.save_failed(_cfg(tmp_path, "save"), 0, err)

@@ -14,6 +14,7 @@ Two groups:
 from __future__ import annotations
 
 import inspect
+import logging
 from typing import Any
 
 from foundry_sglang_plugin import settings
@@ -66,13 +67,21 @@ def before_check_server_args(server_args: Any, *args: Any, **kwargs: Any) -> Non
     if not req.enabled and req.config_path is None:
         return
     from foundry_core.config import ConfigError
-    from foundry_core.engine import exiting, redirect_for_launch
+    from foundry_core.engine import decide, exiting, redirect_for_launch
     from foundry_sglang_plugin.session import CACHE_KINDS, FoundrySessionError, settle
 
     try:
         cfg, mode = settle(server_args)
+        problem = decide.archive_dir_problem(cfg) if mode == "save" else None
+        if problem is not None and cfg.mode == "save":
+            raise ConfigError(f"Foundry: {problem}; mode = save cannot go on")
     except (ConfigError, FoundrySessionError) as e:
         raise exiting(e) from None  # one line at the end of `sglang serve`, not a traceback
+    if problem is not None:  # auto: serve as stock SGLang would, and say why
+        logging.getLogger("foundry.sglang").warning(
+            "Foundry: %s; auto mode serves without Foundry this time (nothing can be saved)", problem
+        )
+        return
     settings.set_mode(server_args, mode)
     settings.export_env(cfg, mode)
     # Before SGLang spawns its schedulers: they inherit private compile-cache folders, in place

@@ -314,29 +314,35 @@ class Session:
         import foundry_core as fc
 
         t0 = time.perf_counter()
-        fc.save(
-            str(self.path),
-            graphs=self.graphs,
-            tensors=self.tensors,
-            region=self.region,
-            fingerprint_model=self.fingerprint,
-            slots=self.slots,
-            rank=self.rank,
-            world_size=self.world_size,
-            # SGLang samples outside its decode graphs, and replaying them here would run on
-            # whatever its buffers hold after capture: no replay to look for RNG state.
-            detect_rng=False,
-        )
-        self.report["fc_save_s"] = round(time.perf_counter() - t0, 4)
         self.report["graphs"] = len(self.graphs)
-        # Everything SGLang built so far (the decode capture's first-use kernels included); the
-        # sidecar, written last, marks the SAVE finished.
-        self.caches.save(self.device)
-        archive.write_sidecar(
-            self.cfg,
-            self.rank,
-            {"fingerprint": self.fingerprint, "slots": self.slots, "outputs": self.layouts},
-        )
+        try:
+            fc.save(
+                str(self.path),
+                graphs=self.graphs,
+                tensors=self.tensors,
+                region=self.region,
+                fingerprint_model=self.fingerprint,
+                slots=self.slots,
+                rank=self.rank,
+                world_size=self.world_size,
+                # SGLang samples outside its decode graphs, and replaying them here would run on
+                # whatever its buffers hold after capture: no replay to look for RNG state.
+                detect_rng=False,
+            )
+            self.report["fc_save_s"] = round(time.perf_counter() - t0, 4)
+            # Everything SGLang built so far (the decode capture's first-use kernels included); the
+            # sidecar, written last, marks the SAVE finished.
+            self.caches.save(self.device)
+            archive.write_sidecar(
+                self.cfg,
+                self.rank,
+                {"fingerprint": self.fingerprint, "slots": self.slots, "outputs": self.layouts},
+            )
+        except (fc.FoundryError, OSError) as e:  # disk full, read-only, a graph that cannot be saved
+            decide.save_failed(self.cfg, self.rank, e, logger)  # auto: serve on; save: raise
+            self.report.update(saved=False, save_error=decide.one_line(e))
+            return
+        self.report["saved"] = True
         logger.info("Foundry SAVE: %d decode graphs persisted to %s", len(self.graphs), self.path)
 
     def replay_timing_done(self, summary: dict[str, Any]) -> None:

@@ -74,6 +74,12 @@ def finalize_engine_config(vllm_config: Any) -> Any:
     """After vLLM built the config: refuse what Foundry cannot persist, then install the Foundry worker."""
     cfg = settings.foundry_config(vllm_config.additional_config)
     check_supported(vllm_config)
+    if cfg.mode == "save":  # auto decides per rank in the worker; a failed SAVE there serves on
+        from foundry_core.engine import decide
+
+        problem = decide.archive_dir_problem(cfg)
+        if problem is not None:
+            raise settings.ConfigError(f"Foundry: {problem}; mode = save cannot go on")
     pc = vllm_config.parallel_config
     if pc.worker_cls in ("auto", VLLM_GPU_WORKER):
         pc.worker_cls = FOUNDRY_WORKER

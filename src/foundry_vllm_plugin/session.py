@@ -252,19 +252,24 @@ class FoundrySession:
             "workspace_locked": self.workspace_locked,
         }
         t0 = time.perf_counter()
-        fc.save(
-            archive.core_archive_dir(self.cfg, self.rank),
-            graphs=graph_map,
-            tensors=tensors,
-            region=self.region,
-            fingerprint_model=self.fingerprint,
-            slots=dict(sizing),
-            rank=self.rank,
-            world_size=self.world_size,
-            # vLLM samples outside its decode graphs, and replaying them here would run on whatever
-            # its persistent buffers hold after capture: no replay to look for RNG state.
-            detect_rng=False,
-        )
+        try:
+            fc.save(
+                archive.core_archive_dir(self.cfg, self.rank),
+                graphs=graph_map,
+                tensors=tensors,
+                region=self.region,
+                fingerprint_model=self.fingerprint,
+                slots=dict(sizing),
+                rank=self.rank,
+                world_size=self.world_size,
+                # vLLM samples outside its decode graphs, and replaying them here would run on whatever
+                # its persistent buffers hold after capture: no replay to look for RNG state.
+                detect_rng=False,
+            )
+        except (fc.FoundryError, OSError) as e:  # disk full, read-only, a graph that cannot be saved
+            decide.save_failed(self.cfg, self.rank, e, logger)  # auto: serve on; save: raise
+            self.report.update(graphs=len(graph_map), saved=False, save_error=decide.one_line(e))
+            return
         # The manifest marks the SAVE finished; it is written by publish(), after vLLM's warmups
         # (which go on compiling after the capture) and the caches they fill are saved too.
         self._pending_manifest = (mpath, self.fingerprint, sizing, listing)
@@ -283,8 +288,14 @@ class FoundrySession:
         if self._pending_manifest is None:
             return
         self.caches.save(device_index)
-        archive.write_manifest(*self._pending_manifest)
-        self._pending_manifest = None
+        pending, self._pending_manifest = self._pending_manifest, None
+        try:
+            archive.write_manifest(*pending)
+        except OSError as e:
+            decide.save_failed(self.cfg, self.rank, e, logger)
+            self.report.update(saved=False, save_error=decide.one_line(e))
+            return
+        self.report["saved"] = True
 
     def restore(self, adapter: Any) -> int:
         import foundry_core as fc

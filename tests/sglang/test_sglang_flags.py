@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 
@@ -201,3 +202,25 @@ def test_forced_load_without_an_archive_is_refused_at_launch(parse, tmp_path):
     with pytest.raises(FoundrySessionError, match="mode=load but .* holds no complete archive"):
         sa.check_server_args()
     assert "FOUNDRY_SGLANG" not in os.environ
+
+
+@pytest.mark.parametrize("mode", ["save", "auto"])
+def test_an_archive_dir_that_cannot_be_written(parse, tmp_path, logged, mode):
+    # A path below a regular file can never be created, also for root (a read-only mount acts alike).
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    toml = tmp_path / f"{mode}.toml"
+    toml.write_text(f'mode = "{mode}"\narchive_dir = "{blocker / "archive"}"\n')
+    sa = parse(*BASE_ARGV, "--enable-foundry", "--foundry-config", str(toml), foundry=False)
+    sa.resolve_once()
+    if mode == "save":  # refused at launch, in one line, before any scheduler starts
+        with pytest.raises(SystemExit) as err:
+            sa.check_server_args()
+        assert str(err.value.code).startswith(
+            "error: Foundry: archive_dir "
+        ) and "mode = save cannot go on" in str(err.value.code)
+    else:  # auto serves as stock SGLang would, with a warning saying why
+        sa.check_server_args()
+        warnings = [r.getMessage() for r in logged if r.levelno == logging.WARNING]
+        assert any("is not writable" in m and "serves without Foundry" in m for m in warnings), warnings
+    assert "FOUNDRY_SGLANG" not in os.environ  # no scheduler gets the worker hooks

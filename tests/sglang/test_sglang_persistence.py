@@ -519,3 +519,29 @@ def test_no_report_file_without_the_environment(parse, cfg, tmp_path, monkeypatc
     session = Session(parse(*BASE_ARGV), cfg, "save", rank=0, gpu_id=0)
     session.abort()
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("mode", ["auto", "save"])
+def test_a_save_that_cannot_be_written(parse, cfg, monkeypatch, logged, mode):
+    """Disk full or read-only at SAVE: auto serves on with the captured graphs (a warning, nothing
+    marked saved); mode = save stops the scheduler's start with the error."""
+    import foundry_core as fc
+
+    def disk_full(path, **kw):
+        raise fc.ArchiveError(f"cannot write {path}: [Errno 28] No space left on device")
+
+    monkeypatch.setattr(fc, "save", disk_full)
+    monkeypatch.setattr(fc, "stop_recording", lambda: None)
+    cfg = dataclasses.replace(cfg, mode=mode)
+    session = Session(parse(*BASE_ARGV), cfg, "save", rank=0, gpu_id=0)
+    session.slots, session.graphs = {"memory_pool_config": {}}, {"decode/size=1": object()}
+    if mode == "save":
+        with pytest.raises(fc.ArchiveError, match="No space left"):
+            session.finish()
+        return
+    session.finish()
+    assert session.report["ok"] is True and session.report["saved"] is False
+    assert "No space left" in session.report["save_error"]
+    assert archive.read_sidecar(cfg, 0) is None  # nothing marks a finished SAVE
+    warnings = [r.getMessage() for r in logged if r.levelno == logging.WARNING]
+    assert any("SAVE failed" in m and "serving with the graphs just captured" in m for m in warnings)

@@ -7,6 +7,7 @@ settings code under test is the real one, fed with a real VllmConfig.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import types
 
@@ -82,10 +83,18 @@ def test_failed_core_save_leaves_no_manifest(base_vllm_config, monkeypatch):
         raise foundry_core.SaveError("graph 'x': pointer outside the region")
 
     monkeypatch.setattr(foundry_core, "save", failing_save)
+    # mode = save: the failure stands.
+    s.cfg = dataclasses.replace(s.cfg, mode="save")
     with pytest.raises(foundry_core.SaveError):
         s.save(Adapter())
     assert not mpath.exists()
     assert archive.resolve_mode(s.cfg, 0, {"config_hash": "abc"})[0] == "save"
+    # mode = auto: the engine serves on with the graphs it captured; nothing is marked saved.
+    s.cfg = dataclasses.replace(s.cfg, mode="auto")
+    s.save(Adapter())
+    s.publish(0)
+    assert not mpath.exists() and s.report["saved"] is False
+    assert "pointer outside the region" in s.report["save_error"]
 
 
 def _restored(**slots):

@@ -72,3 +72,34 @@ def after_refusal(
     line = f"{head}; capturing and saving a fresh one"
     (log or logger).warning("%s", line)
     return line
+
+
+def archive_dir_problem(cfg: Any) -> str | None:
+    """Why a SAVE could not write under ``cfg.archive_dir`` (missing and not creatable, read-only,
+    not a directory), or None. Checked at startup, before the engine does any work."""
+    import os
+    import tempfile
+
+    path = cfg.archive_dir
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".foundry-write-check-", dir=path)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        return f"archive_dir {path} is not writable ({e.strerror or e})"
+    return None
+
+
+def save_failed(cfg: Any, rank: int, error: BaseException, log: logging.Logger | None = None) -> None:
+    """A SAVE that could not be written (disk full, read-only, ...): in ``auto`` mode the engine
+    goes on serving with the graphs it captured, with a warning, and the next start captures
+    again; in ``save`` mode the error stands. Nothing partial is left either way (the archive
+    writer publishes atomically)."""
+    if cfg.mode != "auto":
+        raise error
+    (log or logger).warning(
+        "Foundry rank %d: SAVE failed (%s); serving with the graphs just captured, nothing saved",
+        rank,
+        one_line(error),
+    )
