@@ -86,6 +86,7 @@ def test_save_and_load_use_the_same_path_and_start_empty(tmp_path):
     save = CacheHandover(cfg, 0, ["flashinfer"], ENGINE)
     save.begin()
     (save.dirs.path("flashinfer") / "stale.o").write_bytes(b"from an earlier start")
+    save.dirs.close()  # the SAVE process ended
     del os.environ[caches.DIR_ENV]  # the LOAD is a new process: it inherits nothing
     load = CacheHandover(cfg, 0, ["flashinfer"], ENGINE)
     load.begin()
@@ -95,6 +96,20 @@ def test_save_and_load_use_the_same_path_and_start_empty(tmp_path):
     other = CacheHandover(_cfg(tmp_path / "elsewhere"), 0, ["flashinfer"], ENGINE)
     other.begin()
     assert other.dirs.root != load.dirs.root
+
+
+def test_a_second_server_on_the_same_archive_gets_its_own_folder(tmp_path, log_records):
+    records = log_records("foundry.caches", logging.WARNING)
+    first = caches.CacheDirs.create(["triton"], label="archive-x")
+    (first.path("triton") / "k.cubin").write_bytes(b"in use")
+    second = caches.CacheDirs.create(["triton"], label="archive-x")
+    assert second.root != first.root and second.root.name.startswith("foundry-caches-archive-x-")
+    assert (first.path("triton") / "k.cubin").read_bytes() == b"in use"  # not emptied under it
+    assert any("held by another server" in r.getMessage() for r in records)
+    first.close()
+    third = caches.CacheDirs.create(["triton"], label="archive-x")
+    assert third.root == first.root and third.files() == {"triton": {}}
+    third.close()
 
 
 def test_a_folder_others_can_enter_is_not_used(tmp_path, log_records):

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import fcntl
 import json
 import logging
 import os
@@ -110,12 +111,25 @@ def _owned_private_dir(path: Path) -> bool:
     return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077
 
 
+def _hold(path: Path) -> int:
+    """An open descriptor with an exclusive lock on ``path``; BlockingIOError when another process
+    (or another holder in this one) has it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        os.close(fd)
+        raise BlockingIOError(e.errno, f"held by another server ({path})") from None
+    return fd
+
+
 @dataclasses.dataclass
 class CacheDirs:
     """One process's private cache directories: ``root/<kind>`` for each kind in ``kinds``."""
 
     root: Path
     kinds: tuple[str, ...]
+    lock: int | None = None  # the descriptor holding the folder's lock (create() only)
 
     @classmethod
     def create(cls, kinds: Iterable[str], *, label: str) -> CacheDirs:
@@ -125,27 +139,39 @@ class CacheDirs:
         directory) and the user, so SAVE and every later LOAD on a machine use the same one:
         caches record absolute paths (FlashInfer's build files name their folder, and a path that
         changed makes its build tool compile everything again). Whatever a previous start left
-        there is removed first; a path another user could have prepared is not trusted: a random
-        folder is used instead.
+        there is removed first. The folder is held with a lock while this object lives: a second
+        server started on the same machine with the same archive directory, or a path another
+        user could have prepared, gets a random folder instead (with a warning).
         """
         names = _known(kinds)
         parent, keep = _private_parent()
         owner = parent / f"foundry-caches-{os.getuid()}"
         root = owner / label
+        lock = None
         try:
             owner.mkdir(mode=0o700, exist_ok=True)
             if not _owned_private_dir(owner):
                 raise PermissionError(f"{owner} is not a private folder of this user")
+            lock = _hold(owner / f"{label}.lock")
             shutil.rmtree(root, ignore_errors=True)
             root.mkdir(mode=0o700)
         except OSError as e:
+            if lock is not None:
+                os.close(lock)
+                lock = None
             logger.warning("Foundry caches: %s not usable (%s); using a random folder", root, e)
             root = Path(tempfile.mkdtemp(prefix=f"foundry-caches-{label}-", dir=parent))
         for k in names:
             (root / k).mkdir(mode=0o700)
         if not keep:
             atexit.register(shutil.rmtree, root, True)
-        return cls(root, names)
+        return cls(root, names, lock)
+
+    def close(self) -> None:
+        """Let another start use this folder (the lock is also released when the process ends)."""
+        if self.lock is not None:
+            os.close(self.lock)
+            self.lock = None
 
     @classmethod
     def inherited(cls, kinds: Iterable[str]) -> CacheDirs | None:

@@ -39,6 +39,7 @@ logger = logging.getLogger("foundry.caches")
 # The variables redirect_for_launch changed in this process, with their earlier values (None:
 # unset), so that a later launch in the same process starts from the user's environment.
 _launch_env: dict[str, str | None] = {}
+_launch_dirs: list[caches.CacheDirs] = []  # the folders the last launch holds (their lock)
 
 
 def redirect_for_launch(cfg: Any, kinds: Iterable[str]) -> caches.CacheDirs | None:
@@ -52,6 +53,7 @@ def redirect_for_launch(cfg: Any, kinds: Iterable[str]) -> caches.CacheDirs | No
     env = dirs.environment()
     _launch_env.update({name: os.environ.get(name) for name in env})
     os.environ.update(env)
+    _launch_dirs.append(dirs)
     return dirs
 
 
@@ -64,6 +66,8 @@ def undo_launch_redirect() -> None:
         else:
             os.environ[name] = value
     _launch_env.clear()
+    while _launch_dirs:  # that launch is over: a later one may use the same folder again
+        _launch_dirs.pop().close()
 
 
 def _label(cfg: Any) -> str:
