@@ -28,6 +28,9 @@ vLLM imports this module only in a worker process of an engine with Foundry on (
    the setup when the core checks it), and in place of the capture restores the graphs: no per-graph
    warmup, no capture.  Either way the start report (``rank{r}.start.json``) is written at the end.
 
+7. ``execute_model`` (serving): after batches 1, 2, 4, ... a SAVE stores the compile caches again when
+   the first requests built more kernels (on a background thread).
+
 Nothing that only SAVE does (memory profiling, the throwaway profiling capture) is routed, so the
 sequence of setup allocations in the region is the same at SAVE and at LOAD.
 """
@@ -156,13 +159,6 @@ class FoundryWorker(_VllmGpuWorker):
             s.report["attention_backends"] = sorted(graphs.attention_backend_names(self.model_runner))
             s.end_setup()
 
-    # -- 7. serving ------------------------------------------------------------------------------
-    def execute_model(self, *args: Any, **kwargs: Any):
-        output = super().execute_model(*args, **kwargs)
-        # SAVE: kernels built at the first requests join the carried caches (a background save).
-        self._foundry.caches.served(self.device.index if self.device.index is not None else 0)
-        return output
-
     # -- 6. warmup, then capture+save or restore -------------------------------------------------
     def compile_or_warm_up_model(self, *args: Any, **kwargs: Any):
         s = self._foundry
@@ -219,3 +215,10 @@ class FoundryWorker(_VllmGpuWorker):
                 phases["graphs"] = round(marks.get("graphs_end", end) - marks["graphs_begin"], 3)
                 phases["warmup_after_graphs"] = round(end - marks.get("graphs_end", end), 3)
             s.write_report()
+
+    # -- 7. serving ------------------------------------------------------------------------------
+    def execute_model(self, *args: Any, **kwargs: Any):
+        output = super().execute_model(*args, **kwargs)
+        # SAVE: kernels built at the first requests join the carried caches (a background save).
+        self._foundry.caches.served(self.device.index if self.device.index is not None else 0)
+        return output
