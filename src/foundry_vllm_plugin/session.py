@@ -243,7 +243,6 @@ class FoundrySession:
             torch.cuda.empty_cache()
         graph_map, tensors, listing = adapter.collect()
         mpath = archive.manifest_path(self.cfg, self.rank)
-        mpath.unlink(missing_ok=True)  # an interrupted SAVE must not leave a valid-looking archive behind
         sizing = {
             "kv_cache_memory_bytes": int(self.kv_cache_memory_bytes or 0),
             "num_gpu_blocks": int(self.num_gpu_blocks or 0),
@@ -253,6 +252,7 @@ class FoundrySession:
         }
         t0 = time.perf_counter()
         try:
+            mpath.unlink(missing_ok=True)  # an interrupted SAVE must not leave a valid-looking archive
             fc.save(
                 archive.core_archive_dir(self.cfg, self.rank),
                 graphs=graph_map,

@@ -312,3 +312,23 @@ def test_runner_build_routing_ends_when_init_device_fails():
         module.init_workspace_manager("cuda:0")
         raise RuntimeError("runner build failed")
     assert events == ["route+", "route-"]
+
+
+def test_a_read_only_archive_dir_at_save_serves_on_in_auto(base_vllm_config, monkeypatch):
+    import pathlib
+
+    s = _session(base_vllm_config, "save")
+    s.cfg = dataclasses.replace(s.cfg, mode="auto")
+    mpath = archive.manifest_path(s.cfg, 0)
+    real_unlink = pathlib.Path.unlink
+
+    def read_only(self, *a, **kw):
+        if self == mpath:
+            raise PermissionError(30, "Read-only file system", str(self))
+        return real_unlink(self, *a, **kw)
+
+    monkeypatch.setattr(pathlib.Path, "unlink", read_only)
+    monkeypatch.setattr(foundry_core, "save", lambda *a, **k: pytest.fail("nothing may be written"))
+    s.save(Adapter())  # does not raise: the engine serves with the graphs it captured
+    s.publish(0)
+    assert s.report["saved"] is False and "Read-only file system" in s.report["save_error"]
