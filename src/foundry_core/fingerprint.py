@@ -47,6 +47,16 @@ _CC_RE = re.compile(r"^\d+\.\d+$")
 _REQUIRED = ("gpu_name", "compute_capability", "sm_count", "driver_version", "cuda_version", "torch_version")
 
 
+def package_version(name: str) -> str | None:
+    """The installed version of distribution ``name``, or None when it is not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
 def format_driver_version(version: int) -> str:
     """``cuDriverGetVersion`` returns ``1000 * major + 10 * minor``; 13000 -> ``"13.0"``, 12080 -> ``"12.8"``."""
     if isinstance(version, bool) or not isinstance(version, int) or version <= 0:

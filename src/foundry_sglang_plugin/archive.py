@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from foundry_core.engine.records import read_json, write_json_atomic
+from foundry_core.fingerprint import package_version
 from foundry_sglang_plugin._view import reader
 
 SIDECAR_SUFFIX = ".sglang.json"
@@ -92,15 +93,6 @@ def _plain(value: Any) -> Any:
 def _decode_only(value: Any) -> Any:
     # Only the decode phase of the graph configuration is persisted; prefill graphs are refused.
     return value.get("decode") if isinstance(value, dict) else value
-
-
-def package_version(name: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return None
 
 
 def _model_config_digest(model_path: Any) -> str | None:

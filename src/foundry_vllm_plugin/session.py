@@ -38,12 +38,9 @@ def stop_module_recording() -> None:
 
 def _engine_facts() -> dict[str, Any]:
     """What carried caches are valid for on vLLM's side."""
-    from importlib.metadata import PackageNotFoundError, version
+    from foundry_core.fingerprint import package_version
 
-    try:
-        return {"name": "vllm", "vllm": version("vllm")}
-    except PackageNotFoundError:
-        return {"name": "vllm", "vllm": None}
+    return {"name": "vllm", "vllm": package_version("vllm")}
 
 
 def stream_captures() -> int | None:

@@ -242,14 +242,11 @@ def _known(kinds: Iterable[str]) -> tuple[str, ...]:
 
 
 def _versions() -> dict[str, Any]:
-    from importlib.metadata import PackageNotFoundError, version
+    from ..fingerprint import package_version
 
     out: dict[str, Any] = {"python": f"{sys.version_info.major}.{sys.version_info.minor}"}
     for dist in ("triton", "tokenspeed-triton", "flashinfer-python", "apache-tvm-ffi", "deep-gemm"):
-        try:
-            out[dist] = version(dist)
-        except PackageNotFoundError:
-            out[dist] = None
+        out[dist] = package_version(dist)
     return out
 
 
@@ -271,18 +268,21 @@ def pack(
     engine: dict,
     rank: int = 0,
     world_size: int = 1,
+    listing: dict[str, dict[str, list[int]]] | None = None,
 ) -> dict[str, Any]:
-    """Store every file of ``dirs`` as the caches archive at ``path``; returns its summary
-    (``digest``, and per kind ``files`` and ``bytes``). Symlinks and lock files are left out."""
+    """Store every file of ``dirs`` (or those of ``listing``, a :meth:`CacheDirs.files` the caller
+    already took) as the caches archive at ``path``; returns its summary (``digest``, and per kind
+    ``files`` and ``bytes``). Symlinks and lock files are left out."""
     fp = fingerprint(device, engine, rank=rank, world_size=world_size)
-    listing = dirs.files()
+    if listing is None:
+        listing = dirs.files()
     summary: dict[str, Any] = {"kinds": {}}
     modes: dict[str, int] = {}
     mtimes: dict[str, int] = {}
     with ArchiveWriter(path) as writer:
         for kind, files in listing.items():
             total = stored = 0
-            for rel, _size in sorted(files.items()):
+            for rel, _stamp in sorted(files.items()):
                 src = dirs.path(kind) / rel
                 member = f"caches/{kind}/{rel}"
                 try:

@@ -32,6 +32,7 @@ from typing import Any
 
 from ..archive import ArchiveError, ArchiveNotFound
 from . import caches
+from .decide import one_line
 
 logger = logging.getLogger("foundry.caches")
 
@@ -148,7 +149,7 @@ class CacheHandover:
                 self.report["missing"] = True
                 return False
             except ArchiveError as e:
-                reason = " ".join(str(e).split())[:300] or type(e).__name__
+                reason = one_line(e, 300)
             else:
                 self.report.update(
                     carried=True,
@@ -194,13 +195,14 @@ class CacheHandover:
             summary = caches.pack(
                 self.path,
                 self.dirs,
+                listing=listing,
                 device=device,
                 engine=self.engine,
                 rank=self.rank,
                 world_size=self.world_size,
             )
         except (ArchiveError, OSError) as e:  # the graphs are saved; a LOAD then compiles as usual
-            self.report["error"] = " ".join(str(e).split())[:300]
+            self.report["error"] = one_line(e, 300)
             self.log.warning(
                 "Foundry rank %d: compile caches not saved (%s)", self.rank, self.report["error"]
             )
