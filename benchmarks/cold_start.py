@@ -217,6 +217,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help=f"do not delete {', '.join(GLOBAL_CACHES)} before cold runs (for a machine you keep)",
     )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the runs already in --out (same engine, commit and workdir) and add these to them: "
+        "warm runs in a later call on the same machine",
+    )
     opts = p.parse_args(argv)
     opts.runs = [r.strip() for r in opts.runs.split(",") if r.strip()]
     unknown = [r for r in opts.runs if r not in RUNS]
@@ -1238,6 +1244,23 @@ def setup(opts: argparse.Namespace, meta: dict[str, Any]) -> Bench:
     )
 
 
+def resumed_runs(out_path: Path, meta: dict[str, Any], opts: argparse.Namespace) -> dict[str, Any]:
+    """The runs of an earlier call whose result is at ``out_path``; only the same engine, commit and
+    workdir qualify, since a warm run reuses its cold sibling's folders and the SAVE's archive."""
+    try:
+        earlier = json.loads(out_path.read_text())
+    except FileNotFoundError:
+        return {}
+    same = {k: earlier.get(k) == meta[k] for k in ("engine", "commit")}
+    same["workdir"] = opts.workdir is not None and earlier.get("workdir") == str(Path(opts.workdir).resolve())
+    if not all(same.values()):
+        raise SystemExit(f"--resume: {out_path} is another benchmark's result ({same})")
+    kept = {r: rec for r, rec in (earlier.get("runs") or {}).items() if r not in opts.runs}
+    meta["resumed_from"] = {k: earlier.get(k) for k in ("date", "command", "elapsed_s")}
+    meta["runs_requested"] = [r for r in RUNS if r in kept or r in opts.runs]
+    return kept
+
+
 def skip_reason(run: str, runs: dict[str, Any], left_s: float) -> str | None:
     if run != "save" and run in FOUNDRY_RUNS and "save" in runs and not runs["save"].get("ok"):
         return "skipped: the SAVE run did not succeed"
@@ -1263,7 +1286,7 @@ def main(argv: list[str] | None = None) -> int:
         "max_tokens": MAX_TOKENS,
         "model_config": MODEL_CONFIG,
     }
-    runs: dict[str, dict[str, Any]] = {}
+    runs: dict[str, dict[str, Any]] = resumed_runs(out_path, meta, opts) if opts.resume else {}
 
     def flush() -> dict[str, Any]:
         meta["elapsed_s"] = round(time.monotonic() - started, 1)

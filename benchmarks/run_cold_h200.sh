@@ -4,13 +4,16 @@
 # .devwheels/lists/<engine>.list names the engine's wheels (carry .devwheels/lists).
 # Usage on the device, from the repository root:
 #   FOUNDRY_COMMIT=<hash> bash benchmarks/run_cold_h200.sh sglang|vllm [seconds]
+# The result is kept in /tmp/cold-results between calls on the same machine (every call empties
+# $OUT), so COLD_ARGS="--runs load_warm,stock_warm --resume" adds the warm runs in a later call.
 set -u
 engine=${1:?sglang or vllm}
 limit=${2:-590}
 out=${OUT:?set OUT to the results folder}
 t0=$(date +%s)
 logs=/tmp/cold-logs-$engine
-mkdir -p /tmp/wh "$logs"
+results=/tmp/cold-results
+mkdir -p /tmp/wh "$logs" "$results"
 if [ ! -f /tmp/wh/.unpacked ]; then
   cat /tmp/dw/part-* | tar -xf - -C /tmp/wh && touch /tmp/wh/.unpacked || exit 2
 fi
@@ -24,7 +27,8 @@ echo "wheels ready in $(($(date +%s) - t0)) s"
 bash benchmarks/build_native.sh || exit 3
 left=$((limit - $(date +%s) + t0 - 15))
 PYTHONPATH=$site:$PWD/src timeout "$left" python3 benchmarks/cold_start.py --engine "$engine" \
-  --out "$out/cold-$engine-h200.json" --logs "$logs" --workdir "/tmp/cold-$engine" \
+  --out "$results/cold-$engine-h200.json" --logs "$logs" --workdir "/tmp/cold-$engine" \
   --budget $((left - 10)) --timeout "${RUN_TIMEOUT:-240}" ${COLD_ARGS:-}
 echo "cold_start rc=$?"
+cp "$results/cold-$engine-h200".* "$out/"
 tar -czf "$out/cold-$engine-logs.tar.gz" -C "$logs" .

@@ -552,9 +552,14 @@ def test_whole_benchmark_against_a_stand_in_server(tmp_path, monkeypatch):
         "900",
         "--keep-global-caches",
     ]
-    rc = cs.main(argv)
+    # Cold runs in one call, warm runs in a second one that resumes it (as on a device whose calls
+    # each have a time limit).
+    rc = cs.main([*argv, "--runs", "save,load_cold,stock_cold"])
+    assert rc == 0, json.loads(out.read_text()).get("errors")
+    rc = cs.main([*argv, "--runs", "load_warm,stock_warm", "--resume"])
     result = json.loads(out.read_text())
     assert rc == 0, result.get("errors")
+    assert result["runs_requested"] == list(cs.RUNS) and result["resumed_from"]["date"]
     runs = result["runs"]
     assert list(runs) == list(cs.RUNS) and all(r["ok"] for r in runs.values())
     assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == sorted(f"sglang-{r}.log" for r in cs.RUNS)
@@ -586,6 +591,15 @@ def test_whole_benchmark_against_a_stand_in_server(tmp_path, monkeypatch):
         assert result["chart"] is None
     else:
         assert result["chart"] == str(png) and png.stat().st_size > 1000
+
+
+def test_resume_refuses_another_benchmarks_result(tmp_path):
+    out = tmp_path / "r.json"
+    out.write_text(json.dumps({"engine": "sglang", "commit": cs.commit(), "workdir": "/elsewhere"}))
+    argv = ["--engine", "sglang", "--out", str(out), "--logs", str(tmp_path / "logs")]
+    argv += ["--workdir", str(tmp_path / "w"), "--runs", "load_warm", "--resume"]
+    with pytest.raises(SystemExit, match="another benchmark's result"):
+        cs.main(argv)
 
 
 def test_a_server_that_dies_is_recorded_and_the_benchmark_goes_on(tmp_path, monkeypatch):
