@@ -167,3 +167,13 @@ def test_archive_dir_problem_and_the_save_failure_policy(tmp_path, log_records):
     assert "SAVE failed" in records[0].getMessage() and "No space left" in records[0].getMessage()
     with pytest.raises(OSError, match="No space left"):
         decide.save_failed(_cfg(tmp_path, "save"), 0, err)
+
+
+def test_one_line_keeps_the_reason_at_the_end_of_a_long_error():
+    from foundry_core.engine.decide import one_line
+
+    long = RuntimeError("graph 'decode/size=256': kernel " + "x" * 2000 + "\n  points outside the region")
+    line = one_line(long)
+    assert len(line) <= 500 and "\n" not in line
+    assert line.startswith("graph 'decode/size=256'") and line.endswith("points outside the region")
+    assert one_line(RuntimeError("short")) == "short" and one_line(RuntimeError()) == "RuntimeError"

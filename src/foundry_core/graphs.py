@@ -79,6 +79,12 @@ class Segments:
         return i >= 0 and addr < self._ends[i]
 
 
+def _short(name: str, keep: int = 96) -> str:
+    """A mangled kernel name cut for a message: template arguments can run to a thousand characters
+    and would push the reason out of a one-line error."""
+    return name if len(name) <= keep else f"{name[:keep]}..."
+
+
 def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
@@ -142,16 +148,21 @@ class _Auditor:
     def __init__(self, segments: Segments):
         self.segments = segments
         self.pointers: set[int] = set()  # region pointers seen, for the RNG-state search
+        # Words inside the region's address range that no live allocation covers. A kernel that
+        # dereferenced one would fault or read freed memory in the engine's own replay too, so these
+        # are data that happens to look like an address (struct padding left uninitialised, packed
+        # integers): seen on FlashAttention-3's parameter struct, differently in every process.
+        # The bytes are restored as they were, so LOAD behaves exactly as the captured graph did.
+        self.dead_words = 0
 
     def check_word(self, value: int, where: Callable[[], str]) -> None:
         if value < _POINTER_FLOOR:
             return
         if self.segments.in_region(value):
-            if not self.segments.live(value):
-                raise GraphError(
-                    f"{where()} points into the Foundry region at {value:#x}, outside any live allocation"
-                )
-            self.pointers.add(value)
+            if self.segments.live(value):
+                self.pointers.add(value)
+            else:
+                self.dead_words += 1
             return
         err, _ = cu().cuPointerGetAttribute(cu().CUpointer_attribute.CU_POINTER_ATTRIBUTE_MEMORY_TYPE, value)
         if int(err) == 0:
@@ -218,6 +229,8 @@ def serialize(graph, recorded: Recorded, segments: Segments, kernels: dict) -> t
     events: dict[int, int] = {}
     desc = _serialize(graph, recorded, auditor, kernels, events, path="")
     desc["events"] = len(events)
+    if auditor.dead_words:
+        desc["unmapped_region_words"] = auditor.dead_words
     return desc, auditor.pointers
 
 
@@ -240,7 +253,8 @@ def _serialize(graph, recorded, auditor, kernels, events, path: str) -> dict:
             layout = _param_layout(func)
             params = _kernel_param_bytes(p, layout, name)
             auditor.check_block(
-                params, lambda off, name=name, label=label: f"{label} (kernel {name}) parameter byte {off}"
+                params,
+                lambda off, name=name, label=label: f"{label} (kernel {_short(name)}) parameter byte {off}",
             )
             image = recorded.match(func, name)
             kernels.setdefault((image, name), function_attributes(func))

@@ -24,7 +24,12 @@ class ArchiveRefused(ConfigError):
 
 
 def one_line(error: BaseException, limit: int = 500) -> str:
-    return " ".join(str(error).split())[:limit] or type(error).__name__
+    """The error on one line; a long one keeps its start and its end (where the reason usually is)."""
+    text = " ".join(str(error).split()) or type(error).__name__
+    if len(text) <= limit:
+        return text
+    head = limit * 2 // 5
+    return f"{text[:head]} ... {text[-(limit - head - 5) :]}"
 
 
 def verify_archive(
