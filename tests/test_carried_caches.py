@@ -35,7 +35,7 @@ def machine(monkeypatch, tmp_path):
             torch_version="2.11.0+cu130",
             rank=rank,
             world_size=world_size,
-            model={"engine": engine},
+            model=caches.model_facts(engine),
         )
 
     monkeypatch.setattr(caches, "fingerprint", fingerprint)
@@ -136,6 +136,47 @@ def test_workers_adopt_the_launchers_directories(tmp_path):
     worker.begin()
     assert worker.dirs.root == launched.root and worker.dirs.path("cuda").is_dir()
     assert redirect_for_launch(_cfg(tmp_path, caches={"carry": False}), ["triton"]) is None
+
+
+def test_the_launcher_gets_only_its_records_and_only_for_a_load(tmp_path, machine, log_records):
+    from foundry_core.engine import redirect_for_launch, undo_launch_redirect
+
+    records = log_records("foundry.caches", logging.DEBUG)
+    cfg = _cfg(tmp_path)
+    saved = caches.CacheDirs.create(["vllm", "triton"], label="save")
+    _fill(saved)
+    (saved.path("vllm") / "modelinfos").mkdir()
+    (saved.path("vllm") / "modelinfos" / "m-Qwen3ForCausalLM.json").write_text('{"hash": "h"}')
+    (saved.path("vllm") / "torch_compile_cache").mkdir()
+    (saved.path("vllm") / "torch_compile_cache" / "code.py").write_text("compiled")
+    caches.pack(cfg.rank_caches_dir(0), saved, device=0, engine=ENGINE)
+    wanted = {"vllm": ("modelinfos/",)}
+
+    launched = redirect_for_launch(cfg, ["vllm", "triton"], engine=ENGINE, launcher_records=wanted)
+    # No compiled code and no native file before the worker has checked the GPU.
+    assert {k: sorted(v) for k, v in launched.files().items()} == {
+        "vllm": ["modelinfos/m-Qwen3ForCausalLM.json"],
+        "triton": [],
+    }
+    assert (launched.path("vllm") / "modelinfos" / "m-Qwen3ForCausalLM.json").read_text() == '{"hash": "h"}'
+    assert any("1 launcher records" in r.getMessage() for r in records)
+
+    # Another engine version: nothing (the worker's restore reports why).
+    undo_launch_redirect()
+    other = redirect_for_launch(
+        cfg, ["vllm"], engine={**ENGINE, "testengine": "2.0"}, launcher_records=wanted
+    )
+    assert other.files() == {"vllm": {}}
+    assert any("no launcher records" in r.getMessage() and "testengine" in r.getMessage() for r in records)
+    # A SAVE starts empty; so does a start whose graphs are pinned and caches are not.
+    undo_launch_redirect()
+    save = redirect_for_launch(_cfg(tmp_path, mode="save"), ["vllm"], engine=ENGINE, launcher_records=wanted)
+    assert save.files() == {"vllm": {}}
+    undo_launch_redirect()
+    pinned = _cfg(tmp_path, trust={"archive_digest": "0" * 64})
+    assert redirect_for_launch(pinned, ["vllm"], engine=ENGINE, launcher_records=wanted).files() == {
+        "vllm": {}
+    }
 
 
 def test_pack_then_unpack_hands_every_file_over(tmp_path):

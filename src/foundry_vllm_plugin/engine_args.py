@@ -8,7 +8,7 @@ Three methods of ``vllm.engine.arg_utils.EngineArgs`` are wrapped (once per proc
   plugins first for exactly this purpose, so the flags are on the parser it uses.
 * ``from_cli_args``: turns the two flags into the ``additional_config`` entry (see ``settings``).
 * ``create_engine_config``: when the entry is present, asks vLLM for ``FULL_DECODE_ONLY`` graphs,
-  builds the config as usual, refuses unsupported configurations (``check_supported``) before any GPU
+  points the compile caches at private folders (:func:`launch_caches`), builds the config as usual, refuses unsupported configurations (``check_supported``) before any GPU
   work, and points vLLM at the Foundry worker class.
 """
 
@@ -85,12 +85,6 @@ def finalize_engine_config(vllm_config: Any) -> Any:
         pc.worker_cls = FOUNDRY_WORKER
     elif pc.worker_cls != FOUNDRY_WORKER:  # pragma: no cover - check_supported refuses it first
         raise FoundryUnsupportedError(f"worker_cls={pc.worker_cls}", "a custom worker cannot be hooked")
-    # Before vLLM starts its engine-core process: it inherits private compile-cache folders, in
-    # place before it imports FlashInfer or Inductor (which read their folder once).
-    from foundry_core.engine import redirect_for_launch
-    from foundry_vllm_plugin.session import CACHE_KINDS
-
-    redirect_for_launch(cfg, CACHE_KINDS)
     logger.info(
         "Foundry enabled: config %s, mode %s, archive %s (auto is resolved per rank in the worker)",
         cfg.source,
@@ -98,6 +92,21 @@ def finalize_engine_config(vllm_config: Any) -> Any:
         cfg.archive_dir,
     )
     return vllm_config
+
+
+def launch_caches(additional_config: Any) -> None:
+    """Before vLLM builds the config, in the process that will start the engine core: private
+    compile-cache folders that the engine-core process inherits (in place before it imports
+    FlashInfer or Inductor, which read their folder once), and, for a LOAD, vLLM's model-inspection
+    records from the carried caches: without them vLLM inspects the model class in a subprocess that
+    imports the engine (about 20 s of a cold start on an H200 machine)."""
+    from foundry_core.engine import redirect_for_launch
+    from foundry_vllm_plugin.session import CACHE_KINDS, LAUNCHER_RECORDS, engine_facts
+
+    cfg = settings.foundry_config(additional_config)
+    redirect_for_launch(
+        cfg, CACHE_KINDS, engine=engine_facts(), launcher_records=LAUNCHER_RECORDS, log=logger
+    )
 
 
 def _wrap_add_cli_args(orig):
@@ -149,6 +158,7 @@ def _wrap_create_engine_config(orig):
                 settings.ADDITIONAL_CONFIG_KEY: settings.make_entry(entry["config"]),
             }
             prepare_engine_args(self)
+            launch_caches(self.additional_config)
             config = orig(self, *args, **kwargs)
             return finalize_engine_config(config)
         except settings.ConfigError as e:  # FoundryUnsupportedError too: one line at `vllm serve`'s end

@@ -20,6 +20,9 @@ logger = logging.getLogger("vllm.foundry")  # under vLLM's logger: same handlers
 
 #: The compile and JIT caches a vLLM engine process fills (foundry_core.engine.caches.KINDS).
 CACHE_KINDS = ("vllm", "inductor", "triton", "tvm-ffi", "flashinfer", "deep-gemm", "cuda")
+#: Carried files the API server reads itself, before it starts the engine core: the registry's
+#: model-inspection records (``$VLLM_CACHE_ROOT/modelinfos``), each keyed by its model file's hash.
+LAUNCHER_RECORDS = {"vllm": ("modelinfos/",)}
 
 
 def start_module_recording() -> None:
@@ -36,7 +39,7 @@ def stop_module_recording() -> None:
     capture.stop_recording(logger)
 
 
-def _engine_facts() -> dict[str, Any]:
+def engine_facts() -> dict[str, Any]:
     """What carried caches are valid for on vLLM's side."""
     from foundry_core.fingerprint import package_version
 
@@ -109,7 +112,7 @@ class FoundrySession:
         self._pending_manifest: tuple | None = None  # SAVE: written once the caches are saved too
         from foundry_core.engine import CacheHandover
 
-        self.caches = CacheHandover(cfg, self.rank, CACHE_KINDS, _engine_facts(), self.world_size, logger)
+        self.caches = CacheHandover(cfg, self.rank, CACHE_KINDS, engine_facts(), self.world_size, logger)
         # What this start did, written next to the archive when graphs are ready (start report).
         self.report: dict[str, Any] = {
             "kind": archive.START_REPORT_KIND,

@@ -255,9 +255,12 @@ def fingerprint(device: int, engine: dict, *, rank: int = 0, world_size: int = 1
     the compiler versions and the engine facts (name, version) the caller gives."""
     from ..fingerprint import current_fingerprint
 
-    return current_fingerprint(
-        device, model={"engine": engine, "tools": _versions()}, rank=rank, world_size=world_size
-    )
+    return current_fingerprint(device, model=model_facts(engine), rank=rank, world_size=world_size)
+
+
+def model_facts(engine: dict) -> dict:
+    """The part of the caches' fingerprint that needs no GPU: the engine and compiler versions."""
+    return {"engine": engine, "tools": _versions()}
 
 
 def pack(
@@ -333,33 +336,72 @@ def unpack(
     if archive.meta.get("kind") != ARCHIVE_KIND:
         raise CacheError(f"archive {path} holds {archive.meta.get('kind')!r}, not carried caches")
     compare_fingerprint(archive.fingerprint, fingerprint(device, engine, rank=rank, world_size=world_size))
-    modes = archive.meta.get("modes") or {}
-    mtimes = archive.meta.get("mtimes") or {}
     carried: dict[str, dict[str, list[int]]] = {k: {} for k in dirs.kinds}
-    for member in archive.files:
-        parts = member.split("/", 2)
-        if len(parts) != 3 or parts[0] != "caches":
-            continue
-        kind, rel = parts[1], parts[2]
-        if kind not in carried:  # a cache this engine does not use here
-            continue
-        dest = dirs.path(kind) / rel
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        # Written beside and renamed into place: a tool that looks meanwhile sees all or nothing.
-        fd, tmp = tempfile.mkstemp(prefix=".foundry-", dir=dest.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(archive.read_bytes(member))
-            os.chmod(tmp, 0o700 if modes.get(member, 0o644) & 0o100 else 0o600)
-            mtime = mtimes.get(member)
-            if isinstance(mtime, int) and mtime > 0:
-                os.utime(tmp, ns=(mtime, mtime))
-            os.replace(tmp, dest)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        st = dest.stat()
-        carried[kind][rel] = [st.st_size, st.st_mtime_ns]
+    for kind, rel, member in _members(archive, dirs.kinds):
+        carried[kind][rel] = _write_member(archive, member, dirs.path(kind) / rel)
     # What came from the archive, with size and time: a file rewritten later counts as compiled.
     (dirs.root / CARRIED_LIST).write_text(json.dumps(carried, sort_keys=True))
     return {"digest": archive.digest, "kinds": archive.meta.get("kinds") or {}}
+
+
+def unpack_engine_records(
+    path: str | os.PathLike,
+    dirs: CacheDirs,
+    wanted: dict[str, tuple[str, ...]],
+    *,
+    engine: dict,
+    expected_digest: str | None = None,
+    trusted_root: str | os.PathLike | None = None,
+) -> int:
+    """In the launching process, which must not initialise CUDA: write only the members under the
+    given folders of each kind (``{"vllm": ("modelinfos/",)}``), files the engine reads before it
+    starts its workers and checks itself (vLLM keys each model-inspection record by its source's
+    hash). No native code is written here. Same checks as :func:`unpack` except the GPU, driver and
+    CUDA ones, which the worker's :func:`unpack` makes before anything else is used. Returns the
+    number of files written."""
+    if trusted_root is not None:
+        check_location(path, trusted_root)
+    archive = open_archive(path, expected_digest=expected_digest)
+    if archive.meta.get("kind") != ARCHIVE_KIND:
+        raise CacheError(f"archive {path} holds {archive.meta.get('kind')!r}, not carried caches")
+    if not isinstance(archive.fingerprint, dict):
+        raise CacheError(f"archive {path} has no fingerprint")
+    # Only the part a launcher can know without CUDA: this machine's side of everything else is
+    # taken as the archive's, and the worker compares it before the engine uses any other file.
+    compare_fingerprint(archive.fingerprint, {**archive.fingerprint, "model": model_facts(engine)})
+    written = 0
+    for kind, rel, member in _members(archive, [k for k in wanted if k in dirs.kinds]):
+        if rel.startswith(wanted[kind]):
+            _write_member(archive, member, dirs.path(kind) / rel)
+            written += 1
+    return written
+
+
+def _members(archive: Any, kinds: Iterable[str]) -> Iterable[tuple[str, str, str]]:
+    """``(kind, relative path, member)`` for each carried file of the given kinds."""
+    kinds = set(kinds)
+    for member in archive.files:
+        parts = member.split("/", 2)
+        if len(parts) == 3 and parts[0] == "caches" and parts[1] in kinds:
+            yield parts[1], parts[2], member
+
+
+def _write_member(archive: Any, member: str, dest: Path) -> list[int]:
+    """One carried file into place with its recorded mode and time; returns ``[size, mtime_ns]``."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    # Written beside and renamed into place: a tool that looks meanwhile sees all or nothing.
+    fd, tmp = tempfile.mkstemp(prefix=".foundry-", dir=dest.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(archive.read_bytes(member))
+        mode = (archive.meta.get("modes") or {}).get(member, 0o644)
+        os.chmod(tmp, 0o700 if mode & 0o100 else 0o600)
+        mtime = (archive.meta.get("mtimes") or {}).get(member)
+        if isinstance(mtime, int) and mtime > 0:
+            os.utime(tmp, ns=(mtime, mtime))
+        os.replace(tmp, dest)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    st = dest.stat()
+    return [st.st_size, st.st_mtime_ns]

@@ -43,10 +43,20 @@ _launch_env: dict[str, str | None] = {}
 _launch_dirs: list[caches.CacheDirs] = []  # the folders the last launch holds (their lock)
 
 
-def redirect_for_launch(cfg: Any, kinds: Iterable[str]) -> caches.CacheDirs | None:
+def redirect_for_launch(
+    cfg: Any,
+    kinds: Iterable[str],
+    *,
+    engine: dict | None = None,
+    launcher_records: dict[str, tuple[str, ...]] | None = None,
+    log: logging.Logger | None = None,
+) -> caches.CacheDirs | None:
     """In the launching process: make the private directories and export them (and
     :data:`caches.DIR_ENV`) for the engine processes it starts. None when caches are not carried.
-    Files are handed over later, by each worker's :meth:`CacheHandover.restore`."""
+    Files are handed over later, by each worker's :meth:`CacheHandover.restore`, except the
+    ``launcher_records``: records the launching process itself reads before it starts the workers
+    (vLLM's model-inspection records, whose absence costs a subprocess that imports the engine),
+    handed over here when a LOAD may follow (:func:`caches.unpack_engine_records`)."""
     undo_launch_redirect()
     if not getattr(cfg, "carry_caches", True):
         return None
@@ -55,7 +65,33 @@ def redirect_for_launch(cfg: Any, kinds: Iterable[str]) -> caches.CacheDirs | No
     _launch_env.update({name: os.environ.get(name) for name in env})
     os.environ.update(env)
     _launch_dirs.append(dirs)
+    if launcher_records and engine is not None and cfg.mode != "save":
+        _launcher_records(cfg, dirs, engine, launcher_records, log or logger)
     return dirs
+
+
+def _launcher_records(
+    cfg: Any, dirs: caches.CacheDirs, engine: dict, wanted: dict[str, tuple[str, ...]], log: logging.Logger
+) -> None:
+    # Rank 0's caches: the launcher is one process per node, and these records depend on the engine's
+    # source, not on the rank. Whatever goes wrong here is the worker's to judge (its restore applies
+    # the refusal policy); the launcher then inspects the model as it would without Foundry.
+    if getattr(cfg, "archive_digests", ()) and cfg.caches_digest_for_rank(0) is None:
+        return  # graphs pinned, caches not: unpinned caches are not used at all
+    try:
+        n = caches.unpack_engine_records(
+            cfg.rank_caches_dir(0),
+            dirs,
+            wanted,
+            engine=engine,
+            expected_digest=cfg.caches_digest_for_rank(0),
+            trusted_root=cfg.archive_dir,
+        )
+    except (ArchiveError, OSError) as e:
+        log.debug("Foundry: no launcher records from the carried caches (%s)", one_line(e, 300))
+        return
+    if n:
+        log.info("Foundry: %d launcher records handed to the engine from the carried caches", n)
 
 
 def undo_launch_redirect() -> None:
