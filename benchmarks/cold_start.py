@@ -10,8 +10,9 @@ greedy tokens (top-5 logprobs) gives the time to first token, and an identical s
 that the server agrees with itself. Runs, in this order:
 
 * ``save``: Foundry, mode ``auto``, empty archive: captures the graphs and packs the caches;
-* ``load_cold``: Foundry, same archive, every cache emptied first (new HOME and TMPDIR, global
-  caches removed, page cache dropped where allowed);
+* ``load_cold``: Foundry, same archive, every cache emptied first (HOME and TMPDIR emptied, at the
+  same paths for every run as in containers of one image; global caches removed, page cache dropped
+  where allowed);
 * ``stock_cold``: no plugin, every cache emptied first;
 * ``load_warm`` / ``stock_warm``: each again with the caches its own cold run left (separate homes,
   so a stock run never warms a Foundry run or the other way round).
@@ -347,10 +348,18 @@ def installed_plugins(engine: str) -> list[str]:
 
 @dataclasses.dataclass
 class RunPaths:
-    """Where one run keeps its state; a warm run shares ``home``/``tmp`` with its cold sibling."""
+    """Where one run keeps its state; a warm run shares ``home``/``tmp`` with its cold sibling.
+
+    Every run sees the same HOME and TMPDIR *paths*, as every container started from one image does:
+    engines put them into cache keys (vLLM hashes its HOME-derived settings into the torch.compile
+    cache key), so a SAVE under one HOME and a LOAD under another would miss for a reason no
+    deployment has. Each run's own contents are kept in ``kept_home``/``kept_tmp`` between runs and
+    moved into place for the run (:func:`prepare_run`, :func:`put_away`)."""
 
     home: Path
     tmp: Path
+    kept_home: Path
+    kept_tmp: Path
     cache_root: Path  # FOUNDRY_CACHE_ROOT (Foundry runs)
     report_dir: Path  # FOUNDRY_SGLANG_REPORT_DIR (Foundry runs on SGLang)
 
@@ -359,8 +368,10 @@ class RunPaths:
         owner = WARM_OF.get(run, run)
         # Short names: engines put their IPC sockets in TMPDIR, and a socket path has ~107 bytes.
         return cls(
-            home=workdir / f"home-{owner}",
-            tmp=workdir / f"tmp-{owner}",
+            home=workdir / "home",
+            tmp=workdir / "tmp",
+            kept_home=workdir / f"home-{owner}",
+            kept_tmp=workdir / f"tmp-{owner}",
             # One root for every Foundry run: Foundry's private folder under it is named after the
             # archive, so a LOAD uses the path its SAVE used (caches record absolute paths).
             cache_root=workdir / "foundry-caches",
@@ -827,16 +838,20 @@ def wait_gpu_free(baseline_mib: int | None, limit_s: float = 30.0) -> float:
 def prepare_run(bench: Bench, run: str, paths: RunPaths) -> dict[str, Any]:
     """Empty what a cold run must not find; a warm run keeps its sibling's HOME/TMPDIR."""
     prep: dict[str, Any] = {"cold": run not in WARM_OF}
+    for d in (paths.home, paths.tmp):  # what an interrupted run left in place
+        shutil.rmtree(d, ignore_errors=True)
     if prep["cold"]:
-        for d in (paths.home, paths.tmp):
+        for d in (paths.kept_home, paths.kept_tmp):
             shutil.rmtree(d, ignore_errors=True)
         if not bench.keep_global_caches:
             prep["global_caches"] = purge_global_caches(bench.keep_paths)
         prep["page_cache_dropped"] = drop_page_cache()
     else:
-        prep["home_reused"] = paths.home.is_dir() and any(paths.home.iterdir())
-    for d in (paths.home, paths.tmp):
-        d.mkdir(parents=True, exist_ok=True)
+        prep["home_reused"] = paths.kept_home.is_dir() and any(paths.kept_home.iterdir())
+    for kept, live in ((paths.kept_home, paths.home), (paths.kept_tmp, paths.tmp)):
+        if kept.is_dir():
+            kept.rename(live)
+        live.mkdir(parents=True, exist_ok=True)
     for d in (paths.cache_root, paths.report_dir):
         shutil.rmtree(d, ignore_errors=True)
     if run == "save":
@@ -845,6 +860,14 @@ def prepare_run(bench: Bench, run: str, paths: RunPaths) -> dict[str, Any]:
         bench.archive_dir.mkdir(parents=True, exist_ok=True)
         (bench.archive_dir / "rank0.start.json").unlink(missing_ok=True)  # only this run may write it
     return prep
+
+
+def put_away(paths: RunPaths) -> None:
+    """After a run: its HOME and TMPDIR go back to where its warm sibling will find them."""
+    for kept, live in ((paths.kept_home, paths.home), (paths.kept_tmp, paths.tmp)):
+        shutil.rmtree(kept, ignore_errors=True)
+        if live.is_dir():
+            live.rename(kept)
 
 
 def request_phase(
@@ -939,7 +962,10 @@ def run_one(bench: Bench, run: str, timeout_s: float, runs: dict[str, Any]) -> d
         rec["exit_code"] = proc.wait()
         pump.join(timeout=10)
         rec["gpu_free_wait_s"] = wait_gpu_free(bench.gpu_baseline_mib)
-        finish_record(bench, rec, paths, before, pump.lines)
+        try:
+            finish_record(bench, rec, paths, before, pump.lines)
+        finally:
+            put_away(paths)
     return rec
 
 

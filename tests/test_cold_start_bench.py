@@ -293,9 +293,9 @@ def test_child_env_keeps_plugin_out_of_stock_and_caches_out_of_every_run(tmp_pat
     assert stock["SGLANG_PLUGINS"] == "other"
     assert str(shim) not in stock["PYTHONPATH"] and str(cs.SRC) in stock["PYTHONPATH"]
     assert stock["PYTHONPATH"].startswith("/tmp/site-sglang")
-    assert stock["HOME"] == str(tmp_path / "home-stock_cold") and stock["TMPDIR"] == str(
-        tmp_path / "tmp-stock_cold"
-    )
+    # The same HOME and TMPDIR paths for every run, as in containers of one image.
+    assert stock["HOME"] == str(tmp_path / "home") and stock["TMPDIR"] == str(tmp_path / "tmp")
+    assert paths.kept_home == tmp_path / "home-stock_cold" and paths.kept_tmp == tmp_path / "tmp-stock_cold"
     assert stock["PYTHONUSERBASE"] == "/ub" and stock["CUDA_VISIBLE_DEVICES"] == "0"
     for key in (
         "TRITON_CACHE_DIR",
@@ -312,7 +312,8 @@ def test_child_env_keeps_plugin_out_of_stock_and_caches_out_of_every_run(tmp_pat
     load = cs.child_env(base, "sglang", "load_warm", paths, shim, ["foundry"])
     assert load["PYTHONPATH"].split(os.pathsep)[0] == str(shim)
     assert "SGLANG_PLUGINS" not in load
-    assert load["HOME"] == str(tmp_path / "home-load_cold")  # warm: the cold sibling's caches
+    assert load["HOME"] == str(tmp_path / "home")
+    assert paths.kept_home == tmp_path / "home-load_cold"  # warm: the cold sibling's caches
     assert load[cs.CACHE_ROOT_ENV] == str(tmp_path / "foundry-caches")  # SAVE's and LOAD's paths agree
     assert load[cs.SGLANG_REPORT_ENV] == str(tmp_path / "report-load_warm")
 
@@ -575,6 +576,7 @@ def test_whole_benchmark_against_a_stand_in_server(tmp_path, monkeypatch):
         and runs["stock_warm"]["compiled_files"]["total"] == 0
     )
     assert runs["load_warm"]["prepare"]["home_reused"] is True
+    assert {r["env_changes"]["set"]["HOME"] for r in runs.values()} == {str(tmp_path / "work" / "home")}
     assert runs["stock_cold"]["log_parse"]["compile_markers"]["nvcc"] == 1
     assert runs["stock_warm"]["log_parse"]["compile_markers"]["nvcc"] == 0
     for name in cs.RUNS:
