@@ -140,8 +140,10 @@ CACHE_ENV = (
 )
 #: Global caches a cold run must not find (removed before each cold run).
 GLOBAL_CACHES = ("/tmp/torchinductor_*", "/root/.cache", "/root/.triton", "/root/.nv")
-# Files caches keep for their own bookkeeping while running: not compilations.
-SKIP_SUFFIXES = (".lock", ".tmp", ".pid")
+# Files caches keep for their own bookkeeping while running: not compilations. FlashInfer opens its
+# flashinfer_jit.log when it is imported, whether or not it builds anything (ninja's .ninja_log,
+# which only a build writes, still counts).
+SKIP_SUFFIXES = (".lock", ".tmp", ".pid", ".log")
 #: Folders under HOME that fill up without compiling anything (Hugging Face's modules package stub,
 #: usage-stats configs): reported apart so they do not count as compilations.
 NOT_COMPILES = ("home/.cache/huggingface", "home/.config")

@@ -80,6 +80,8 @@ KINDS: dict[str, CacheKind] = {
         CacheKind("flashinfer", ("FLASHINFER_WORKSPACE_BASE",), "FlashInfer: JIT modules"),
         # SGLang copies SGLANG_DG_CACHE_DIR over DG_JIT_CACHE_DIR when it imports its DeepGEMM wrapper.
         CacheKind("deep-gemm", ("DG_JIT_CACHE_DIR", "SGLANG_DG_CACHE_DIR"), "DeepGEMM: JIT kernels"),
+        # vLLM's quantized-GEMM kernel library builds its launcher with ninja at first use.
+        CacheKind("humming", ("HUMMING_CACHE_DIR",), "humming-kernels: launcher built at first use"),
         # The driver reads it when CUDA initialises; used only for PTX without SASS for this GPU.
         CacheKind("cuda", ("CUDA_CACHE_PATH",), "CUDA driver: PTX compiled at load"),
     )
