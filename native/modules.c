@@ -172,13 +172,17 @@ EXPORT int foundry_modules_start(const char *cupti_path) {
     rc = enable(1, sub, CUPTI_CB_DOMAIN_DRIVER_API, driver_ids[i]);
   for (size_t i = 0; !rc && i < sizeof runtime_ids / sizeof *runtime_ids; i++)
     rc = enable(1, sub, CUPTI_CB_DOMAIN_RUNTIME_API, runtime_ids[i]);
+  CUptiResult (*unsubscribe)(CUpti_SubscriberHandle) = dlsym(h, "cuptiUnsubscribe");
   if (rc) {
+    /* Leave no half-enabled subscriber behind: it would hold CUPTI's only subscriber slot (a
+     * profiler could not attach) and call back into a recorder that reports itself stopped. */
+    if (unsubscribe) unsubscribe(sub);
     snprintf(last_error, sizeof last_error, "cuptiEnableCallback failed with CUPTI error %d", rc);
     result = -1;
     goto out;
   }
   subscriber = sub;
-  cupti_unsubscribe = dlsym(h, "cuptiUnsubscribe");
+  cupti_unsubscribe = unsubscribe;
   cupti_finalize = dlsym(h, "cuptiFinalize");
   started = 1;
 out:

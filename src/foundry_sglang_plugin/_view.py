@@ -47,10 +47,3 @@ def has_field(server_args: Any, name: str) -> bool:
     if dataclass_fields is not None:
         return name in dataclass_fields
     return getattr(server_args, name, _MISSING) is not _MISSING
-
-
-def is_resolved(server_args: Any) -> bool:
-    """True once SGLang's resolution has run on this record (always true for in-place releases)."""
-    if _resolution_result() is None:
-        return True
-    return bool(getattr(server_args, "_resolution_finished", False))

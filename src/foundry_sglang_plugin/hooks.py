@@ -91,11 +91,7 @@ def before_check_server_args(server_args: Any, *args: Any, **kwargs: Any) -> Non
 
 # --- worker hooks ------------------------------------------------------------------------------
 
-_session = None
-
-
-def current_session():
-    return _session
+_session = None  # this scheduler process's Foundry session
 
 
 def _bound(original: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
