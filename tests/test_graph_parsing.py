@@ -180,3 +180,32 @@ def test_placement_refuses_freed_segment_and_setup_count():
 def test_placement_refuses_other_region_settings():
     with pytest.raises(PlacementError, match="region base"):
         _region([]).restore_layout(_layout(SAVED, base=0x400000000000))
+
+
+def test_launch_makes_one_stream_handle_per_stream_and_names_the_error(monkeypatch):
+    import enum
+
+    class CUresult(enum.IntEnum):
+        CUDA_SUCCESS = 0
+        CUDA_ERROR_ILLEGAL_ADDRESS = 700
+
+    made, launched = [], []
+
+    class FakeDriver:
+        class CUstream:
+            def __init__(self, init_value):
+                made.append(init_value)
+                self.value = init_value
+
+        @staticmethod
+        def cuGraphLaunch(exec_, stream):
+            launched.append((exec_, stream.value))
+            return (CUresult.CUDA_ERROR_ILLEGAL_ADDRESS if stream.value == 9 else CUresult.CUDA_SUCCESS,)
+
+    monkeypatch.setattr(graphs, "cu", lambda: FakeDriver)
+    rebuilt = graphs.Rebuilt("graph", "exec", [], [])
+    for stream in (5, 5, 5, 7, 7):
+        rebuilt.launch(stream)
+    assert made == [5, 7] and launched == [("exec", 5)] * 3 + [("exec", 7)] * 2
+    with pytest.raises(graphs.CudaError, match="cuGraphLaunch failed: CUDA_ERROR_ILLEGAL_ADDRESS"):
+        rebuilt.launch(9)

@@ -344,20 +344,25 @@ class RestoredGraph:
         self.name, self.device, self.nodes = name, device, nodes
         self._rebuilt = rebuilt
         self._rng = rng
+        torch = _torch()
+        # The raw handle of the current stream, as torch's own replay reads it: no Stream object
+        # per replay (replay is on the serving loop's host path).
+        self._current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
+            lambda device: torch.cuda.current_stream(device).cuda_stream
+        )
         if rng:
             self._seed = tensor_at(rng["seed_ptr"], (1,), (1,), "int64", device)
             self._offset = tensor_at(rng["offset_ptr"], (1,), (1,), "int64", device)
 
     def replay(self) -> None:
-        torch = _torch()
         if self._rng:
             # What torch's own replay does before launching: publish seed and offset, then advance.
-            gen = torch.cuda.default_generators[self.device]
+            gen = _torch().cuda.default_generators[self.device]
             offset = gen.get_offset()
             self._seed.fill_(_signed64(gen.initial_seed()))
             self._offset.fill_(offset)
             gen.set_offset(offset + self._rng["increment"])
-        self._rebuilt.launch(torch.cuda.current_stream(self.device).cuda_stream)
+        self._rebuilt.launch(self._current_stream(self.device))
 
     def __repr__(self) -> str:
         return f"RestoredGraph({self.name!r}, nodes={self.nodes})"

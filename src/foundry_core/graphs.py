@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 
 from . import _native
-from .driver import call, cu
+from .driver import CudaError, call, cu
 from .errors import FoundryError
 from .modules import LoadedModules, Recorded, function_attributes
 
@@ -352,9 +352,17 @@ class Rebuilt:
 
     def __init__(self, graph, exec_, events: list, keepalive: list):
         self.graph, self.exec, self.events, self._keepalive = graph, exec_, events, keepalive
+        # Replay is on the serving loop's host path: look the driver function up once, and make a
+        # stream handle object only when the stream changes (engines replay on one stream).
+        self._launch = cu().cuGraphLaunch
+        self._stream: tuple[int, object] | None = None
 
     def launch(self, stream: int) -> None:
-        call("cuGraphLaunch", self.exec, cu().CUstream(init_value=stream))
+        if self._stream is None or self._stream[0] != stream:
+            self._stream = (stream, cu().CUstream(init_value=stream))
+        (err,) = self._launch(self.exec, self._stream[1])
+        if int(err):
+            raise CudaError("cuGraphLaunch", err)
 
     def destroy(self) -> None:
         if self.exec is not None:
