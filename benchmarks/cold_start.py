@@ -109,6 +109,7 @@ SHIM_DIST = "foundry_graphs_cold_start_shim-0.0.0"
 SGLANG_REPORT_ENV = "FOUNDRY_SGLANG_REPORT_DIR"
 CACHE_ROOT_ENV = "FOUNDRY_CACHE_ROOT"  # foundry_core.engine.caches.ROOT_ENV
 CARRIED_LIST = ".foundry-carried.json"  # foundry_core.engine.caches.CARRIED_LIST
+PROFILE_ENV = "FOUNDRY_PROFILE_DIR"  # foundry_core.engine.profiling.ENV
 
 #: Foundry settings a run must not inherit from the calling shell.
 FOUNDRY_SETTINGS_ENV = (
@@ -123,6 +124,7 @@ FOUNDRY_SETTINGS_ENV = (
     "FOUNDRY_SGLANG_REPLAY_TIMING",
     SGLANG_REPORT_ENV,
     CACHE_ROOT_ENV,
+    PROFILE_ENV,
 )
 #: Cache locations a run must not inherit: Foundry sets the ones it handles inside its engine
 #: processes, and stock must fall back to the defaults under its fresh HOME/TMPDIR.
@@ -219,6 +221,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--keep-global-caches",
         action="store_true",
         help=f"do not delete {', '.join(GLOBAL_CACHES)} before cold runs (for a machine you keep)",
+    )
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="profile Foundry runs' graph phase on the host (FOUNDRY_PROFILE_DIR=<logs>/profile-<run>); "
+        "their timings are then not real ones",
     )
     p.add_argument(
         "--resume",
@@ -785,6 +793,7 @@ class Bench:
     keep_paths: list[Path]
     user_base: str | None = None
     gpu_baseline_mib: int | None = None
+    profile: bool = False  # --profile: Foundry runs profile their graph phase into the logs folder
 
 
 def kill_group(proc: subprocess.Popen) -> None:
@@ -933,6 +942,8 @@ def run_one(bench: Bench, run: str, timeout_s: float, runs: dict[str, Any]) -> d
     env = child_env(
         dict(os.environ), bench.engine, run, paths, bench.shim, bench.other_plugins, bench.user_base
     )
+    if bench.profile and foundry:
+        env[PROFILE_ENV] = str(bench.logs / f"profile-{run}")
     rec.update(command=shlex.join(argv), port=port, log=f"{bench.engine}-{run}.log")
     rec["env_changes"] = env_changes(dict(os.environ), env)
     log_path = bench.logs / rec["log"]
@@ -1269,6 +1280,7 @@ def setup(opts: argparse.Namespace, meta: dict[str, Any]) -> Bench:
         keep_paths=[p.resolve() for p in keep],
         user_base=site.getuserbase(),
         gpu_baseline_mib=gpu_memory_used_mib(),
+        profile=opts.profile,
     )
 
 

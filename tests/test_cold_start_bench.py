@@ -555,7 +555,7 @@ def test_whole_benchmark_against_a_stand_in_server(tmp_path, monkeypatch):
     ]
     # Cold runs in one call, warm runs in a second one that resumes it (as on a device whose calls
     # each have a time limit).
-    rc = cs.main([*argv, "--runs", "save,load_cold,stock_cold"])
+    rc = cs.main([*argv, "--runs", "save,load_cold,stock_cold", "--profile"])
     assert rc == 0, json.loads(out.read_text()).get("errors")
     rc = cs.main([*argv, "--runs", "load_warm,stock_warm", "--resume"])
     result = json.loads(out.read_text())
@@ -577,6 +577,9 @@ def test_whole_benchmark_against_a_stand_in_server(tmp_path, monkeypatch):
     )
     assert runs["load_warm"]["prepare"]["home_reused"] is True
     assert {r["env_changes"]["set"]["HOME"] for r in runs.values()} == {str(tmp_path / "work" / "home")}
+    # --profile reaches Foundry's runs only (the stock server does not load Foundry at all).
+    profiled = {name for name, r in runs.items() if cs.PROFILE_ENV in r["env_changes"]["set"]}
+    assert profiled == {"save", "load_cold"}
     assert runs["stock_cold"]["log_parse"]["compile_markers"]["nvcc"] == 1
     assert runs["stock_warm"]["log_parse"]["compile_markers"]["nvcc"] == 0
     for name in cs.RUNS:

@@ -177,3 +177,21 @@ def test_one_line_keeps_the_reason_at_the_end_of_a_long_error():
     assert len(line) <= 500 and "\n" not in line
     assert line.startswith("graph 'decode/size=256'") and line.endswith("points outside the region")
     assert one_line(RuntimeError("short")) == "short" and one_line(RuntimeError()) == "RuntimeError"
+
+
+def test_profiled_writes_a_profile_only_when_asked(tmp_path, monkeypatch):
+    from foundry_core.engine.profiling import ENV, profiled
+
+    def phase():
+        return sum(i * i for i in range(20000))
+
+    monkeypatch.delenv(ENV, raising=False)
+    with profiled("quiet", 0):
+        phase()
+    assert not list(tmp_path.iterdir())
+    monkeypatch.setenv(ENV, str(tmp_path / "profiles"))
+    with profiled("graphs-load", 3):
+        phase()
+    text = (tmp_path / "profiles" / "graphs-load-rank3.txt").read_text()
+    assert "phase" in text and "cumulative" in text
+    assert (tmp_path / "profiles" / "graphs-load-rank3.prof").stat().st_size > 0

@@ -159,8 +159,13 @@ def around_decode_capture(original: Any, self: Any, *args: Any, **kwargs: Any) -
     restores the archive), before the runner's warmup and its per-shape capture loop."""
     if not _target_runner(self):
         return original(self, *args, **kwargs)
+    from foundry_core.engine.profiling import profiled
+
     _session.capture_begins()
-    result = original(self, *args, **kwargs)
+    with profiled(
+        f"sglang-decode-graphs-{_session.mode}", _session.rank, logging.getLogger("foundry.sglang")
+    ):
+        result = original(self, *args, **kwargs)
     _session.capture_done()
     return result
 

@@ -47,6 +47,7 @@ from typing import Any
 
 from vllm.v1.worker.gpu_worker import Worker as _VllmGpuWorker
 
+from foundry_core.engine.profiling import profiled
 from foundry_vllm_plugin import graphs
 from foundry_vllm_plugin.session import (
     FoundrySession,
@@ -196,7 +197,8 @@ class FoundryWorker(_VllmGpuWorker):
         try:
             if s.mode == "save":
                 s.begin_capture_routing()
-            result = super().compile_or_warm_up_model(*args, **kwargs)
+            with profiled(f"vllm-compile-warmup-graphs-{s.mode}", s.rank, logger):
+                result = super().compile_or_warm_up_model(*args, **kwargs)
             s.publish(self.device.index if self.device.index is not None else 0)
             return result
         except BaseException as e:

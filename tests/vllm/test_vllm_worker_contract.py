@@ -331,6 +331,8 @@ def test_compile_or_warm_up_model_saves_unrouted_and_loads_without_capturing(tmp
         BASE = torch.cuda.CUDAGraph
 
         class Session:
+            rank = 0
+
             def __init__(self, mode):
                 self.mode, self.report, self.workspace_locked = mode, {"phases_s": {}}, "unset"
 

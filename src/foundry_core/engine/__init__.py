@@ -6,7 +6,8 @@ Plugins (``foundry_sglang_plugin``, ``foundry_vllm_plugin``) import this package
 * :class:`CacheHandover` carries an engine's compile and JIT caches from its SAVE process to every
   later LOAD (:mod:`foundry_core.engine.caches`);
 * :func:`write_json_atomic` writes the records beside an archive (atomic, fsynced);
-* :class:`FoundryUnsupportedError` is the one refusal both plugins raise at startup.
+* :class:`FoundryUnsupportedError` is the one refusal both plugins raise at startup;
+* :func:`profiling.profiled` profiles a startup phase on the host when ``FOUNDRY_PROFILE_DIR`` is set.
 """
 
 from __future__ import annotations
