@@ -100,6 +100,8 @@ PROMPTS = [
 ]
 MAX_TOKENS = 64
 TOP_LOGPROBS = 5
+#: The seeded-sampling request (--sampling): both engines' OpenAI servers take a per-request seed.
+SAMPLING = {"temperature": 0.8, "top_p": 0.95, "top_k": 40, "seed": 4321}
 
 PLUGIN_GROUPS = {"sglang": "sglang.srt.plugins", "vllm": "vllm.general_plugins"}
 PLUGIN_TARGETS = {"sglang": "foundry_sglang_plugin:register", "vllm": "foundry_vllm_plugin:register"}
@@ -223,6 +225,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help=f"do not delete {', '.join(GLOBAL_CACHES)} before cold runs (for a machine you keep)",
     )
     p.add_argument(
+        "--model-config",
+        default=None,
+        help="Hugging Face config.json of the model to serve (default: the Qwen3-1.7B shape); "
+        "benchmarks/configs/ has an MoE and a hybrid one",
+    )
+    p.add_argument(
+        "--weights",
+        choices=("dummy", "seeded"),
+        default="dummy",
+        help="dummy: the engines' --load-format dummy (fast, but every prompt gets the same degenerate "
+        "output); seeded: a checkpoint written by foundry_tools.weights, whose outputs differ by prompt",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of --weights seeded")
+    p.add_argument("--max-tokens", type=int, default=MAX_TOKENS, help="tokens generated per prompt")
+    p.add_argument(
+        "--sampling",
+        action="store_true",
+        help="also send one request with seeded sampling (temperature, top-p, top-k, a per-request seed) "
+        "and compare its tokens and logprobs across runs as the greedy ones",
+    )
+    p.add_argument(
         "--profile",
         action="store_true",
         help="profile Foundry runs' graph phase on the host (FOUNDRY_PROFILE_DIR=<logs>/profile-<run>); "
@@ -316,10 +339,27 @@ def write_tokenizer(model_dir: Path) -> str:
     return "tokenizers+transformers"
 
 
-def write_model(model_dir: Path) -> str:
+def write_model(model_dir: Path, config: dict[str, Any] | None = None) -> str:
     model_dir.mkdir(parents=True, exist_ok=True)
-    (model_dir / "config.json").write_text(json.dumps(MODEL_CONFIG, indent=1))
+    (model_dir / "config.json").write_text(json.dumps(config or MODEL_CONFIG, indent=1))
     return write_tokenizer(model_dir)
+
+
+def write_seeded_weights(model_dir: Path, seed: int) -> dict[str, Any]:
+    """A checkpoint from ``foundry_tools.weights`` (in a subprocess: this script imports no Foundry
+    code), so that prompts get different outputs and a comparison of logprobs means something."""
+    t0 = time.monotonic()
+    cmd = [sys.executable, "-m", "foundry_tools.weights", "--config", str(model_dir / "config.json")]
+    cmd += ["--out", str(model_dir), "--seed", str(seed)]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(SRC)])))
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"foundry_tools.weights failed: {done.stderr.strip()[-2000:]}")
+    try:
+        summary = json.loads(done.stdout)
+    except ValueError:
+        summary = {"stdout": done.stdout[-2000:]}
+    return {"seed": seed, "seconds": round(time.monotonic() - t0, 1), "summary": summary}
 
 
 def foundry_toml(archive_dir: Path, region_size: str) -> str:
@@ -389,18 +429,22 @@ class RunPaths:
         )
 
 
-def server_command(engine: str, model_dir: Path, port: int, toml: Path | None) -> list[str]:
-    """The server's command line; identical for stock and Foundry except the two Foundry flags."""
+def server_command(
+    engine: str, model_dir: Path, port: int, toml: Path | None, *, dummy: bool = True
+) -> list[str]:
+    """The server's command line; identical for stock and Foundry except the two Foundry flags.
+    ``dummy``: random weights of the engine's own (``--load-format dummy``) instead of the files."""
+    load = ["--load-format", "dummy"] if dummy else []
     if engine == "sglang":
         argv = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_dir)]
-        argv += ["--load-format", "dummy", "--attention-backend", "fa3", "--sampling-backend", "pytorch"]
+        argv += [*load, "--attention-backend", "fa3", "--sampling-backend", "pytorch"]
         argv += ["--cuda-graph-max-bs-decode", "512", "--cuda-graph-backend-prefill", "disabled"]
         argv += ["--mem-fraction-static", "0.5", "--random-seed", "0", "--log-level", "info"]
     else:
         # The module rather than a ``vllm`` found on PATH: the same interpreter and engine site as
         # the version recorded here (a pip --target site puts its console scripts off PATH anyway).
         argv = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(model_dir)]
-        argv += ["--load-format", "dummy", "--max-num-seqs", "512", "--gpu-memory-utilization", "0.5"]
+        argv += [*load, "--max-num-seqs", "512", "--gpu-memory-utilization", "0.5"]
         argv += ["--seed", "0", "--max-model-len", "4096"]
     argv += ["--port", str(port), "--host", "127.0.0.1"]
     if toml is not None:
@@ -722,11 +766,13 @@ def wait_ready(base: str, proc: subprocess.Popen, deadline: float) -> str:
     raise TimeoutError("server not ready before the run's timeout")
 
 
-def completion_body(engine: str, model_id: str) -> dict[str, Any]:
+def completion_body(
+    engine: str, model_id: str, max_tokens: int = MAX_TOKENS, sampling: dict[str, Any] | None = None
+) -> dict[str, Any]:
     body: dict[str, Any] = {
         "model": model_id,
         "prompt": PROMPTS,
-        "max_tokens": MAX_TOKENS,
+        "max_tokens": max_tokens,
         "temperature": 0,
         "logprobs": TOP_LOGPROBS,
         "ignore_eos": True,
@@ -734,6 +780,7 @@ def completion_body(engine: str, model_id: str) -> dict[str, Any]:
     }
     if engine == "vllm":
         body["return_tokens_as_token_ids"] = True  # logprob keys as "token_id:N", not decoded text
+    body.update(sampling or {})
     return body
 
 
@@ -794,6 +841,9 @@ class Bench:
     user_base: str | None = None
     gpu_baseline_mib: int | None = None
     profile: bool = False  # --profile: Foundry runs profile their graph phase into the logs folder
+    dummy_weights: bool = True  # --weights dummy
+    max_tokens: int = MAX_TOKENS
+    sampling: bool = False
 
 
 def kill_group(proc: subprocess.Popen) -> None:
@@ -882,15 +932,23 @@ def put_away(paths: RunPaths) -> None:
 
 
 def request_phase(
-    engine: str, proc: subprocess.Popen, rec: dict[str, Any], base: str, t0: float, deadline: float
+    engine: str,
+    proc: subprocess.Popen,
+    rec: dict[str, Any],
+    base: str,
+    t0: float,
+    deadline: float,
+    max_tokens: int = MAX_TOKENS,
+    sampling: bool = False,
 ) -> None:
-    """Ready, first request (TTFT), second request (self-consistency); fills ``rec`` as it goes."""
+    """Ready, first request (TTFT), second request (self-consistency), and with ``sampling`` two
+    seeded-sampling requests; fills ``rec`` as it goes."""
     rec["stage"] = "starting"
     rec["model_id"] = wait_ready(base, proc, deadline)
     t_ready = time.monotonic()
     rec["ready_s"] = round(t_ready - t0, 3)
     rec["stage"] = "first request"
-    body = completion_body(engine, rec["model_id"])
+    body = completion_body(engine, rec["model_id"], max_tokens)
     status, resp = http_json(base + "/v1/completions", body, timeout=max(5.0, deadline - time.monotonic()))
     t_first = time.monotonic()
     if status != 200:
@@ -911,6 +969,18 @@ def request_phase(
     }
     rec["outputs_differ_between_prompts"] = outputs_differ(rec["outputs"])
     rec["usage"] = (resp or {}).get("usage")
+    if not sampling:
+        return
+    rec["stage"] = "sampling requests"
+    body = completion_body(engine, rec["model_id"], max_tokens, SAMPLING)
+    sampled = []
+    for _ in range(2):
+        status, got = http_json(base + "/v1/completions", body, timeout=max(5.0, deadline - time.monotonic()))
+        if status != 200:
+            raise RuntimeError(f"sampling /v1/completions answered {status}: {str(got)[:500]}")
+        sampled.append(extract_outputs(got))
+    rec["outputs_sampled"] = sampled[0]
+    rec["self_consistent_sampled"] = sampled[0] == sampled[1]
 
 
 def read_start_report(bench: Bench, paths: RunPaths) -> dict[str, Any] | None:
@@ -938,7 +1008,9 @@ def run_one(bench: Bench, run: str, timeout_s: float, runs: dict[str, Any]) -> d
     rec["paths"] = {k: str(v) for k, v in dataclasses.asdict(paths).items()}
     before = snapshot(outside_roots(paths))
     port = free_port()
-    argv = server_command(bench.engine, bench.model_dir, port, bench.toml if foundry else None)
+    argv = server_command(
+        bench.engine, bench.model_dir, port, bench.toml if foundry else None, dummy=bench.dummy_weights
+    )
     env = child_env(
         dict(os.environ), bench.engine, run, paths, bench.shim, bench.other_plugins, bench.user_base
     )
@@ -960,7 +1032,16 @@ def run_one(bench: Bench, run: str, timeout_s: float, runs: dict[str, Any]) -> d
     pump = LogPump(proc.stdout, log_path, t0)
     pump.start()
     try:
-        request_phase(bench.engine, proc, rec, f"http://127.0.0.1:{port}", t0, t0 + timeout_s)
+        request_phase(
+            bench.engine,
+            proc,
+            rec,
+            f"http://127.0.0.1:{port}",
+            t0,
+            t0 + timeout_s,
+            max_tokens=bench.max_tokens,
+            sampling=bench.sampling,
+        )
         rec["ok"] = True
         rec["stage"] = "done"
     except BaseException as e:  # everything goes into the record; the benchmark goes on
@@ -1127,6 +1208,19 @@ def assemble(meta: dict[str, Any], runs: dict[str, dict[str, Any]]) -> dict[str,
     load_lp = [_outputs(runs, "load_cold", f) for f in lp]
     save_lp = [_outputs(runs, "save", f) for f in lp]
     out["logprobs_identical_to_save"] = None if None in load_lp + save_lp else load_lp == save_lp
+    stock_lp = [_outputs(runs, "stock_cold", f) for f in lp]
+    out["logprobs_identical_to_stock"] = None if None in load_lp + stock_lp else load_lp == stock_lp
+    load_tokens = _outputs(runs, "load_cold", "tokens")
+    out["distinct_outputs"] = len({json.dumps(t) for t in load_tokens}) if load_tokens else None
+    sampled = {r: (runs.get(r) or {}).get("outputs_sampled") for r in ("save", "load_cold", "stock_cold")}
+    out["sampled_identical_to_save"] = (
+        None if None in (sampled["load_cold"], sampled["save"]) else sampled["load_cold"] == sampled["save"]
+    )
+    out["sampled_identical_to_stock"] = (
+        None
+        if None in (sampled["load_cold"], sampled["stock_cold"])
+        else sampled["load_cold"] == sampled["stock_cold"]
+    )
     out["warm_tokens_identical_to_save"] = _same(
         _outputs(runs, "load_warm", "tokens"), _outputs(runs, "save", "tokens")
     )
@@ -1259,7 +1353,12 @@ def setup(opts: argparse.Namespace, meta: dict[str, Any]) -> Bench:
     logs = Path(opts.logs).resolve()
     logs.mkdir(parents=True, exist_ok=True)
     model_dir, archive_dir, toml = workdir / "model", workdir / "archive", workdir / "foundry.toml"
-    meta["tokenizer"] = write_model(model_dir)
+    config = json.loads(Path(opts.model_config).read_text()) if opts.model_config else MODEL_CONFIG
+    meta["model_config"] = config
+    meta["tokenizer"] = write_model(model_dir, config)
+    meta["weights"] = opts.weights
+    if opts.weights == "seeded":
+        meta["seeded_weights"] = write_seeded_weights(model_dir, opts.seed)
     toml.write_text(foundry_toml(archive_dir, opts.region_size))
     plugins = installed_plugins(opts.engine)
     shim = None if PLUGIN_NAME in plugins else write_entry_point_shim(workdir / "entry-point")
@@ -1281,6 +1380,9 @@ def setup(opts: argparse.Namespace, meta: dict[str, Any]) -> Bench:
         user_base=site.getuserbase(),
         gpu_baseline_mib=gpu_memory_used_mib(),
         profile=opts.profile,
+        dummy_weights=opts.weights == "dummy",
+        max_tokens=opts.max_tokens,
+        sampling=opts.sampling,
     )
 
 
@@ -1323,8 +1425,8 @@ def main(argv: list[str] | None = None) -> int:
         "python": sys.version.split()[0],
         "runs_requested": opts.runs,
         "prompts": PROMPTS,
-        "max_tokens": MAX_TOKENS,
-        "model_config": MODEL_CONFIG,
+        "max_tokens": opts.max_tokens,
+        "sampling": SAMPLING if opts.sampling else None,
     }
     runs: dict[str, dict[str, Any]] = resumed_runs(out_path, meta, opts) if opts.resume else {}
 

@@ -6,6 +6,9 @@
 #   FOUNDRY_COMMIT=<hash> bash benchmarks/run_cold_h200.sh sglang|vllm [seconds]
 # The result is kept in /tmp/cold-results between calls on the same machine (every call empties
 # $OUT), so COLD_ARGS="--runs load_warm,stock_warm --resume" adds the warm runs in a later call.
+# NAME (default cold-<engine>-h200) names the result files, e.g. for the model runs:
+#   NAME=models-sglang-moe-h200 COLD_ARGS="--runs save,load_cold,stock_cold --weights seeded
+#   --model-config benchmarks/configs/qwen3-moe-4l.json --sampling" bash benchmarks/run_cold_h200.sh sglang
 set -u
 engine=${1:?sglang or vllm}
 limit=${2:-590}
@@ -13,6 +16,7 @@ out=${OUT:?set OUT to the results folder}
 t0=$(date +%s)
 logs=/tmp/cold-logs-$engine
 results=/tmp/cold-results
+name=${NAME:-cold-$engine-h200}
 mkdir -p /tmp/wh "$logs" "$results"
 if [ ! -f /tmp/wh/.unpacked ]; then
   cat /tmp/dw/part-* | tar -xf - -C /tmp/wh && touch /tmp/wh/.unpacked || exit 2
@@ -27,8 +31,8 @@ echo "wheels ready in $(($(date +%s) - t0)) s"
 bash benchmarks/build_native.sh || exit 3
 left=$((limit - $(date +%s) + t0 - 15))
 PYTHONPATH=$site:$PWD/src timeout "$left" python3 benchmarks/cold_start.py --engine "$engine" \
-  --out "$results/cold-$engine-h200.json" --logs "$logs" --workdir "/tmp/cold-$engine" \
+  --out "$results/$name.json" --logs "$logs" --workdir "/tmp/cold-$engine" \
   --budget $((left - 10)) --timeout "${RUN_TIMEOUT:-240}" ${COLD_ARGS:-}
 echo "cold_start rc=$?"
-cp "$results/cold-$engine-h200".* "$out/"
-tar -czf "$out/cold-$engine-logs.tar.gz" -C "$logs" .
+cp "$results/$name".* "$out/"
+tar -czf "$out/$name-logs.tar.gz" -C "$logs" .

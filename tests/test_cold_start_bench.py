@@ -518,7 +518,10 @@ FAKE_SERVER = textwrap.dedent(
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             choices = []
             for i, prompt in enumerate(body["prompt"]):
-                ids = [(sum(prompt) * 31 + k) % 151936 for k in range(body["max_tokens"])]
+                # A seeded request samples other tokens; this stand-in's stock server samples
+                # differently from its Foundry one, so the comparison has something to catch.
+                shift = body.get("seed", 0) + ("seed" in body and not foundry)
+                ids = [(sum(prompt) * 31 + k + shift) % 151936 for k in range(body["max_tokens"])]
                 lps = [-0.5 - (t % 7) / 8 for t in ids]
                 tops = [{str(t): lp, "x": lp - 1} for t, lp in zip(ids, lps)]
                 choices.append({"index": i, "text": "", "token_ids": ids,
@@ -536,7 +539,7 @@ def test_whole_benchmark_against_a_stand_in_server(tmp_path, monkeypatch):
     script = tmp_path / "fake_server.py"
     script.write_text(FAKE_SERVER)
 
-    def command(engine, model_dir, port, toml):
+    def command(engine, model_dir, port, toml, **kwargs):
         argv = [sys.executable, str(script), "--port", str(port)]
         return argv + (["--enable-foundry", "--foundry-config", str(toml)] if toml else [])
 
@@ -598,6 +601,60 @@ def test_whole_benchmark_against_a_stand_in_server(tmp_path, monkeypatch):
         assert result["chart"] == str(png) and png.stat().st_size > 1000
 
 
+def test_seeded_weights_sampling_and_max_tokens(tmp_path, monkeypatch):
+    script = tmp_path / "fake_server.py"
+    script.write_text(FAKE_SERVER)
+    seen = []
+
+    def command(engine, model_dir, port, toml, **kwargs):
+        seen.append(kwargs)
+        argv = [sys.executable, str(script), "--port", str(port)]
+        return argv + (["--enable-foundry", "--foundry-config", str(toml)] if toml else [])
+
+    def weights(model_dir, seed):  # foundry_tools.weights itself is tested in tests/test_weights.py
+        (model_dir / "model.safetensors").write_bytes(b"w")
+        return {"seed": seed}
+
+    monkeypatch.setattr(cs, "server_command", command)
+    monkeypatch.setattr(cs, "write_seeded_weights", weights)
+    monkeypatch.setattr(cs, "drop_page_cache", lambda: False)
+    config = tmp_path / "moe.json"
+    config.write_text(json.dumps({**cs.MODEL_CONFIG, "architectures": ["Qwen3MoeForCausalLM"]}))
+    out = tmp_path / "m.json"
+    argv = ["--engine", "sglang", "--out", str(out), "--logs", str(tmp_path / "logs"), "--keep-global-caches"]
+    argv += ["--workdir", str(tmp_path / "w"), "--runs", "save,load_cold,stock_cold", "--timeout", "60"]
+    argv += [
+        "--model-config",
+        str(config),
+        "--weights",
+        "seeded",
+        "--seed",
+        "7",
+        "--max-tokens",
+        "8",
+        "--sampling",
+    ]
+    assert cs.main(argv) == 0
+    result = json.loads(out.read_text())
+    assert seen == [{"dummy": False}] * 3 and result["seeded_weights"] == {"seed": 7}
+    assert json.loads((tmp_path / "w" / "model" / "config.json").read_text())["architectures"] == [
+        "Qwen3MoeForCausalLM"
+    ]
+    load = result["runs"]["load_cold"]
+    assert all(len(t) == 8 for t in load["outputs"]["tokens"]) and result["distinct_outputs"] == 4
+    assert load["outputs_sampled"]["tokens"] != load["outputs"]["tokens"] and load["self_consistent_sampled"]
+    assert result["logprobs_identical_to_stock"] is True and result["sampled_identical_to_save"] is True
+    assert result["sampled_identical_to_stock"] is False  # the stand-in's stock server samples otherwise
+    assert result["sampling"] == cs.SAMPLING
+
+
+def test_server_command_reads_the_files_unless_dummy(tmp_path):
+    assert "--load-format" not in cs.server_command("sglang", tmp_path, 1, None, dummy=False)
+    assert "--load-format" not in cs.server_command("vllm", tmp_path, 1, None, dummy=False)
+    body = cs.completion_body("vllm", "m", 300, cs.SAMPLING)
+    assert body["max_tokens"] == 300 and body["seed"] == 4321 and body["temperature"] == 0.8
+
+
 def test_resume_refuses_another_benchmarks_result(tmp_path):
     out = tmp_path / "r.json"
     out.write_text(json.dumps({"engine": "sglang", "commit": cs.commit(), "workdir": "/elsewhere"}))
@@ -608,7 +665,7 @@ def test_resume_refuses_another_benchmarks_result(tmp_path):
 
 
 def test_a_server_that_dies_is_recorded_and_the_benchmark_goes_on(tmp_path, monkeypatch):
-    def command(engine, model_dir, port, toml):
+    def command(engine, model_dir, port, toml, **kwargs):
         code = "import sys; print('Traceback (most recent call last):'); print('boom'); sys.exit(3)"
         return [sys.executable, "-c", code]
 

@@ -243,3 +243,31 @@ def test_command_line_prints_the_summary(tmp_path, capsys):
         assert _sha256(out / fname) == shard["sha256"]
     with pytest.raises(SystemExit):
         weights.main(["--config", str(config_path), "--out", str(out), "--dtype", "int8"])
+
+
+@pytest.mark.parametrize(
+    ("name", "per_layer"),
+    [
+        (
+            "qwen3-moe-4l.json",
+            ["mlp.experts.127.down_proj.weight", "mlp.gate.weight", "self_attn.q_proj.weight"],
+        ),
+        (
+            "qwen3-next-4l.json",
+            ["linear_attn.in_proj_qkvz.weight", "linear_attn.A_log", "mlp.shared_expert.up_proj.weight"],
+        ),
+    ],
+)
+def test_the_benchmark_model_configs_plan_in_the_published_layout(name, per_layer):
+    """benchmarks/configs (the models the engine benchmarks serve with --weights seeded): the
+    checkpoint plan has the names the engines' loaders expect, without allocating the weights."""
+    config = Path(__file__).resolve().parents[1] / "benchmarks" / "configs" / name
+    raw, ctx, tensors, arch = weights.plan_checkpoint(config)
+    names = {t.name for t in tensors}
+    assert arch == raw["architectures"][0] and ctx.num_layers == 4
+    assert all(f"model.layers.0.{suffix}" in names for suffix in per_layer)
+    if "next" in name:  # three linear-attention layers, then one full-attention layer
+        assert (
+            "model.layers.3.self_attn.q_proj.weight" in names
+            and "model.layers.3.linear_attn.A_log" not in names
+        )
