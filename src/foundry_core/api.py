@@ -77,7 +77,7 @@ def _read_words(addrs: list[int]) -> list[int]:
     word = ctypes.c_int64()
     values = []
     for addr in addrs:
-        call("cuMemcpyDtoH", ctypes.addressof(word), addr, 8)
+        call(cu().cuMemcpyDtoH, ctypes.addressof(word), addr, 8)
         values.append(word.value)
     return values
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from .errors import FoundryError
@@ -36,6 +37,7 @@ def check(result: tuple | Any, call: str = "CUDA driver call"):
     return values[0] if len(values) == 1 else values
 
 
-def call(name: str, *args):
-    """``call("cuGraphCreate", 0)`` runs the driver function and unpacks its result."""
-    return check(getattr(cu(), name)(*args), name)
+def call(fn: Callable[..., Any], *args):
+    """``call(cu().cuGraphCreate, 0)`` runs a ``cuda.bindings.driver`` function and unpacks its
+    result; a failure raises :class:`CudaError` with the function's and the error's names."""
+    return check(fn(*args), getattr(fn, "__name__", repr(fn)))

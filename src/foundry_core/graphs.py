@@ -29,33 +29,43 @@ import struct
 import time
 from collections.abc import Callable
 
+from cuda.bindings import driver as _drv
+
 from . import _native
 from .driver import CudaError, call, cu
 from .errors import FoundryError
 from .modules import LoadedModules, Recorded, function_attributes
 
+# The launch 'extra' keys are pointer-valued macros in cuda.h (no enum in the bindings).
 CU_LAUNCH_PARAM_END = 0
 CU_LAUNCH_PARAM_BUFFER_POINTER = 1
 CU_LAUNCH_PARAM_BUFFER_SIZE = 2
-CU_EVENT_DISABLE_TIMING = 2
-# What torch instantiates its captured graphs with (CUDAGraph::instantiate): AUTO_FREE_ON_LAUNCH (1)
-# and USE_NODE_PRIORITY (8). A restored graph gets the same, so its kernels keep the priority they
-# were captured with rather than taking the launch stream's. native/graphbuild.c uses the same value.
-INSTANTIATE_FLAGS = 1 | 8
-MEMORYTYPE_DEVICE = 2
-MEMORYTYPE_UNIFIED = 4
+CU_EVENT_DISABLE_TIMING = int(_drv.CUevent_flags.CU_EVENT_DISABLE_TIMING)
+# What torch instantiates its captured graphs with (CUDAGraph::instantiate). A restored graph gets
+# the same, so its kernels keep the priority they were captured with rather than taking the launch
+# stream's. native/graphbuild.c uses the same value.
+INSTANTIATE_FLAGS = int(_drv.CUgraphInstantiate_flags.CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH) | int(
+    _drv.CUgraphInstantiate_flags.CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY
+)
+MEMORYTYPE_DEVICE = int(_drv.CUmemorytype.CU_MEMORYTYPE_DEVICE)
+MEMORYTYPE_UNIFIED = int(_drv.CUmemorytype.CU_MEMORYTYPE_UNIFIED)
 _POINTER_FLOOR = 1 << 32  # smaller words are sizes, strides, flags; no device allocation lives there
 
-# Launch attributes a kernel node can carry, by CUlaunchAttributeID, with the value field holding them.
+# Launch attributes a kernel node can carry: the archive's name, the CUlaunchAttributeID, and the
+# value field holding it.
+_A = _drv.CUlaunchAttributeID
 NODE_ATTRIBUTES = {
-    "cooperative": (2, "cooperative"),
-    "cluster_dim": (4, "clusterDim"),
-    "cluster_scheduling": (5, "clusterSchedulingPolicyPreference"),
-    "priority": (8, "priority"),
-    "mem_sync_domain_map": (9, "memSyncDomainMap"),
-    "mem_sync_domain": (10, "memSyncDomain"),
-    "preferred_cluster_dim": (11, "preferredClusterDim"),
-    "preferred_carveout": (14, "sharedMemCarveout"),
+    "cooperative": (int(_A.CU_LAUNCH_ATTRIBUTE_COOPERATIVE), "cooperative"),
+    "cluster_dim": (int(_A.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION), "clusterDim"),
+    "cluster_scheduling": (
+        int(_A.CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE),
+        "clusterSchedulingPolicyPreference",
+    ),
+    "priority": (int(_A.CU_LAUNCH_ATTRIBUTE_PRIORITY), "priority"),
+    "mem_sync_domain_map": (int(_A.CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP), "memSyncDomainMap"),
+    "mem_sync_domain": (int(_A.CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN), "memSyncDomain"),
+    "preferred_cluster_dim": (int(_A.CU_LAUNCH_ATTRIBUTE_PREFERRED_CLUSTER_DIMENSION), "preferredClusterDim"),
+    "preferred_carveout": (int(_A.CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT), "sharedMemCarveout"),
 }
 
 
@@ -217,7 +227,7 @@ def _write_attrs(node, attrs: dict) -> None:
         else:
             current = getattr(value, field)
             setattr(value, field, type(current)(raw) if not isinstance(current, int) else raw)
-        call("cuGraphKernelNodeSetAttribute", node, driver.CUkernelNodeAttrID(attr_id), value)
+        call(cu().cuGraphKernelNodeSetAttribute, node, driver.CUkernelNodeAttrID(attr_id), value)
 
 
 def serialize(graph, recorded: Recorded, segments: Segments, kernels: dict) -> tuple[dict, set[int]]:
@@ -237,19 +247,19 @@ def serialize(graph, recorded: Recorded, segments: Segments, kernels: dict) -> t
 def _serialize(graph, recorded, auditor, kernels, events, path: str) -> dict:
     driver = cu()
     T = driver.CUgraphNodeType
-    n = call("cuGraphGetNodes", graph, 0)[1]
-    nodes = call("cuGraphGetNodes", graph, n)[0] if n else []
+    n = call(cu().cuGraphGetNodes, graph, 0)[1]
+    nodes = call(cu().cuGraphGetNodes, graph, n)[0] if n else []
     index = {int(node): i for i, node in enumerate(nodes)}
     out_nodes = []
     for i, node in enumerate(nodes):
-        ty = call("cuGraphNodeGetType", node)
+        ty = call(cu().cuGraphNodeGetType, node)
         label = f"graph node {path}{i}"
         if ty == T.CU_GRAPH_NODE_TYPE_KERNEL:
-            p = call("cuGraphKernelNodeGetParams", node)
+            p = call(cu().cuGraphKernelNodeGetParams, node)
             func = p.func
             if not int(func):
-                func = call("cuKernelGetFunction", p.kern)
-            name = call("cuFuncGetName", func).decode()
+                func = call(cu().cuKernelGetFunction, p.kern)
+            name = call(cu().cuFuncGetName, func).decode()
             layout = _param_layout(func)
             params = _kernel_param_bytes(p, layout, name)
             auditor.check_block(
@@ -272,7 +282,7 @@ def _serialize(graph, recorded, auditor, kernels, events, path: str) -> dict:
                 }
             )
         elif ty == T.CU_GRAPH_NODE_TYPE_MEMSET:
-            p = call("cuGraphMemsetNodeGetParams", node)
+            p = call(cu().cuGraphMemsetNodeGetParams, node)
             dst = int(p.dst)
             auditor.check_word(dst, lambda label=label: f"{label} (memset) destination")
             out_nodes.append(
@@ -287,7 +297,7 @@ def _serialize(graph, recorded, auditor, kernels, events, path: str) -> dict:
                 }
             )
         elif ty == T.CU_GRAPH_NODE_TYPE_MEMCPY:
-            p = call("cuGraphMemcpyNodeGetParams", node)
+            p = call(cu().cuGraphMemcpyNodeGetParams, node)
             kinds = (int(p.srcMemoryType), int(p.dstMemoryType))
             if any(k not in (MEMORYTYPE_DEVICE, MEMORYTYPE_UNIFIED) for k in kinds):
                 raise GraphError(
@@ -315,9 +325,9 @@ def _serialize(graph, recorded, auditor, kernels, events, path: str) -> dict:
             )
         elif ty in (T.CU_GRAPH_NODE_TYPE_EVENT_RECORD, T.CU_GRAPH_NODE_TYPE_WAIT_EVENT):
             getter = (
-                "cuGraphEventRecordNodeGetEvent"
+                driver.cuGraphEventRecordNodeGetEvent
                 if ty == T.CU_GRAPH_NODE_TYPE_EVENT_RECORD
-                else "cuGraphEventWaitNodeGetEvent"
+                else driver.cuGraphEventWaitNodeGetEvent
             )
             event = int(call(getter, node))
             slot = events.setdefault(event, len(events))
@@ -326,7 +336,7 @@ def _serialize(graph, recorded, auditor, kernels, events, path: str) -> dict:
         elif ty == T.CU_GRAPH_NODE_TYPE_EMPTY:
             out_nodes.append({"type": "empty"})
         elif ty == T.CU_GRAPH_NODE_TYPE_GRAPH:
-            child = call("cuGraphChildGraphNodeGetGraph", node)
+            child = call(cu().cuGraphChildGraphNodeGetGraph, node)
             out_nodes.append(
                 {
                     "type": "graph",
@@ -338,10 +348,10 @@ def _serialize(graph, recorded, auditor, kernels, events, path: str) -> dict:
                 f"{label}: node type {_node_type_name(ty)} cannot be saved (host callbacks, host copies, "
                 "graph memory alloc/free and conditional nodes have no portable restore)"
             )
-    n_edges = call("cuGraphGetEdges", graph, 0)[-1]
+    n_edges = call(cu().cuGraphGetEdges, graph, 0)[-1]
     edges = []
     if n_edges:
-        frm, to, data, got = call("cuGraphGetEdges", graph, n_edges)
+        frm, to, data, got = call(cu().cuGraphGetEdges, graph, n_edges)
         for a, b, d in zip(frm[:got], to[:got], data[:got]):
             edges.append([index[int(a)], index[int(b)], int(d.from_port), int(d.to_port), int(d.type)])
     return {"nodes": out_nodes, "edges": edges}
@@ -366,10 +376,10 @@ class Rebuilt:
 
     def destroy(self) -> None:
         if self.exec is not None:
-            call("cuGraphExecDestroy", self.exec)
-            call("cuGraphDestroy", self.graph)
+            call(cu().cuGraphExecDestroy, self.exec)
+            call(cu().cuGraphDestroy, self.graph)
             for event in self.events:
-                call("cuEventDestroy", event)
+                call(cu().cuEventDestroy, event)
             self.exec = None
 
 
@@ -379,19 +389,19 @@ def rebuild(
     """The Python builder: one driver call per node and per edge. Uploads the executable to
     ``stream`` unless it is None. ``timings`` accumulates seconds."""
     t0 = time.perf_counter()
-    events = [call("cuEventCreate", CU_EVENT_DISABLE_TIMING) for _ in range(desc.get("events", 0))]
+    events = [call(cu().cuEventCreate, CU_EVENT_DISABLE_TIMING) for _ in range(desc.get("events", 0))]
     keepalive: list = []
     try:
         graph = _build(desc, modules, kernel_attrs, events, keepalive)
     except BaseException:
         for event in events:
-            call("cuEventDestroy", event)
+            call(cu().cuEventDestroy, event)
         raise
     t1 = time.perf_counter()
-    exec_ = call("cuGraphInstantiate", graph, INSTANTIATE_FLAGS)
+    exec_ = call(cu().cuGraphInstantiate, graph, INSTANTIATE_FLAGS)
     t2 = time.perf_counter()
     if stream is not None:
-        call("cuGraphUpload", exec_, cu().CUstream(init_value=stream))
+        call(cu().cuGraphUpload, exec_, cu().CUstream(init_value=stream))
     t3 = time.perf_counter()
     if timings is not None:
         _add_times(timings, t1 - t0, t2 - t1, t3 - t2)
@@ -405,9 +415,9 @@ def _add_times(timings: dict, build: float, instantiate: float, upload: float) -
 
 def _build(desc: dict, modules: LoadedModules, kernel_attrs: dict, events: list, keepalive: list):
     driver = cu()
-    graph = call("cuGraphCreate", 0)
+    graph = call(cu().cuGraphCreate, 0)
     handles = []
-    ctx = call("cuCtxGetCurrent")
+    ctx = call(cu().cuCtxGetCurrent)
     for node in desc["nodes"]:
         kind = node["type"]
         if kind == "kernel":
@@ -427,7 +437,7 @@ def _build(desc: dict, modules: LoadedModules, kernel_attrs: dict, events: list,
             p.sharedMemBytes = node["smem"]
             p.kernelParams = ctypes.addressof(argv) if node["layout"] else 0
             p.extra = 0
-            handle = call("cuGraphAddKernelNode", graph, None, 0, p)
+            handle = call(cu().cuGraphAddKernelNode, graph, None, 0, p)
             keepalive.append((block, argv))
             if node["attrs"]:
                 _write_attrs(handle, node["attrs"])
@@ -439,7 +449,7 @@ def _build(desc: dict, modules: LoadedModules, kernel_attrs: dict, events: list,
             p.elementSize = node["element_size"]
             p.width = node["width"]
             p.height = node["height"]
-            handle = call("cuGraphAddMemsetNode", graph, None, 0, p, ctx)
+            handle = call(cu().cuGraphAddMemsetNode, graph, None, 0, p, ctx)
         elif kind == "memcpy":
             p = driver.CUDA_MEMCPY3D()
             p.srcMemoryType = driver.CUmemorytype(node["kinds"][0])
@@ -450,24 +460,24 @@ def _build(desc: dict, modules: LoadedModules, kernel_attrs: dict, events: list,
             p.srcPitch, p.srcHeight = node["src_pitch"]
             p.dstPitch, p.dstHeight = node["dst_pitch"]
             p.WidthInBytes, p.Height, p.Depth = node["extent"]
-            handle = call("cuGraphAddMemcpyNode", graph, None, 0, p, ctx)
+            handle = call(cu().cuGraphAddMemcpyNode, graph, None, 0, p, ctx)
         elif kind == "event_record":
-            handle = call("cuGraphAddEventRecordNode", graph, None, 0, events[node["event"]])
+            handle = call(cu().cuGraphAddEventRecordNode, graph, None, 0, events[node["event"]])
         elif kind == "event_wait":
-            handle = call("cuGraphAddEventWaitNode", graph, None, 0, events[node["event"]])
+            handle = call(cu().cuGraphAddEventWaitNode, graph, None, 0, events[node["event"]])
         elif kind == "empty":
-            handle = call("cuGraphAddEmptyNode", graph, None, 0)
+            handle = call(cu().cuGraphAddEmptyNode, graph, None, 0)
         elif kind == "graph":
             child = _build(node["graph"], modules, kernel_attrs, events, keepalive)
-            handle = call("cuGraphAddChildGraphNode", graph, None, 0, child)
-            call("cuGraphDestroy", child)  # the node holds its own clone
+            handle = call(cu().cuGraphAddChildGraphNode, graph, None, 0, child)
+            call(cu().cuGraphDestroy, child)  # the node holds its own clone
         else:
             raise GraphError(f"archive holds a node of unknown type {kind!r}")
         handles.append(handle)
     for a, b, from_port, to_port, dep_type in desc["edges"]:
         data = driver.CUgraphEdgeData()
         data.from_port, data.to_port, data.type = from_port, to_port, dep_type
-        call("cuGraphAddDependencies", graph, [handles[a]], [handles[b]], [data], 1)
+        call(cu().cuGraphAddDependencies, graph, [handles[a]], [handles[b]], [data], 1)
     return graph
 
 
@@ -861,7 +871,7 @@ class NativeBuilder:
     def rebuild(self, data: bytes, stream: int | None, timings: dict | None = None) -> Rebuilt:
         """Build and instantiate the graph ``data`` encodes; upload it to ``stream`` unless None."""
         n_events = encoded_events(data) if len(data) >= _HEADER.size else 0
-        events = [call("cuEventCreate", CU_EVENT_DISABLE_TIMING) for _ in range(n_events)]
+        events = [call(cu().cuEventCreate, CU_EVENT_DISABLE_TIMING) for _ in range(n_events)]
         handles = (ctypes.c_void_p * max(n_events, 1))(*[int(e) for e in events])
         graph, exec_ = ctypes.c_void_p(), ctypes.c_void_p()
         times = (ctypes.c_double * 3)()
@@ -884,7 +894,7 @@ class NativeBuilder:
         )
         if rc != 0:
             for event in events:
-                call("cuEventDestroy", event)
+                call(cu().cuEventDestroy, event)
             raise GraphError(f"native graph builder: {err.value.decode(errors='replace')}")
         if timings is not None:
             _add_times(timings, times[0], times[1], times[2])
@@ -913,17 +923,17 @@ def structure(graph) -> dict:
     the native and the Python builder's this way)."""
     driver = cu()
     T = driver.CUgraphNodeType
-    n = call("cuGraphGetNodes", graph, 0)[1]
-    nodes = call("cuGraphGetNodes", graph, n)[0] if n else []
+    n = call(cu().cuGraphGetNodes, graph, 0)[1]
+    nodes = call(cu().cuGraphGetNodes, graph, n)[0] if n else []
     index = {int(node): i for i, node in enumerate(nodes)}
     out = []
     for node in nodes:
-        ty = call("cuGraphNodeGetType", node)
+        ty = call(cu().cuGraphNodeGetType, node)
         item: dict = {"type": _node_type_name(ty)}
         if ty == T.CU_GRAPH_NODE_TYPE_KERNEL:
-            p = call("cuGraphKernelNodeGetParams", node)
-            func = p.func if int(p.func) else call("cuKernelGetFunction", p.kern)
-            name = call("cuFuncGetName", func).decode()
+            p = call(cu().cuGraphKernelNodeGetParams, node)
+            func = p.func if int(p.func) else call(cu().cuKernelGetFunction, p.kern)
+            name = call(cu().cuFuncGetName, func).decode()
             layout = _param_layout(func)
             item.update(
                 name=name,
@@ -934,7 +944,7 @@ def structure(graph) -> dict:
                 attrs=_read_attrs(node),
             )
         elif ty == T.CU_GRAPH_NODE_TYPE_MEMSET:
-            p = call("cuGraphMemsetNodeGetParams", node)
+            p = call(cu().cuGraphMemsetNodeGetParams, node)
             item.update(
                 dst=int(p.dst),
                 pitch=int(p.pitch),
@@ -944,19 +954,19 @@ def structure(graph) -> dict:
                 height=int(p.height),
             )
         elif ty == T.CU_GRAPH_NODE_TYPE_MEMCPY:
-            p = call("cuGraphMemcpyNodeGetParams", node)
+            p = call(cu().cuGraphMemcpyNodeGetParams, node)
             item.update(
                 src=int(p.srcDevice),
                 dst=int(p.dstDevice),
                 extent=[int(p.WidthInBytes), int(p.Height), int(p.Depth)],
             )
         elif ty == T.CU_GRAPH_NODE_TYPE_GRAPH:
-            item["graph"] = structure(call("cuGraphChildGraphNodeGetGraph", node))
+            item["graph"] = structure(call(cu().cuGraphChildGraphNodeGetGraph, node))
         out.append(item)
-    n_edges = call("cuGraphGetEdges", graph, 0)[-1]
+    n_edges = call(cu().cuGraphGetEdges, graph, 0)[-1]
     edges = []
     if n_edges:
-        frm, to, data, got = call("cuGraphGetEdges", graph, n_edges)
+        frm, to, data, got = call(cu().cuGraphGetEdges, graph, n_edges)
         for a, b, d in zip(frm[:got], to[:got], data[:got]):
             edges.append([index[int(a)], index[int(b)], int(d.from_port), int(d.to_port), int(d.type)])
     return {"nodes": out, "edges": sorted(edges)}

@@ -20,21 +20,25 @@ import os
 import struct
 import sys
 
+from cuda.bindings import driver as _drv
+
 from . import _native
 from .driver import call, cu
 from .errors import FoundryError
 
-# Function attributes a kernel's launch depends on that a library may have set at run time.
+# Function attributes a kernel's launch depends on that a library may have set at run time: the
+# archive's name and the CUfunction_attribute.
+_F = _drv.CUfunction_attribute
 SETTABLE_FUNC_ATTRIBUTES = {
-    "max_dynamic_shared": 8,  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-    "preferred_carveout": 9,  # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
-    "cluster_width": 11,  # CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH
-    "cluster_height": 12,
-    "cluster_depth": 13,
-    "non_portable_cluster": 14,  # CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
-    "cluster_scheduling": 15,  # CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE
+    "max_dynamic_shared": int(_F.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES),
+    "preferred_carveout": int(_F.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT),
+    "cluster_width": int(_F.CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH),
+    "cluster_height": int(_F.CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT),
+    "cluster_depth": int(_F.CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH),
+    "non_portable_cluster": int(_F.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED),
+    "cluster_scheduling": int(_F.CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE),
 }
-NUM_REGS = 4
+NUM_REGS = int(_F.CU_FUNC_ATTRIBUTE_NUM_REGS)
 
 
 class ModuleError(FoundryError, RuntimeError):
@@ -199,7 +203,7 @@ class Recorded:
     def match(self, func, name: str) -> str:
         """The digest of the image that holds kernel ``func`` (mangled ``name``)."""
         try:
-            module = call("cuFuncGetModule", func)
+            module = call(cu().cuFuncGetModule, func)
             digest = self._by_handle.get(int(module))
         except RuntimeError:
             digest = None
@@ -216,7 +220,7 @@ class Recorded:
                 f"foundry_core.start_recording()?)"
             )
         if len(candidates) > 1:
-            regs = int(call("cuFuncGetAttribute", cu().CUfunction_attribute(NUM_REGS), func))
+            regs = int(call(cu().cuFuncGetAttribute, cu().CUfunction_attribute(NUM_REGS), func))
             same = [d for d in candidates if self.images[d].functions.get(name, -1) == regs]
             candidates = same or candidates
         # Several images holding one symbol with the same register count are copies of one
@@ -228,7 +232,7 @@ def function_attributes(func) -> dict[str, int]:
     attrs = {}
     for key, attr in SETTABLE_FUNC_ATTRIBUTES.items():
         try:
-            attrs[key] = int(call("cuFuncGetAttribute", cu().CUfunction_attribute(attr), func))
+            attrs[key] = int(call(cu().cuFuncGetAttribute, cu().CUfunction_attribute(attr), func))
         except RuntimeError:
             pass
     return attrs
@@ -248,7 +252,7 @@ class LoadedModules:
         # bytes object (immutable, so its buffer never moves) is kept with the module. Passing its
         # own buffer saves copying ~120 MB of images per LOAD.
         data = bytes(data)  # a no-op for bytes; a copy only for other buffer types
-        module = call("cuModuleLoadData", _native.bytes_address(data))
+        module = call(cu().cuModuleLoadData, _native.bytes_address(data))
         self._modules[digest] = (module, data)
 
     def function(self, digest: str, name: str, attrs: dict[str, int]):
@@ -258,15 +262,15 @@ class LoadedModules:
             return func
         module, _ = self._modules[digest]
         try:
-            func = call("cuModuleGetFunction", module, name.encode())
+            func = call(cu().cuModuleGetFunction, module, name.encode())
         except RuntimeError as e:
             raise ModuleError(f"kernel {name} not found in module {digest[:12]}: {e}") from None
-        call("cuFuncLoad", func)
+        call(cu().cuFuncLoad, func)
         for attr_name, value in attrs.items():
             attr = cu().CUfunction_attribute(SETTABLE_FUNC_ATTRIBUTES[attr_name])
-            if int(call("cuFuncGetAttribute", attr, func)) != value:
+            if int(call(cu().cuFuncGetAttribute, attr, func)) != value:
                 try:
-                    call("cuFuncSetAttribute", func, attr, value)
+                    call(cu().cuFuncSetAttribute, func, attr, value)
                 except RuntimeError as e:
                     raise ModuleError(f"kernel {name}: cannot set {attr_name}={value}: {e}") from None
         self._functions[key] = func
@@ -274,6 +278,6 @@ class LoadedModules:
 
     def unload(self) -> None:
         for module, _buf in self._modules.values():
-            call("cuModuleUnload", module)
+            call(cu().cuModuleUnload, module)
         self._modules.clear()
         self._functions.clear()

@@ -282,10 +282,10 @@ _current_label = [0]
 
 def _zero_fill(segments: list[Segment]) -> None:
     """Freshly mapped memory has no defined content; make it the same in every process."""
-    from .driver import call
+    from .driver import call, cu
 
     for seg in segments:
-        call("cuMemsetD8", seg.addr, 0, seg.size)
+        call(cu().cuMemsetD8, seg.addr, 0, seg.size)
 
 
 def _active_blocks(device: int) -> list[tuple[int, int]]:
@@ -312,10 +312,10 @@ def snapshot(seg: Segment, ranges: list[tuple[int, int]]) -> tuple[list[int], by
     """
     import torch
 
-    from .driver import call
+    from .driver import call, cu
 
     host = torch.empty(seg.size, dtype=torch.uint8).pin_memory()
-    call("cuMemcpyDtoH", host.data_ptr(), seg.addr, seg.size)
+    call(cu().cuMemcpyDtoH, host.data_ptr(), seg.addr, seg.size)
     wanted = torch.zeros(seg.size // SNAPSHOT_CHUNK, dtype=torch.bool)
     for start, end in ranges:
         wanted[start // SNAPSHOT_CHUNK : (end + SNAPSHOT_CHUNK - 1) // SNAPSHOT_CHUNK] = True
@@ -327,7 +327,7 @@ def snapshot(seg: Segment, ranges: list[tuple[int, int]]) -> tuple[list[int], by
 
 def restore_snapshot(seg: Segment, chunks: list[int], data: bytes) -> None:
     """Write back what :func:`snapshot` kept (after the segment was mapped and zero-filled)."""
-    from .driver import call
+    from .driver import call, cu
 
     if len(data) != len(chunks) * SNAPSHOT_CHUNK or any(
         not 0 <= c < seg.size // SNAPSHOT_CHUNK for c in chunks
@@ -341,5 +341,5 @@ def restore_snapshot(seg: Segment, chunks: list[int], data: bytes) -> None:
         while j + 1 < len(chunks) and chunks[j + 1] == chunks[j] + 1:
             j += 1
         n = (j - i + 1) * SNAPSHOT_CHUNK
-        call("cuMemcpyHtoD", seg.addr + chunks[i] * SNAPSHOT_CHUNK, base + i * SNAPSHOT_CHUNK, n)
+        call(cu().cuMemcpyHtoD, seg.addr + chunks[i] * SNAPSHOT_CHUNK, base + i * SNAPSHOT_CHUNK, n)
         i = j + 1

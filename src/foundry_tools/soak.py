@@ -291,11 +291,11 @@ def measure(device: int) -> dict:
     """Device and host memory of this process now (after a GC and a device synchronize)."""
     import torch
 
-    from foundry_core.driver import call
+    from foundry_core.driver import call, cu
 
     gc.collect()
     torch.cuda.synchronize(device)
-    free, total = call("cuMemGetInfo")
+    free, total = call(cu().cuMemGetInfo)
     return {
         "torch_allocated": int(torch.cuda.memory_allocated(device)),
         "torch_reserved": int(torch.cuda.memory_reserved(device)),
@@ -307,7 +307,7 @@ def measure(device: int) -> dict:
 def machine_info(device: int) -> str:
     import torch
 
-    from foundry_core.driver import call
+    from foundry_core.driver import call, cu
 
     driver = None
     try:
@@ -327,7 +327,7 @@ def machine_info(device: int) -> str:
             driver = m.group(1) if m else None
         except OSError:
             pass
-    v = int(call("cuDriverGetVersion"))
+    v = int(call(cu().cuDriverGetVersion))
     api = f"{v // 1000}.{(v % 1000) // 10}"
     return (
         f"{torch.cuda.get_device_name(device)}, driver {driver or 'unknown'} (CUDA driver API {api}), "
