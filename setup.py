@@ -11,7 +11,13 @@ setup(
     ext_modules=[
         Extension(
             "foundry_core._foundry_native",
-            sources=["native/region.c", "native/modules.c", "native/graphbuild.c", "native/inflate.c"],
+            sources=[
+                "native/driver.c",
+                "native/region.c",
+                "native/modules.c",
+                "native/graphbuild.c",
+                "native/inflate.c",
+            ],
             include_dirs=["native"],
             extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-fvisibility=hidden"],
             libraries=["dl", "pthread"],

@@ -8,11 +8,10 @@
  * data (one cuGraphAddDependencies_v2 call per edge, never a batch: some drivers apply the first
  * edge's data to a whole batch), then cuGraphInstantiateWithFlags (torch's flags) and cuGraphUpload.
  *
- * Driver entry points are resolved once from libcuda.so.1. Every function here is reentrant:
+ * Driver entry points are resolved once (driver.c). Every function here is reentrant:
  * errors go to the caller's buffer.
  */
 #define _GNU_SOURCE
-#include <dlfcn.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -20,6 +19,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "driver.h"
 #include "graphbuild.h"
 
 #define EXPORT __attribute__((visibility("default")))
@@ -67,37 +67,26 @@ static char driver_error[256];
 static int driver_ok;
 
 static void load_driver(void) {
-  void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
-  if (!h) {
-    snprintf(driver_error, sizeof driver_error, "cannot open libcuda.so.1: %s", dlerror());
-    return;
-  }
-#define SYM(field, name)                                                           \
-  do {                                                                             \
-    *(void **)&cu.field = dlsym(h, name);                                          \
-    if (!cu.field) {                                                               \
-      snprintf(driver_error, sizeof driver_error, "libcuda.so.1 has no %s", name); \
-      return;                                                                      \
-    }                                                                              \
-  } while (0)
-  SYM(error_name, "cuGetErrorName");
-  SYM(ctx_current, "cuCtxGetCurrent");
-  SYM(graph_create, "cuGraphCreate");
-  SYM(graph_destroy, "cuGraphDestroy");
-  SYM(add_kernel, "cuGraphAddKernelNode_v2");
-  SYM(set_attr, "cuGraphKernelNodeSetAttribute");
-  SYM(add_memset, "cuGraphAddMemsetNode");
-  SYM(add_memcpy, "cuGraphAddMemcpyNode");
-  SYM(add_event_record, "cuGraphAddEventRecordNode");
-  SYM(add_event_wait, "cuGraphAddEventWaitNode");
-  SYM(add_empty, "cuGraphAddEmptyNode");
-  SYM(add_child, "cuGraphAddChildGraphNode");
-  SYM(add_deps, "cuGraphAddDependencies_v2");
-  SYM(instantiate, "cuGraphInstantiateWithFlags");
-  SYM(upload, "cuGraphUpload");
-  SYM(exec_destroy, "cuGraphExecDestroy");
-#undef SYM
-  driver_ok = 1;
+  const foundry_cuda_symbol symbols[] = {
+      {(void **)&cu.error_name, "cuGetErrorName"},
+      {(void **)&cu.ctx_current, "cuCtxGetCurrent"},
+      {(void **)&cu.graph_create, "cuGraphCreate"},
+      {(void **)&cu.graph_destroy, "cuGraphDestroy"},
+      {(void **)&cu.add_kernel, "cuGraphAddKernelNode_v2"},
+      {(void **)&cu.set_attr, "cuGraphKernelNodeSetAttribute"},
+      {(void **)&cu.add_memset, "cuGraphAddMemsetNode"},
+      {(void **)&cu.add_memcpy, "cuGraphAddMemcpyNode"},
+      {(void **)&cu.add_event_record, "cuGraphAddEventRecordNode"},
+      {(void **)&cu.add_event_wait, "cuGraphAddEventWaitNode"},
+      {(void **)&cu.add_empty, "cuGraphAddEmptyNode"},
+      {(void **)&cu.add_child, "cuGraphAddChildGraphNode"},
+      {(void **)&cu.add_deps, "cuGraphAddDependencies_v2"},
+      {(void **)&cu.instantiate, "cuGraphInstantiateWithFlags"},
+      {(void **)&cu.upload, "cuGraphUpload"},
+      {(void **)&cu.exec_destroy, "cuGraphExecDestroy"},
+  };
+  driver_ok =
+      foundry_cuda_resolve(symbols, sizeof symbols / sizeof *symbols, driver_error, sizeof driver_error) == 0;
 }
 
 /* ---- little-endian loads (the encoding is little-endian; so is every host CUDA runs on) ---- */

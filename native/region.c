@@ -10,7 +10,6 @@
  * SAVE's to prove placement, and maps the segments the graphs own at their recorded addresses.
  */
 #define _GNU_SOURCE
-#include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +17,7 @@
 #include <sys/types.h>
 
 #include "cuda_min.h"
+#include "driver.h"
 
 #define EXPORT __attribute__((visibility("default")))
 #define MAX_DEVICES 64
@@ -66,29 +66,21 @@ static void set_error(const char *what, CUresult rc) {
 
 static int load_driver(void) {
   if (cu.reserve) return 0;
-  void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
-  if (!h) {
-    snprintf(last_error, sizeof last_error, "cannot open libcuda.so.1: %s", dlerror());
+  const foundry_cuda_symbol symbols[] = {
+      {(void **)&cu.error_name, "cuGetErrorName"},
+      {(void **)&cu.address_free, "cuMemAddressFree"},
+      {(void **)&cu.create, "cuMemCreate"},
+      {(void **)&cu.release, "cuMemRelease"},
+      {(void **)&cu.map, "cuMemMap"},
+      {(void **)&cu.unmap, "cuMemUnmap"},
+      {(void **)&cu.set_access, "cuMemSetAccess"},
+      {(void **)&cu.granularity, "cuMemGetAllocationGranularity"},
+      {(void **)&cu.reserve, "cuMemAddressReserve"}, /* last: it doubles as the "loaded" flag */
+  };
+  if (foundry_cuda_resolve(symbols, sizeof symbols / sizeof *symbols, last_error, sizeof last_error)) {
+    cu.reserve = NULL; /* a partial table is not "loaded" */
     return -1;
   }
-#define SYM(field, name)                                                       \
-  do {                                                                         \
-    *(void **)&cu.field = dlsym(h, name);                                      \
-    if (!cu.field) {                                                           \
-      snprintf(last_error, sizeof last_error, "libcuda.so.1 has no %s", name); \
-      return -1;                                                               \
-    }                                                                          \
-  } while (0)
-  SYM(error_name, "cuGetErrorName");
-  SYM(address_free, "cuMemAddressFree");
-  SYM(create, "cuMemCreate");
-  SYM(release, "cuMemRelease");
-  SYM(map, "cuMemMap");
-  SYM(unmap, "cuMemUnmap");
-  SYM(set_access, "cuMemSetAccess");
-  SYM(granularity, "cuMemGetAllocationGranularity");
-  SYM(reserve, "cuMemAddressReserve"); /* last: it doubles as the "loaded" flag */
-#undef SYM
   return 0;
 }
 

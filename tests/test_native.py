@@ -83,3 +83,18 @@ def test_instantiate_flags_match_between_builders_and_torch():
     assert m, "FOUNDRY_INSTANTIATE_FLAGS not found in native/graphbuild.c"
     assert int(m.group(1)) | int(m.group(2)) == graphs.INSTANTIATE_FLAGS == 1 | 8
     assert "cu.instantiate(&exec, graph, FOUNDRY_INSTANTIATE_FLAGS)" in text
+
+
+def test_a_library_older_than_the_code_is_refused_with_the_fix(monkeypatch):
+    monkeypatch.setitem(_native.SIGNATURES, "foundry_from_the_future", (ctypes.c_int, []))
+    _native.lib.cache_clear()
+    try:
+        with pytest.raises(
+            _native.NativeLibraryMissing, match="has no foundry_from_the_future.*pip install -e"
+        ):
+            _native.lib()
+        assert _native.graph_lib() is None and _native.inflate_fn.__wrapped__() is None
+    finally:
+        monkeypatch.undo()
+        _native.lib.cache_clear()
+    assert _native.lib().foundry_region_cursor(0) == 0

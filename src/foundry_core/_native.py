@@ -33,51 +33,43 @@ def library_path() -> str:
     return max(found, key=os.path.getmtime)
 
 
-@functools.cache
-def lib() -> ctypes.CDLL:
-    so = ctypes.CDLL(library_path(), mode=ctypes.RTLD_GLOBAL)
-    sig = {
-        "foundry_region_reserve": (c_int, [c_int, c_uint64, c_uint64]),
-        "foundry_region_map": (c_int, [c_int, c_uint64, c_uint64, c_int]),
-        "foundry_region_unmap": (c_int, [c_int, c_uint64]),
-        "foundry_region_advance": (c_int, [c_int, c_uint64]),
-        "foundry_region_rewind": (c_int, [c_int, c_size_t, c_uint64]),
-        "foundry_region_cursor": (c_uint64, [c_int]),
-        "foundry_region_log_len": (c_size_t, [c_int]),
-        "foundry_region_log_read": (
+#: Every function of the library that Python calls, with its C signature (native/*.c); the
+#: allocator entry points are handed to torch by name and not called from here.
+SIGNATURES = {
+    "foundry_region_reserve": (c_int, [c_int, c_uint64, c_uint64]),
+    "foundry_region_map": (c_int, [c_int, c_uint64, c_uint64, c_int]),
+    "foundry_region_unmap": (c_int, [c_int, c_uint64]),
+    "foundry_region_advance": (c_int, [c_int, c_uint64]),
+    "foundry_region_rewind": (c_int, [c_int, c_size_t, c_uint64]),
+    "foundry_region_cursor": (c_uint64, [c_int]),
+    "foundry_region_log_len": (c_size_t, [c_int]),
+    "foundry_region_log_read": (
+        c_size_t,
+        [
+            c_int,
             c_size_t,
-            [
-                c_int,
-                c_size_t,
-                c_size_t,
-                POINTER(c_uint64),
-                POINTER(c_uint64),
-                POINTER(c_int32),
-                POINTER(c_int32),
-                POINTER(c_int32),
-            ],
-        ),
-        "foundry_region_set_label": (None, [c_int]),
-        "foundry_region_error": (c_char_p, []),
-        "foundry_modules_start": (c_int, [c_char_p]),
-        "foundry_modules_count": (c_size_t, []),
-        "foundry_modules_get": (c_int, [c_size_t, POINTER(c_void_p), POINTER(c_size_t), POINTER(c_uint64)]),
-        "foundry_modules_dropped": (c_int, []),
-        "foundry_modules_started": (c_int, []),
-        "foundry_modules_stop": (c_int, []),
-        "foundry_modules_keep_images": (None, [c_int]),
-        "foundry_captures_driver": (c_uint64, []),
-        "foundry_captures_runtime": (c_uint64, []),
-        "foundry_modules_error": (c_char_p, []),
-    }
-    for name, (restype, argtypes) in sig.items():
-        fn = getattr(so, name)
-        fn.restype = restype
-        fn.argtypes = argtypes
-    return so
-
-
-GRAPH_SIGNATURES = {
+            c_size_t,
+            POINTER(c_uint64),
+            POINTER(c_uint64),
+            POINTER(c_int32),
+            POINTER(c_int32),
+            POINTER(c_int32),
+        ],
+    ),
+    "foundry_region_set_label": (None, [c_int]),
+    "foundry_region_error": (c_char_p, []),
+    "foundry_modules_start": (c_int, [c_char_p]),
+    "foundry_modules_count": (c_size_t, []),
+    "foundry_modules_get": (c_int, [c_size_t, POINTER(c_void_p), POINTER(c_size_t), POINTER(c_uint64)]),
+    "foundry_modules_dropped": (c_int, []),
+    "foundry_modules_started": (c_int, []),
+    "foundry_modules_stop": (c_int, []),
+    "foundry_modules_keep_images": (None, [c_int]),
+    "foundry_captures_driver": (c_uint64, []),
+    "foundry_captures_runtime": (c_uint64, []),
+    "foundry_modules_error": (c_char_p, []),
+    "foundry_inflate": (c_int, [c_void_p, c_size_t, c_void_p, c_size_t]),
+    "foundry_inflate_available": (c_int, []),
     "foundry_graph_validate": (
         c_int,
         [c_void_p, c_size_t, c_size_t, c_size_t, POINTER(c_uint64), c_char_p, c_size_t],
@@ -104,19 +96,28 @@ GRAPH_SIGNATURES = {
 
 
 @functools.cache
-def graph_lib() -> ctypes.CDLL | None:
-    """The library with the native graph builder (native/graphbuild.c), or None for a build without it."""
-    try:
-        so = lib()
-    except (NativeLibraryMissing, OSError):
-        return None
-    for name, (restype, argtypes) in GRAPH_SIGNATURES.items():
+def lib() -> ctypes.CDLL:
+    """The library with every signature declared. One policy for all of it: the library is built
+    from all of native/*.c together, so a missing file or a missing function (a build older than
+    this Python code) raises :class:`NativeLibraryMissing` naming the fix."""
+    so = ctypes.CDLL(library_path(), mode=ctypes.RTLD_GLOBAL)
+    for name, (restype, argtypes) in SIGNATURES.items():
         fn = getattr(so, name, None)
         if fn is None:
-            return None
+            raise NativeLibraryMissing(
+                f"{library_path()} has no {name}: it is older than this Foundry; rebuild it with `pip install -e .`"
+            )
         fn.restype = restype
         fn.argtypes = argtypes
     return so
+
+
+def graph_lib() -> ctypes.CDLL | None:
+    """The library (its native graph builder included), or None where it is not installed."""
+    try:
+        return lib()
+    except (NativeLibraryMissing, OSError):
+        return None
 
 
 def bytes_address(data: bytes) -> int:
@@ -128,20 +129,11 @@ def bytes_address(data: bytes) -> int:
 @functools.cache
 def inflate_fn():
     """``foundry_inflate(src, src_len, dst, dst_len) -> 0 | -1`` (native/inflate.c), or None where the
-    library lacks it or libz cannot be loaded; callers then inflate with Python's zlib."""
-    try:
-        so = lib()
-    except (NativeLibraryMissing, OSError):
+    library is not installed or libz cannot be loaded; callers then inflate with Python's zlib."""
+    so = graph_lib()
+    if so is None or not so.foundry_inflate_available():
         return None
-    fn = getattr(so, "foundry_inflate", None)
-    available = getattr(so, "foundry_inflate_available", None)
-    if fn is None or available is None:
-        return None
-    available.restype, available.argtypes = c_int, []
-    if not available():
-        return None
-    fn.restype, fn.argtypes = c_int, [c_void_p, c_size_t, c_void_p, c_size_t]
-    return fn
+    return so.foundry_inflate
 
 
 def region_error() -> str:
