@@ -111,7 +111,15 @@ def around_scheduler_init(original: Any, self: Any, *args: Any, **kwargs: Any) -
         hint = {name: bound.get(name) for name in ("gpu_id", "tp_rank", "dp_rank")}
         _session = Session.begin(server_args, hint)
     try:
-        return original(self, *args, **kwargs)
+        if _session is None:
+            return original(self, *args, **kwargs)
+        from foundry_core.engine.profiling import profiled
+
+        # The scheduler's whole start (model runner, weights, KV pool, the decode-graph phase with
+        # SGLang's per-shape preparation), when FOUNDRY_PROFILE_DIR asks for a profile.
+        phase = f"sglang-scheduler-start-{_session.mode}"
+        with profiled(phase, _session.rank, logging.getLogger("foundry.sglang")):
+            return original(self, *args, **kwargs)
     except BaseException as e:
         if _session is not None and _session.report.get("ok") is None:
             _session.abort(e)  # anything that ends the scheduler's start-up ends up in the report
@@ -159,13 +167,8 @@ def around_decode_capture(original: Any, self: Any, *args: Any, **kwargs: Any) -
     restores the archive), before the runner's warmup and its per-shape capture loop."""
     if not _target_runner(self):
         return original(self, *args, **kwargs)
-    from foundry_core.engine.profiling import profiled
-
     _session.capture_begins()
-    with profiled(
-        f"sglang-decode-graphs-{_session.mode}", _session.rank, logging.getLogger("foundry.sglang")
-    ):
-        result = original(self, *args, **kwargs)
+    result = original(self, *args, **kwargs)
     _session.capture_done()
     return result
 
