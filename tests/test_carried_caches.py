@@ -182,8 +182,10 @@ def test_the_launcher_gets_only_its_records_and_only_for_a_load(tmp_path, machin
 def test_pack_then_unpack_hands_every_file_over(tmp_path):
     saved = caches.CacheDirs.create(["triton", "tvm-ffi"], label="save")
     _fill(saved)
+    (saved.path("triton") / "jit.log").write_text("built ab12")  # a log: never carried
+    (saved.path("triton") / ".ninja_log").write_text("# ninja log v5")  # build state: carried
     summary = caches.pack(tmp_path / "archive" / "rank0.caches", saved, device=0, engine=ENGINE)
-    assert summary["kinds"]["triton"]["files"] == 2  # the lock file stayed behind
+    assert summary["kinds"]["triton"]["files"] == 3  # the lock file and the log stayed behind
     assert summary["kinds"]["tvm-ffi"] == {"files": 1, "bytes": 7, "what": caches.KINDS["tvm-ffi"].what}
 
     loaded = caches.CacheDirs.create(["triton", "tvm-ffi", "cuda"], label="load")
@@ -192,6 +194,9 @@ def test_pack_then_unpack_hands_every_file_over(tmp_path):
     for rel in ("ab12/kernel.cubin", "ab12/kernel.json"):
         assert (loaded.path("triton") / rel).read_bytes() == (saved.path("triton") / rel).read_bytes()
     assert not (loaded.path("triton") / "ab12" / "busy.lock").exists()
+    assert (
+        not (loaded.path("triton") / "jit.log").exists() and (loaded.path("triton") / ".ninja_log").exists()
+    )
     so = loaded.path("tvm-ffi") / "mod" / "mod.so"
     assert so.read_bytes() == b"\x7fELF-so" and so.stat().st_mode & 0o100
     # Times travel too: ninja would rebuild an output that looks older than its sources.
@@ -286,6 +291,24 @@ def test_handover_save_then_restore(tmp_path):
     report = h.finish()
     assert report["carried"] is True and report["digest"] == saved.report["digest"]
     assert report["new_files"]["total"] == 0
+
+
+def test_a_load_that_compiles_anyway_says_so_once(tmp_path, log_records):
+    records = log_records("foundry.caches", logging.WARNING)
+    cfg = _cfg(tmp_path)
+    saved = _saved(tmp_path, cfg)
+    assert saved.finish()["new_files"]["total"] == 3 and not records  # a SAVE compiles: no warning
+    h = CacheHandover(cfg, 0, ["triton", "tvm-ffi"], ENGINE)
+    h.begin()
+    assert h.restore(device=0) is True
+    h.finish()
+    assert not records  # nothing built
+    (h.dirs.path("triton") / "other-key").mkdir()
+    (h.dirs.path("triton") / "other-key" / "kernel.cubin").write_bytes(b"built again")
+    assert h.finish()["new_files"] == {"triton": 1, "tvm-ffi": 0, "total": 1}
+    h.finish()
+    (warning,) = [r.getMessage() for r in records]
+    assert "built 1 cache files although the carried caches were handed over (triton 1)" in warning
 
 
 def test_missing_caches_build_as_usual(tmp_path, log_records):

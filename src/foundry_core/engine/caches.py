@@ -87,8 +87,10 @@ KINDS: dict[str, CacheKind] = {
     )
 }
 
-# Files a cache keeps for its own bookkeeping while a process runs; never carried.
-_SKIP_SUFFIXES = (".lock", ".tmp", ".pid")
+# Files a cache keeps for its own bookkeeping while a process runs, and logs (FlashInfer appends
+# to its flashinfer_jit.log at every import): never carried, never counted as compiled. Ninja's
+# .ninja_log is build state, not a log of this kind, and is carried.
+_SKIP_SUFFIXES = (".lock", ".tmp", ".pid", ".log")
 
 
 class CacheError(ArchiveError):

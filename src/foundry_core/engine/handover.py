@@ -141,6 +141,8 @@ class CacheHandover:
         self._saved: dict[str, dict[str, int]] | None = None  # what the last save() stored
         self._batches = 0
         self._saving = threading.Lock()
+        self._restored = False  # LOAD handed carried caches over
+        self._warned_rebuilt = False
 
     @property
     def enabled(self) -> bool:
@@ -193,6 +195,7 @@ class CacheHandover:
                     kinds=summary["kinds"],
                     unpack_s=round(time.perf_counter() - t0, 3),
                 )
+                self._restored = True
                 files = sum(k.get("files", 0) for k in summary["kinds"].values())
                 self.log.info(
                     "Foundry rank %d: %d carried cache files handed to the engine (%s) in %.2f s",
@@ -295,7 +298,20 @@ class CacheHandover:
             self._saving.release()
 
     def finish(self) -> dict[str, Any]:
-        """Step 4: the files this process added to the directories, per kind (its compilations)."""
+        """Step 4: the files this process added to the directories, per kind (its compilations).
+        A LOAD that compiled although the caches were handed over says so once, with a warning: the
+        engine's cache keys changed since the SAVE, and the start paid for it."""
         if self.dirs is not None:
-            self.report["new_files"] = self.dirs.new_files()
+            self.report["new_files"] = new = self.dirs.new_files()
+            if self._restored and new["total"] and not self._warned_rebuilt:
+                self._warned_rebuilt = True
+                built = ", ".join(f"{k} {n}" for k, n in sorted(new.items()) if n and k != "total")
+                self.log.warning(
+                    "Foundry rank %d: the engine built %d cache files although the carried caches were "
+                    "handed over (%s): a setting or environment variable it hashes into its cache keys "
+                    "differs from the SAVE's (with vLLM 0.26: HOME); docs/cold-start.md",
+                    self.rank,
+                    new["total"],
+                    built,
+                )
         return self.report
