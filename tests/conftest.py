@@ -45,3 +45,36 @@ def log_records():
     for logger, handler, level in reversed(attached):
         logger.removeHandler(handler)
         logger.setLevel(level)
+
+
+@pytest.fixture
+def caches_machine(monkeypatch, tmp_path):
+    """For carried-caches tests: a fixed machine fingerprint (``caches_machine["gpu"]`` changes it;
+    the real one needs a GPU, exercised by the engine runs on the H200), private cache folders under
+    tmp_path, no cache variable inherited from the shell, and no launch redirect left behind."""
+    from foundry_core.engine import caches, undo_launch_redirect
+    from foundry_core.fingerprint import make_fingerprint
+
+    state = {"gpu": "NVIDIA H200"}
+
+    def fingerprint(device, engine, *, rank=0, world_size=1):
+        return make_fingerprint(
+            gpu_name=state["gpu"],
+            compute_capability="9.0",
+            sm_count=132,
+            driver_version=13000,
+            cuda_version="13.0",
+            torch_version="2.11.0+cu130",
+            rank=rank,
+            world_size=world_size,
+            model=caches.model_facts(engine),
+        )
+
+    monkeypatch.setattr(caches, "fingerprint", fingerprint)
+    monkeypatch.setenv(caches.ROOT_ENV, str(tmp_path / "private"))
+    for kind in caches.KINDS.values():
+        for name in kind.envs:
+            monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv(caches.DIR_ENV, raising=False)
+    yield state
+    undo_launch_redirect()

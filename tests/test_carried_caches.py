@@ -15,39 +15,14 @@ from foundry_core.archive import ArchiveError, ArchiveNotFound, FingerprintMisma
 from foundry_core.config import ConfigError, config_from_dict
 from foundry_core.engine import CacheHandover, caches
 from foundry_core.engine.handover import CacheRefused
-from foundry_core.fingerprint import make_fingerprint
 
 ENGINE = {"name": "testengine", "testengine": "1.0"}
 
 
 @pytest.fixture(autouse=True)
-def machine(monkeypatch, tmp_path):
-    """A fixed machine fingerprint (``machine["gpu"]`` changes it) and private dirs under tmp_path."""
-    state = {"gpu": "NVIDIA H200"}
-
-    def fingerprint(device, engine, *, rank=0, world_size=1):
-        return make_fingerprint(
-            gpu_name=state["gpu"],
-            compute_capability="9.0",
-            sm_count=132,
-            driver_version=13000,
-            cuda_version="13.0",
-            torch_version="2.11.0+cu130",
-            rank=rank,
-            world_size=world_size,
-            model=caches.model_facts(engine),
-        )
-
-    monkeypatch.setattr(caches, "fingerprint", fingerprint)
-    monkeypatch.setenv(caches.ROOT_ENV, str(tmp_path / "private"))
-    for kind in caches.KINDS.values():
-        for name in kind.envs:
-            monkeypatch.delenv(name, raising=False)
-    monkeypatch.delenv(caches.DIR_ENV, raising=False)
-    yield state
-    from foundry_core.engine import undo_launch_redirect
-
-    undo_launch_redirect()
+def machine(caches_machine):
+    """A fixed machine fingerprint and private folders (tests/conftest.py), for every test here."""
+    return caches_machine
 
 
 def _fill(dirs):

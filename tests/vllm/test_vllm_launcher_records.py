@@ -11,40 +11,19 @@ import pytest
 from foundry_vllm_testutil import write_toml
 
 from foundry_core.engine import caches, undo_launch_redirect
-from foundry_core.fingerprint import make_fingerprint
 
 pytestmark = pytest.mark.vllm
 
 
 @pytest.fixture
-def registry(monkeypatch, tmp_path):
-    """vLLM's registry with its in-process memo emptied, a fixed machine fingerprint for the
-    caches archive (packing it needs no GPU here) and private cache folders under tmp_path."""
+def registry(caches_machine):
+    """vLLM's registry with its in-process memo emptied; a fixed machine fingerprint for the caches
+    archive and private cache folders (``caches_machine``, tests/conftest.py)."""
     from vllm.model_executor.models import registry as reg
 
-    def fingerprint(device, engine, *, rank=0, world_size=1):
-        return make_fingerprint(
-            gpu_name="NVIDIA H200",
-            compute_capability="9.0",
-            sm_count=132,
-            driver_version=13000,
-            cuda_version="13.0",
-            torch_version="2.11.0+cu130",
-            rank=rank,
-            world_size=world_size,
-            model=caches.model_facts(engine),
-        )
-
-    monkeypatch.setattr(caches, "fingerprint", fingerprint)
-    monkeypatch.setenv(caches.ROOT_ENV, str(tmp_path / "private"))
-    for kind in caches.KINDS.values():
-        for name in kind.envs:
-            monkeypatch.delenv(name, raising=False)
-    monkeypatch.delenv(caches.DIR_ENV, raising=False)
     reg._try_inspect_model_cls.cache_clear()
     yield reg
     reg._try_inspect_model_cls.cache_clear()
-    undo_launch_redirect()
 
 
 def _records(root: str) -> list[str]:
