@@ -8,8 +8,9 @@ Three methods of ``vllm.engine.arg_utils.EngineArgs`` are wrapped (once per proc
   plugins first for exactly this purpose, so the flags are on the parser it uses.
 * ``from_cli_args``: turns the two flags into the ``additional_config`` entry (see ``settings``).
 * ``create_engine_config``: when the entry is present, asks vLLM for ``FULL_DECODE_ONLY`` graphs,
-  points the compile caches at private folders (:func:`launch_caches`), builds the config as usual, refuses unsupported configurations (``check_supported``) before any GPU
-  work, and points vLLM at the Foundry worker class.
+  points the compile caches at private folders (:func:`launch_caches`), builds the config as usual,
+  refuses unsupported configurations (``check_supported``) before any GPU work, and points vLLM at
+  the Foundry worker class.
 """
 
 from __future__ import annotations
