@@ -453,3 +453,28 @@ def test_cpu_suite_runs_the_tests_named_by_tests(monkeypatch, tmp_path):
     assert not record["criteria"]["tamper_refused == tamper_cases"]
     assert not record["criteria"]["cpu suite passed"]
     assert (workdir / "cpu-suite.json").exists()
+
+
+def test_worker_commands_repeat_the_workload_options_exactly():
+    # The SAVE and LOAD workers must rebuild the same model, sizes and region as the parent parsed.
+    import argparse
+
+    from foundry_tools import demo, options
+
+    parent = argparse.ArgumentParser()
+    options.add_arguments(parent)
+    options.add_soak_arguments(parent)
+    args = parent.parse_args(
+        ["--preset", "tiny", "--seed", "7", "--region-base", "0x610000000000", "--batch-sizes", "1", "3", "8"]
+    )
+    keys = ("variant", "preset", "max_seq_len", "seed", "device", "region_base", "region_size", "batch_sizes")
+    for cmd in (demo._worker_args(args, "save", "/a", "/r"), soak._worker_cmd(args, "load", "/a", "/b")):
+        worker = argparse.ArgumentParser()
+        options.add_arguments(worker)
+        options.add_soak_arguments(worker)
+        worker.add_argument("phase")
+        worker.add_argument("--reference")
+        worker.add_argument("--baseline")
+        got = worker.parse_args(cmd[3:])
+        assert {k: getattr(got, k) for k in keys} == {k: getattr(args, k) for k in keys}
+        assert got.phase == cmd[3] and got.archive == "/a"

@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .options import DEFAULT_BATCH_SIZES, HelpFormatter, add_arguments  # noqa: F401  (re-exported)
+from .options import DEFAULT_BATCH_SIZES, HelpFormatter, add_arguments, workload_argv  # noqa: F401  (re-exported)
 
 ROUNDS = 2  # replays per graph compared, each with different inputs
 
@@ -294,24 +294,9 @@ def _worker_args(args, phase: str, archive: str, reference: str) -> list[str]:
         archive,
         "--reference",
         reference,
-        "--variant",
-        args.variant,
-        "--preset",
-        args.preset,
-        "--max-seq-len",
-        str(args.max_seq_len),
-        "--seed",
-        str(args.seed),
-        "--device",
-        str(args.device),
-        "--region-base",
-        hex(args.region_base),
-        "--region-size",
-        str(args.region_size),
         "--replays",
         str(getattr(args, "replays", 0)),
-        "--batch-sizes",
-        *map(str, args.batch_sizes),
+        *workload_argv(args),
     ]
 
 

@@ -94,6 +94,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--archive", default=None, help="archive directory (default: a temporary one)")
 
 
+def workload_argv(args: argparse.Namespace) -> list[str]:
+    """The options of :func:`add_arguments` (``--archive`` aside) as a worker process's command line,
+    so that the SAVE and LOAD workers a tool starts get the same model, sizes and region."""
+    return [
+        "--variant",
+        args.variant,
+        "--preset",
+        args.preset,
+        "--max-seq-len",
+        str(args.max_seq_len),
+        "--seed",
+        str(args.seed),
+        "--device",
+        str(args.device),
+        "--region-base",
+        hex(args.region_base),
+        "--region-size",
+        str(args.region_size),
+        "--batch-sizes",
+        *map(str, args.batch_sizes),
+    ]
+
+
 def add_soak_arguments(p: argparse.ArgumentParser) -> None:
     """The options ``foundry soak`` adds to the demo's (model, sizes, region)."""
     p.add_argument("--replays", type=int, default=DEFAULT_REPLAYS, help="soak replays in all (round robin)")

@@ -92,6 +92,7 @@ from .options import (  # noqa: F401  (re-exported: the soak's defaults and opti
     HelpFormatter,
     add_arguments,
     add_soak_arguments,
+    workload_argv,
 )
 
 SOAK_SEED = 4321
@@ -750,26 +751,11 @@ def _worker_cmd(args, phase: str, archive: str, baseline: str) -> list[str]:
         archive,
         "--baseline",
         baseline,
-        "--variant",
-        args.variant,
-        "--preset",
-        args.preset,
-        "--max-seq-len",
-        str(args.max_seq_len),
-        "--seed",
-        str(args.seed),
-        "--device",
-        str(args.device),
-        "--region-base",
-        hex(args.region_base),
-        "--region-size",
-        str(args.region_size),
         "--replays",
         str(args.replays),
         "--cycles",
         str(args.cycles),
-        "--batch-sizes",
-        *map(str, args.batch_sizes),
+        *workload_argv(args),
     ]
 
 
