@@ -227,7 +227,7 @@ def _write_attrs(node, attrs: dict) -> None:
         else:
             current = getattr(value, field)
             setattr(value, field, type(current)(raw) if not isinstance(current, int) else raw)
-        call(cu().cuGraphKernelNodeSetAttribute, node, driver.CUkernelNodeAttrID(attr_id), value)
+        call(driver.cuGraphKernelNodeSetAttribute, node, driver.CUkernelNodeAttrID(attr_id), value)
 
 
 def serialize(graph, recorded: Recorded, segments: Segments, kernels: dict) -> tuple[dict, set[int]]:
@@ -247,19 +247,19 @@ def serialize(graph, recorded: Recorded, segments: Segments, kernels: dict) -> t
 def _serialize(graph, recorded, auditor, kernels, events, path: str) -> dict:
     driver = cu()
     T = driver.CUgraphNodeType
-    n = call(cu().cuGraphGetNodes, graph, 0)[1]
-    nodes = call(cu().cuGraphGetNodes, graph, n)[0] if n else []
+    n = call(driver.cuGraphGetNodes, graph, 0)[1]
+    nodes = call(driver.cuGraphGetNodes, graph, n)[0] if n else []
     index = {int(node): i for i, node in enumerate(nodes)}
     out_nodes = []
     for i, node in enumerate(nodes):
-        ty = call(cu().cuGraphNodeGetType, node)
+        ty = call(driver.cuGraphNodeGetType, node)
         label = f"graph node {path}{i}"
         if ty == T.CU_GRAPH_NODE_TYPE_KERNEL:
-            p = call(cu().cuGraphKernelNodeGetParams, node)
+            p = call(driver.cuGraphKernelNodeGetParams, node)
             func = p.func
             if not int(func):
-                func = call(cu().cuKernelGetFunction, p.kern)
-            name = call(cu().cuFuncGetName, func).decode()
+                func = call(driver.cuKernelGetFunction, p.kern)
+            name = call(driver.cuFuncGetName, func).decode()
             layout = _param_layout(func)
             params = _kernel_param_bytes(p, layout, name)
             auditor.check_block(
@@ -282,7 +282,7 @@ def _serialize(graph, recorded, auditor, kernels, events, path: str) -> dict:
                 }
             )
         elif ty == T.CU_GRAPH_NODE_TYPE_MEMSET:
-            p = call(cu().cuGraphMemsetNodeGetParams, node)
+            p = call(driver.cuGraphMemsetNodeGetParams, node)
             dst = int(p.dst)
             auditor.check_word(dst, lambda label=label: f"{label} (memset) destination")
             out_nodes.append(
@@ -297,7 +297,7 @@ def _serialize(graph, recorded, auditor, kernels, events, path: str) -> dict:
                 }
             )
         elif ty == T.CU_GRAPH_NODE_TYPE_MEMCPY:
-            p = call(cu().cuGraphMemcpyNodeGetParams, node)
+            p = call(driver.cuGraphMemcpyNodeGetParams, node)
             kinds = (int(p.srcMemoryType), int(p.dstMemoryType))
             if any(k not in (MEMORYTYPE_DEVICE, MEMORYTYPE_UNIFIED) for k in kinds):
                 raise GraphError(
@@ -336,7 +336,7 @@ def _serialize(graph, recorded, auditor, kernels, events, path: str) -> dict:
         elif ty == T.CU_GRAPH_NODE_TYPE_EMPTY:
             out_nodes.append({"type": "empty"})
         elif ty == T.CU_GRAPH_NODE_TYPE_GRAPH:
-            child = call(cu().cuGraphChildGraphNodeGetGraph, node)
+            child = call(driver.cuGraphChildGraphNodeGetGraph, node)
             out_nodes.append(
                 {
                     "type": "graph",
@@ -348,10 +348,10 @@ def _serialize(graph, recorded, auditor, kernels, events, path: str) -> dict:
                 f"{label}: node type {_node_type_name(ty)} cannot be saved (host callbacks, host copies, "
                 "graph memory alloc/free and conditional nodes have no portable restore)"
             )
-    n_edges = call(cu().cuGraphGetEdges, graph, 0)[-1]
+    n_edges = call(driver.cuGraphGetEdges, graph, 0)[-1]
     edges = []
     if n_edges:
-        frm, to, data, got = call(cu().cuGraphGetEdges, graph, n_edges)
+        frm, to, data, got = call(driver.cuGraphGetEdges, graph, n_edges)
         for a, b, d in zip(frm[:got], to[:got], data[:got]):
             edges.append([index[int(a)], index[int(b)], int(d.from_port), int(d.to_port), int(d.type)])
     return {"nodes": out_nodes, "edges": edges}
@@ -415,9 +415,9 @@ def _add_times(timings: dict, build: float, instantiate: float, upload: float) -
 
 def _build(desc: dict, modules: LoadedModules, kernel_attrs: dict, events: list, keepalive: list):
     driver = cu()
-    graph = call(cu().cuGraphCreate, 0)
+    graph = call(driver.cuGraphCreate, 0)
     handles = []
-    ctx = call(cu().cuCtxGetCurrent)
+    ctx = call(driver.cuCtxGetCurrent)
     for node in desc["nodes"]:
         kind = node["type"]
         if kind == "kernel":
@@ -437,7 +437,7 @@ def _build(desc: dict, modules: LoadedModules, kernel_attrs: dict, events: list,
             p.sharedMemBytes = node["smem"]
             p.kernelParams = ctypes.addressof(argv) if node["layout"] else 0
             p.extra = 0
-            handle = call(cu().cuGraphAddKernelNode, graph, None, 0, p)
+            handle = call(driver.cuGraphAddKernelNode, graph, None, 0, p)
             keepalive.append((block, argv))
             if node["attrs"]:
                 _write_attrs(handle, node["attrs"])
@@ -449,7 +449,7 @@ def _build(desc: dict, modules: LoadedModules, kernel_attrs: dict, events: list,
             p.elementSize = node["element_size"]
             p.width = node["width"]
             p.height = node["height"]
-            handle = call(cu().cuGraphAddMemsetNode, graph, None, 0, p, ctx)
+            handle = call(driver.cuGraphAddMemsetNode, graph, None, 0, p, ctx)
         elif kind == "memcpy":
             p = driver.CUDA_MEMCPY3D()
             p.srcMemoryType = driver.CUmemorytype(node["kinds"][0])
@@ -460,24 +460,24 @@ def _build(desc: dict, modules: LoadedModules, kernel_attrs: dict, events: list,
             p.srcPitch, p.srcHeight = node["src_pitch"]
             p.dstPitch, p.dstHeight = node["dst_pitch"]
             p.WidthInBytes, p.Height, p.Depth = node["extent"]
-            handle = call(cu().cuGraphAddMemcpyNode, graph, None, 0, p, ctx)
+            handle = call(driver.cuGraphAddMemcpyNode, graph, None, 0, p, ctx)
         elif kind == "event_record":
-            handle = call(cu().cuGraphAddEventRecordNode, graph, None, 0, events[node["event"]])
+            handle = call(driver.cuGraphAddEventRecordNode, graph, None, 0, events[node["event"]])
         elif kind == "event_wait":
-            handle = call(cu().cuGraphAddEventWaitNode, graph, None, 0, events[node["event"]])
+            handle = call(driver.cuGraphAddEventWaitNode, graph, None, 0, events[node["event"]])
         elif kind == "empty":
-            handle = call(cu().cuGraphAddEmptyNode, graph, None, 0)
+            handle = call(driver.cuGraphAddEmptyNode, graph, None, 0)
         elif kind == "graph":
             child = _build(node["graph"], modules, kernel_attrs, events, keepalive)
-            handle = call(cu().cuGraphAddChildGraphNode, graph, None, 0, child)
-            call(cu().cuGraphDestroy, child)  # the node holds its own clone
+            handle = call(driver.cuGraphAddChildGraphNode, graph, None, 0, child)
+            call(driver.cuGraphDestroy, child)  # the node holds its own clone
         else:
             raise GraphError(f"archive holds a node of unknown type {kind!r}")
         handles.append(handle)
     for a, b, from_port, to_port, dep_type in desc["edges"]:
         data = driver.CUgraphEdgeData()
         data.from_port, data.to_port, data.type = from_port, to_port, dep_type
-        call(cu().cuGraphAddDependencies, graph, [handles[a]], [handles[b]], [data], 1)
+        call(driver.cuGraphAddDependencies, graph, [handles[a]], [handles[b]], [data], 1)
     return graph
 
 
@@ -923,17 +923,17 @@ def structure(graph) -> dict:
     the native and the Python builder's this way)."""
     driver = cu()
     T = driver.CUgraphNodeType
-    n = call(cu().cuGraphGetNodes, graph, 0)[1]
-    nodes = call(cu().cuGraphGetNodes, graph, n)[0] if n else []
+    n = call(driver.cuGraphGetNodes, graph, 0)[1]
+    nodes = call(driver.cuGraphGetNodes, graph, n)[0] if n else []
     index = {int(node): i for i, node in enumerate(nodes)}
     out = []
     for node in nodes:
-        ty = call(cu().cuGraphNodeGetType, node)
+        ty = call(driver.cuGraphNodeGetType, node)
         item: dict = {"type": _node_type_name(ty)}
         if ty == T.CU_GRAPH_NODE_TYPE_KERNEL:
-            p = call(cu().cuGraphKernelNodeGetParams, node)
-            func = p.func if int(p.func) else call(cu().cuKernelGetFunction, p.kern)
-            name = call(cu().cuFuncGetName, func).decode()
+            p = call(driver.cuGraphKernelNodeGetParams, node)
+            func = p.func if int(p.func) else call(driver.cuKernelGetFunction, p.kern)
+            name = call(driver.cuFuncGetName, func).decode()
             layout = _param_layout(func)
             item.update(
                 name=name,
@@ -944,7 +944,7 @@ def structure(graph) -> dict:
                 attrs=_read_attrs(node),
             )
         elif ty == T.CU_GRAPH_NODE_TYPE_MEMSET:
-            p = call(cu().cuGraphMemsetNodeGetParams, node)
+            p = call(driver.cuGraphMemsetNodeGetParams, node)
             item.update(
                 dst=int(p.dst),
                 pitch=int(p.pitch),
@@ -954,19 +954,19 @@ def structure(graph) -> dict:
                 height=int(p.height),
             )
         elif ty == T.CU_GRAPH_NODE_TYPE_MEMCPY:
-            p = call(cu().cuGraphMemcpyNodeGetParams, node)
+            p = call(driver.cuGraphMemcpyNodeGetParams, node)
             item.update(
                 src=int(p.srcDevice),
                 dst=int(p.dstDevice),
                 extent=[int(p.WidthInBytes), int(p.Height), int(p.Depth)],
             )
         elif ty == T.CU_GRAPH_NODE_TYPE_GRAPH:
-            item["graph"] = structure(call(cu().cuGraphChildGraphNodeGetGraph, node))
+            item["graph"] = structure(call(driver.cuGraphChildGraphNodeGetGraph, node))
         out.append(item)
-    n_edges = call(cu().cuGraphGetEdges, graph, 0)[-1]
+    n_edges = call(driver.cuGraphGetEdges, graph, 0)[-1]
     edges = []
     if n_edges:
-        frm, to, data, got = call(cu().cuGraphGetEdges, graph, n_edges)
+        frm, to, data, got = call(driver.cuGraphGetEdges, graph, n_edges)
         for a, b, d in zip(frm[:got], to[:got], data[:got]):
             edges.append([index[int(a)], index[int(b)], int(d.from_port), int(d.to_port), int(d.type)])
     return {"nodes": out, "edges": sorted(edges)}
