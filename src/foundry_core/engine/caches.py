@@ -334,11 +334,7 @@ def unpack(
     :class:`~foundry_core.archive.ArchiveError` (``ArchiveNotFound`` when nothing is there).
     Returns the summary :func:`pack` stored, with the digest.
     """
-    if trusted_root is not None:
-        check_location(path, trusted_root)
-    archive = open_archive(path, expected_digest=expected_digest)
-    if archive.meta.get("kind") != ARCHIVE_KIND:
-        raise CacheError(f"archive {path} holds {archive.meta.get('kind')!r}, not carried caches")
+    archive = _open(path, expected_digest, trusted_root)
     compare_fingerprint(archive.fingerprint, fingerprint(device, engine, rank=rank, world_size=world_size))
     carried: dict[str, dict[str, list[int]]] = {k: {} for k in dirs.kinds}
     for kind, rel, member in _members(archive, dirs.kinds):
@@ -363,11 +359,7 @@ def unpack_engine_records(
     hash). No native code is written here. Same checks as :func:`unpack` except the GPU, driver and
     CUDA ones, which the worker's :func:`unpack` makes before anything else is used. Returns the
     number of files written."""
-    if trusted_root is not None:
-        check_location(path, trusted_root)
-    archive = open_archive(path, expected_digest=expected_digest)
-    if archive.meta.get("kind") != ARCHIVE_KIND:
-        raise CacheError(f"archive {path} holds {archive.meta.get('kind')!r}, not carried caches")
+    archive = _open(path, expected_digest, trusted_root)
     if not isinstance(archive.fingerprint, dict):
         raise CacheError(f"archive {path} has no fingerprint")
     # Only the part a launcher can know without CUDA: this machine's side of everything else is
@@ -379,6 +371,19 @@ def unpack_engine_records(
             _write_member(archive, member, dirs.path(kind) / rel)
             written += 1
     return written
+
+
+def _open(
+    path: str | os.PathLike, expected_digest: str | None, trusted_root: str | os.PathLike | None
+) -> Any:
+    """The caches archive at ``path``, checked in order: under ``trusted_root``, every member's
+    checksum and the pinned digest, and that it holds carried caches (not graphs)."""
+    if trusted_root is not None:
+        check_location(path, trusted_root)
+    archive = open_archive(path, expected_digest=expected_digest)
+    if archive.meta.get("kind") != ARCHIVE_KIND:
+        raise CacheError(f"archive {path} holds {archive.meta.get('kind')!r}, not carried caches")
+    return archive
 
 
 def _members(archive: Any, kinds: Iterable[str]) -> Iterable[tuple[str, str, str]]:

@@ -76,8 +76,8 @@ def _launcher_records(
     # Rank 0's caches: the launcher is one process per node, and these records depend on the engine's
     # source, not on the rank. Whatever goes wrong here is the worker's to judge (its restore applies
     # the refusal policy); the launcher then inspects the model as it would without Foundry.
-    if getattr(cfg, "archive_digests", ()) and cfg.caches_digest_for_rank(0) is None:
-        return  # graphs pinned, caches not: unpinned caches are not used at all
+    if _pin_problem(cfg, 0) is not None:
+        return  # unpinned caches are not used at all; the worker's restore says why
     try:
         n = caches.unpack_engine_records(
             cfg.rank_caches_dir(0),
@@ -92,6 +92,13 @@ def _launcher_records(
         return
     if n:
         log.info("Foundry: %d launcher records handed to the engine from the carried caches", n)
+
+
+def _pin_problem(cfg: Any, rank: int) -> str | None:
+    """Why rank's carried caches may not be used under the configuration's pins, or None."""
+    if getattr(cfg, "archive_digests", ()) and cfg.caches_digest_for_rank(rank) is None:
+        return "trust.archive_digest pins the graphs but trust.caches_digest does not pin these caches"
+    return None
 
 
 def undo_launch_redirect() -> None:
@@ -164,7 +171,7 @@ class CacheHandover:
         """Step 2 (LOAD): fill the directories from the verified caches archive; whether it did."""
         if self.dirs is None:
             return False
-        reason = self._pin_problem()
+        reason = _pin_problem(self.cfg, self.rank)
         if reason is None:
             t0 = time.perf_counter()
             try:
@@ -217,12 +224,6 @@ class CacheHandover:
             reason,
         )
         return False
-
-    def _pin_problem(self) -> str | None:
-        pinned_graphs = bool(getattr(self.cfg, "archive_digests", ()))
-        if pinned_graphs and self.cfg.caches_digest_for_rank(self.rank) is None:
-            return "trust.archive_digest pins the graphs but trust.caches_digest does not pin these caches"
-        return None
 
     def save(self, device: int) -> dict[str, Any] | None:
         """Step 3 (SAVE): store the directories as this rank's caches archive."""
