@@ -26,6 +26,7 @@ LOAD (in a fresh process)::
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import re
 import time
@@ -337,6 +338,16 @@ def _check_verified(archive, path, expected: dict, expected_digest: str | None) 
     compare_fingerprint(archive.fingerprint, expected)
 
 
+@functools.cache
+def _current_stream_getter():
+    """``device -> raw handle of its current stream``, as torch's own replay reads it: no Stream
+    object per replay (replay is on the serving loop's host path)."""
+    torch = _torch()
+    return getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
+        lambda device: torch.cuda.current_stream(device).cuda_stream
+    )
+
+
 class RestoredGraph:
     """A graph rebuilt from an archive; replays on the current torch stream like ``torch.cuda.CUDAGraph``."""
 
@@ -344,12 +355,7 @@ class RestoredGraph:
         self.name, self.device, self.nodes = name, device, nodes
         self._rebuilt = rebuilt
         self._rng = rng
-        torch = _torch()
-        # The raw handle of the current stream, as torch's own replay reads it: no Stream object
-        # per replay (replay is on the serving loop's host path).
-        self._current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
-            lambda device: torch.cuda.current_stream(device).cuda_stream
-        )
+        self._current_stream = _current_stream_getter()
         if rng:
             self._seed = tensor_at(rng["seed_ptr"], (1,), (1,), "int64", device)
             self._offset = tensor_at(rng["offset_ptr"], (1,), (1,), "int64", device)
