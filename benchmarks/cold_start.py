@@ -608,10 +608,11 @@ def private_roots(cache_root: Path) -> list[Path]:
     return [p for p in found if p.is_dir() and any((p / k).is_dir() for k in CACHE_KINDS)]
 
 
-def count_foundry_compiles(cache_root: Path) -> dict[str, int]:
+def count_foundry_compiles(cache_root: Path, examples: dict[str, list[str]] | None = None) -> dict[str, int]:
     """Per cache kind, files in Foundry's private copies under ``cache_root`` that were not carried
     from the archive (its ``.foundry-carried.json``): what the run compiled despite Foundry. Sums
-    over every private root there (one per engine process that made one)."""
+    over every private root there (one per engine process that made one). ``examples`` receives a
+    few names per kind, a rewritten carried file marked as such."""
     counts: dict[str, int] = {}
     roots = private_roots(cache_root)
     for root in roots:
@@ -626,6 +627,10 @@ def count_foundry_compiles(cache_root: Path) -> dict[str, int]:
             else:
                 new = _files_under(kind_dir) - set(before)
             counts[kind_dir.name] = counts.get(kind_dir.name, 0) + len(new)
+            if examples is not None:
+                names = examples.setdefault(kind_dir.name, [])
+                for rel in sorted(new)[: max(0, 8 - len(names))]:
+                    names.append(f"{rel} (rewritten)" if rel in before else rel)
     counts["total"] = sum(counts.values())
     counts["private_roots"] = len(roots)
     return counts
@@ -1082,7 +1087,9 @@ def finish_record(
     rec["log_parse"] = parse_log(lines, bench.engine)
     rec["outside_files"] = count_new_files(before, snapshot(outside_roots(paths)))
     if rec["foundry"]:
-        rec["foundry_cache_files"] = count_foundry_compiles(paths.cache_root)
+        examples: dict[str, list[str]] = {}
+        rec["foundry_cache_files"] = count_foundry_compiles(paths.cache_root, examples)
+        rec["foundry_cache_examples"] = {k: v for k, v in examples.items() if v}
         rec["foundry_report"] = read_start_report(bench, paths)
     rec["compiled_files"] = compiled_files(rec)
     rec["phases"] = phases(rec, bench.engine)
@@ -1347,6 +1354,29 @@ def engine_version(engine: str) -> str | None:
         return None
 
 
+def python_bytecode(engine: str) -> dict[str, Any]:
+    """Whether the engine's Python modules start from compiled bytecode, as in an image that pip
+    built (pip compiles at install), or are compiled from source in every process (an install with
+    ``--no-compile`` where ``PYTHONDONTWRITEBYTECODE`` keeps Python from caching the result)."""
+    import importlib.util
+
+    out: dict[str, Any] = {
+        "dont_write_bytecode": bool(sys.flags.dont_write_bytecode),
+        "PYTHONDONTWRITEBYTECODE": os.environ.get("PYTHONDONTWRITEBYTECODE"),
+    }
+    spec = importlib.util.find_spec(engine)
+    if spec is None or not spec.submodule_search_locations:
+        return out
+    sources = compiled = 0
+    tag = sys.implementation.cache_tag
+    for pkg in spec.submodule_search_locations:
+        for py in Path(pkg).rglob("*.py"):
+            sources += 1
+            compiled += (py.parent / "__pycache__" / f"{py.stem}.{tag}.pyc").is_file()
+    out.update(engine_sources=sources, engine_sources_with_bytecode=compiled)
+    return out
+
+
 def setup(opts: argparse.Namespace, meta: dict[str, Any]) -> Bench:
     workdir = Path(opts.workdir or tempfile.mkdtemp(prefix="foundry-cold-")).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
@@ -1364,6 +1394,7 @@ def setup(opts: argparse.Namespace, meta: dict[str, Any]) -> Bench:
     shim = None if PLUGIN_NAME in plugins else write_entry_point_shim(workdir / "entry-point")
     meta.update(workdir=str(workdir), plugin_entry_point="installed" if shim is None else f"shim at {shim}")
     meta["native_library"] = [p.name for p in (SRC / "foundry_core").glob("_foundry_native*.so")]
+    meta["python_bytecode"] = python_bytecode(opts.engine)
     keep = [Path(sys.prefix), Path(sys.executable), REPO, workdir, logs, Path(opts.out).resolve().parent]
     keep += [Path(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     return Bench(

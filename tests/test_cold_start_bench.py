@@ -48,8 +48,11 @@ def test_foundry_compiles_count_only_files_not_carried(tmp_path):
         "inductor": {"fx/g.py": stamps["fx/g.py"]},
     }
     (root / cs.CARRIED_LIST).write_text(json.dumps(carried))
-    counts = cs.count_foundry_compiles(root.parent.parent)
+    examples = {}
+    counts = cs.count_foundry_compiles(root.parent.parent, examples)
     # k1/a.json was rewritten after it was carried (its stamp differs): counted with k2/b.cubin.
+    assert examples["triton"] == ["k1/a.json (rewritten)", "k2/b.cubin"]
+    assert examples["cuda"] == ["c.bin"] and examples["inductor"] == []
     assert counts == {
         "triton": 2,
         "inductor": 0,

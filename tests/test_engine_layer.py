@@ -1,7 +1,10 @@
 """The engine layer's shared pieces: the record writer and the one refusal error."""
 
+import functools
 import json
 import os
+import sys
+import threading
 
 import pytest
 
@@ -195,3 +198,36 @@ def test_profiled_writes_a_profile_only_when_asked(tmp_path, monkeypatch):
     text = (tmp_path / "profiles" / "graphs-load-rank3.txt").read_text()
     assert "phase" in text and "cumulative" in text
     assert (tmp_path / "profiles" / "graphs-load-rank3.prof").stat().st_size > 0
+
+
+# --- prewarm: Triton's per-process cache key -----------------------------------------------------
+
+
+def test_triton_key_is_warmed_on_a_background_thread(monkeypatch):
+    cache = pytest.importorskip("triton.runtime.cache", reason="Triton is not installed here")
+    from foundry_core.engine import prewarm
+
+    monkeypatch.setattr(prewarm, "_thread", None)
+    cache.triton_key.cache_clear()
+    callers = []
+    real = cache.triton_key.__wrapped__
+
+    def recording():
+        callers.append(threading.current_thread().name)
+        return real()
+
+    monkeypatch.setattr(cache, "triton_key", functools.lru_cache()(recording))
+    thread = prewarm.start()
+    assert thread is not None and thread.daemon
+    thread.join(120)
+    assert callers == ["foundry-triton-key"]  # computed off the calling thread
+    assert cache.triton_key.cache_info().currsize == 1  # the engine's first launch finds it
+    assert prewarm.start() is None  # once per process
+
+
+def test_prewarm_without_triton_does_nothing(monkeypatch):
+    from foundry_core.engine import prewarm
+
+    monkeypatch.setattr(prewarm, "_thread", None)
+    monkeypatch.setitem(sys.modules, "triton.runtime.cache", None)  # import fails as if absent
+    assert prewarm.start() is None

@@ -13,6 +13,7 @@ Two groups:
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 from typing import Any
@@ -92,6 +93,7 @@ def before_check_server_args(server_args: Any, *args: Any, **kwargs: Any) -> Non
 # --- worker hooks ------------------------------------------------------------------------------
 
 _session = None  # this scheduler process's Foundry session
+_installing_restored = False  # inside a LOAD's decode-runner capture(), which captures nothing
 
 
 def _bound(original: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
@@ -165,12 +167,28 @@ def _target_runner(runner: Any) -> bool:
 def around_decode_capture(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
     """``DecodeCudaGraphRunner.capture``: the setup a LOAD repeats ends here (SAVE marks it, LOAD
     restores the archive), before the runner's warmup and its per-shape capture loop."""
+    global _installing_restored
     if not _target_runner(self):
         return original(self, *args, **kwargs)
     _session.capture_begins()
-    result = original(self, *args, **kwargs)
+    _installing_restored = _session.mode == "load"
+    try:
+        result = original(self, *args, **kwargs)
+    finally:
+        _installing_restored = False
     _session.capture_done()
     return result
+
+
+def around_freeze_gc(original: Any, *args: Any, **kwargs: Any) -> Any:
+    """``freeze_gc``, the context SGLang wraps its capture loop in: a full ``gc.collect()`` on entry
+    and another on exit (about 1.1 s for a 28-layer model's process), so that no collection frees a
+    tensor while a graph is being captured. A LOAD's decode runner captures nothing inside it (the
+    loop installs restored graphs), so there the two collections are skipped; every other use of
+    the context (SAVE, stock, prefill runners) is SGLang's own."""
+    if _installing_restored:
+        return contextlib.nullcontext()
+    return original(*args, **kwargs)
 
 
 def around_runner_warmup(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -227,6 +245,11 @@ WORKER_HOOKS = (
         "AROUND",
     ),
     ("sglang.srt.model_executor.runner.base_runner.BaseRunner.warmup", around_runner_warmup, "AROUND"),
+    (
+        "sglang.srt.model_executor.runner.base_cuda_graph_runner.freeze_gc",
+        around_freeze_gc,
+        "AROUND",
+    ),
     (
         "sglang.srt.model_executor.model_runner.ModelRunner.init_cuda_graphs",
         around_init_cuda_graphs,

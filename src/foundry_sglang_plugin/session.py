@@ -140,6 +140,9 @@ class Session:
         session.caches.world_size = session.world_size
         # Before anything compiles or initialises CUDA (the driver reads CUDA_CACHE_PATH then).
         session.caches.begin()
+        from foundry_core.engine import prewarm
+
+        prewarm.start(logger)  # overlaps the scheduler's setup; see prewarm's docstring
         import foundry_core as fc
 
         # Recording starts before anything touches CUDA (checking the archive reads the device's

@@ -467,6 +467,37 @@ def test_decode_capture_hook_marks_setup_then_times_the_capture(parse, cfg, hook
     assert session.report["capture_s"] >= 0
 
 
+@pytest.mark.parametrize("mode", ["save", "load"])
+def test_capture_loop_collects_garbage_only_where_it_captures(parse, cfg, hooks_with, monkeypatch, mode):
+    """SGLang's freeze_gc runs gc.collect() around its capture loop; a LOAD's loop captures nothing,
+    so there (and only there) the collections are skipped. Outside the decode capture the context
+    is SGLang's own in both modes."""
+    import gc
+
+    from sglang.srt.model_executor.runner.base_cuda_graph_runner import freeze_gc
+
+    sa = parse(*BASE_ARGV)
+    if mode == "load":
+        _complete(sa, cfg, 0)
+    session = Session(sa, cfg, mode, rank=0, gpu_id=0)
+    session.region = _FakeRegion()
+    session.restored = object()  # LOAD: the archive counts as restored (no fc.load on CPU)
+    hooks = hooks_with(session)
+    collected = []
+    monkeypatch.setattr(gc, "collect", lambda *a: collected.append(1) or 0)
+
+    def capture(runner):
+        with hooks.around_freeze_gc(freeze_gc, False):
+            pass
+
+    hooks.around_decode_capture(capture, _Runner())
+    assert len(collected) == (0 if mode == "load" else 2)
+    collected.clear()
+    with hooks.around_freeze_gc(freeze_gc, False):  # e.g. a prefill runner's capture
+        pass
+    assert len(collected) == 2
+
+
 def test_draft_runners_are_left_alone(parse, cfg, hooks_with):
     session = Session(parse(*BASE_ARGV), cfg, "save", rank=0, gpu_id=0)
     session.region = _FakeRegion()

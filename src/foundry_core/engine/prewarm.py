@@ -1,0 +1,46 @@
+"""Per-process work that a restored start cannot skip, begun early on a daemon thread.
+
+Triton keys every kernel it loads from its cache with ``triton_key()``: a SHA-256 over its compiler
+sources and its ``libtriton`` shared library (hundreds of MB), computed once per process, at the
+first Triton launch. In an SGLang LOAD that first launch is an attention-metadata kernel in the
+decode-graph phase, which then waits for the hash (0.6 s of a 2.2 s phase in the profile of
+2026-12-01, docs/performance.md). The key depends on nothing the engine sets up, so the engine
+worker starts computing it as soon as it starts, and the hash overlaps the engine's own setup
+(weights, KV cache, torch.compile). ``triton_key`` is ``functools.lru_cache``-d: the engine's first
+launch finds the value, or, if it comes before the thread is done, computes the same value itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+_thread: threading.Thread | None = None
+
+
+def start(log: logging.Logger | None = None) -> threading.Thread | None:
+    """Start computing Triton's per-process cache key on a daemon thread (once per process).
+
+    Returns the thread, or None where there is nothing to warm (no Triton, another Triton layout)
+    or it was started before. Failures stay on the thread: the engine computes the key as usual.
+    """
+    global _thread
+    if _thread is not None:
+        return None
+    try:
+        # Imported on the calling thread (the engine has imported Triton already), so that the
+        # thread itself does little more than read and hash files.
+        from triton.runtime.cache import triton_key
+    except Exception:  # no Triton (CPU-only installs) or a release without it: nothing to warm
+        return None
+    log = log or logging.getLogger("foundry")
+
+    def run() -> None:
+        try:
+            triton_key()
+        except Exception as e:  # the engine's first launch computes it and reports any error itself
+            log.debug("Foundry: warming Triton's cache key failed (%s); the engine computes it", e)
+
+    _thread = threading.Thread(target=run, name="foundry-triton-key", daemon=True)
+    _thread.start()
+    return _thread
