@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import foundry_core as fc
     from foundry_core.cli import _git_commit
-    from foundry_tools.soak import machine_info
+    from foundry_tools.soak_gpu import machine_info
 
     x = torch.zeros(256, device="cuda")
     host = torch.zeros(256, pin_memory=True)

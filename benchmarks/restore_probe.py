@@ -72,7 +72,7 @@ def probe(args, out: dict) -> None:
 
     from foundry_core import _native
     from foundry_core import archive as A
-    from foundry_core import graphs as G
+    from foundry_core import graph_codec as G
     from foundry_core.driver import call
     from foundry_core.modules import LoadedModules
     from foundry_tools import demo

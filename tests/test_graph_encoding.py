@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from foundry_core import _native, graphs
+from foundry_core import _native, graph_build, graph_codec, graphs
 
 KERNELS = [["img-a", "k_add", {}], ["img-a", "k_mul", {}], ["img-b", "nvjet", {}]]
-IDS = graphs.kernel_ids(KERNELS)
+IDS = graph_codec.kernel_ids(KERNELS)
 ROOT = Path(__file__).resolve().parents[1]
 CUDA_INCLUDE = Path("/usr/local/cuda/include")
 
@@ -102,10 +102,10 @@ def _native_or_skip():
 
 def test_round_trip_is_exact():
     desc = _desc()
-    data = graphs.encode(desc, IDS)
+    data = graph_codec.encode(desc, IDS)
     assert data[:4] == b"FGB1"
-    assert graphs.decode(data, KERNELS) == desc
-    assert graphs.encoded_events(data) == 2
+    assert graph_codec.decode(data, KERNELS) == desc
+    assert graph_codec.encoded_events(data) == 2
     # A kernel's layout is stored once, not per node.
     assert len(data) < 2000
 
@@ -113,7 +113,7 @@ def test_round_trip_is_exact():
 def test_native_validator_counts():
     _native_or_skip()
     desc = _desc()
-    counts = graphs.validate_encoding(graphs.encode(desc, IDS), len(KERNELS), 2)
+    counts = graph_codec.validate_encoding(graph_codec.encode(desc, IDS), len(KERNELS), 2)
     assert counts == {
         "graphs": 3,
         "nodes": graphs.count_nodes(desc),
@@ -125,74 +125,74 @@ def test_native_validator_counts():
 
 def test_native_refuses_every_truncation_and_extra_bytes():
     _native_or_skip()
-    data = graphs.encode(_desc(), IDS)
+    data = graph_codec.encode(_desc(), IDS)
     for n in range(len(data)):
-        with pytest.raises(graphs.EncodingError):
-            graphs.validate_encoding(data[:n], len(KERNELS), 2)
-        with pytest.raises(graphs.EncodingError):
-            graphs.decode(data[:n], KERNELS)
-    with pytest.raises(graphs.EncodingError, match="after its last graph"):
-        graphs.validate_encoding(data + b"\0", len(KERNELS), 2)
+        with pytest.raises(graph_codec.EncodingError):
+            graph_codec.validate_encoding(data[:n], len(KERNELS), 2)
+        with pytest.raises(graph_codec.EncodingError):
+            graph_codec.decode(data[:n], KERNELS)
+    with pytest.raises(graph_codec.EncodingError, match="after its last graph"):
+        graph_codec.validate_encoding(data + b"\0", len(KERNELS), 2)
 
 
 def test_native_refuses_bad_references():
     _native_or_skip()
-    data = graphs.encode(_desc(), IDS)
-    with pytest.raises(graphs.EncodingError, match="names function 2, only 2"):
-        graphs.validate_encoding(data, 2, 2)
-    with pytest.raises(graphs.EncodingError, match="uses 2 events, 1 were given"):
-        graphs.validate_encoding(data, len(KERNELS), 1)
-    with pytest.raises(graphs.EncodingError, match="FGB1 magic"):
-        graphs.validate_encoding(b"JSON" + data[4:], len(KERNELS), 2)
-    with pytest.raises(graphs.EncodingError, match="version 2"):
-        graphs.validate_encoding(data[:4] + (2).to_bytes(4, "little") + data[8:], len(KERNELS), 2)
+    data = graph_codec.encode(_desc(), IDS)
+    with pytest.raises(graph_codec.EncodingError, match="names function 2, only 2"):
+        graph_codec.validate_encoding(data, 2, 2)
+    with pytest.raises(graph_codec.EncodingError, match="uses 2 events, 1 were given"):
+        graph_codec.validate_encoding(data, len(KERNELS), 1)
+    with pytest.raises(graph_codec.EncodingError, match="FGB1 magic"):
+        graph_codec.validate_encoding(b"JSON" + data[4:], len(KERNELS), 2)
+    with pytest.raises(graph_codec.EncodingError, match="version 2"):
+        graph_codec.validate_encoding(data[:4] + (2).to_bytes(4, "little") + data[8:], len(KERNELS), 2)
     bad_edge = {"nodes": [{"type": "empty"}], "edges": [[0, 0, 0, 0, 0]]}
-    raw = bytearray(graphs.encode(bad_edge, IDS))
+    raw = bytearray(graph_codec.encode(bad_edge, IDS))
     raw[-12:-8] = (5).to_bytes(4, "little")  # edge from node 5 of 1
-    with pytest.raises(graphs.EncodingError, match="edge 0: 5 -> 0"):
-        graphs.validate_encoding(bytes(raw), len(KERNELS), 0)
-    with pytest.raises(graphs.EncodingError):
-        graphs.decode(bytes(raw), KERNELS)
+    with pytest.raises(graph_codec.EncodingError, match="edge 0: 5 -> 0"):
+        graph_codec.validate_encoding(bytes(raw), len(KERNELS), 0)
+    with pytest.raises(graph_codec.EncodingError):
+        graph_codec.decode(bytes(raw), KERNELS)
 
 
 def test_native_survives_random_damage():
     """Flipped bytes are either refused with a message or still describe a well-formed graph."""
     _native_or_skip()
-    data = graphs.encode(_desc(), IDS)
+    data = graph_codec.encode(_desc(), IDS)
     rng = random.Random(1234)
     for _ in range(3000):
         raw = bytearray(data)
         for _ in range(rng.randint(1, 4)):
             raw[rng.randrange(len(raw))] = rng.randrange(256)
         try:
-            graphs.validate_encoding(bytes(raw), len(KERNELS), 2)
-        except graphs.EncodingError as e:
+            graph_codec.validate_encoding(bytes(raw), len(KERNELS), 2)
+        except graph_codec.EncodingError as e:
             assert str(e)
             continue
-        graphs.decode(bytes(raw), KERNELS)  # what C accepts, Python reads too
+        graph_codec.decode(bytes(raw), KERNELS)  # what C accepts, Python reads too
 
 
 def test_encode_refuses_what_it_cannot_store():
-    with pytest.raises(graphs.EncodingError, match="not in the archive's kernel list"):
-        graphs.encode({"nodes": [_kernel("other", "img-a", [(0, 8)], 1)], "edges": []}, IDS)
+    with pytest.raises(graph_codec.EncodingError, match="not in the archive's kernel list"):
+        graph_codec.encode({"nodes": [_kernel("other", "img-a", [(0, 8)], 1)], "edges": []}, IDS)
     bad = _kernel("k_add", "img-a", [(0, 8)], 1)
     bad["params"] = base64.b64encode(b"1234").decode()
-    with pytest.raises(graphs.EncodingError, match="4 parameter bytes, the layout needs 8"):
-        graphs.encode({"nodes": [bad], "edges": []}, IDS)
-    with pytest.raises(graphs.EncodingError, match="event slot 0 of 0"):
-        graphs.encode({"nodes": [{"type": "event_record", "event": 0}], "edges": []}, IDS)
-    with pytest.raises(graphs.EncodingError, match="unknown node type"):
-        graphs.encode({"nodes": [{"type": "host"}], "edges": []}, IDS)
+    with pytest.raises(graph_codec.EncodingError, match="4 parameter bytes, the layout needs 8"):
+        graph_codec.encode({"nodes": [bad], "edges": []}, IDS)
+    with pytest.raises(graph_codec.EncodingError, match="event slot 0 of 0"):
+        graph_codec.encode({"nodes": [{"type": "event_record", "event": 0}], "edges": []}, IDS)
+    with pytest.raises(graph_codec.EncodingError, match="unknown node type"):
+        graph_codec.encode({"nodes": [{"type": "host"}], "edges": []}, IDS)
 
 
 def test_builder_choice(monkeypatch):
     monkeypatch.delenv("FOUNDRY_BUILDER", raising=False)
-    assert graphs.builder_choice() == "auto"
+    assert graph_build.builder_choice() == "auto"
     monkeypatch.setenv("FOUNDRY_BUILDER", "python")
-    assert graphs.builder_choice() == "python"
+    assert graph_build.builder_choice() == "python"
     monkeypatch.setenv("FOUNDRY_BUILDER", "fast")
     with pytest.raises(graphs.GraphError, match="FOUNDRY_BUILDER"):
-        graphs.builder_choice()
+        graph_build.builder_choice()
 
 
 def test_read_description_both_forms():
@@ -200,7 +200,7 @@ def test_read_description_both_forms():
 
     class FakeArchive:
         meta = {"kernels": KERNELS}
-        files = {"g.bin": graphs.encode({k: v for k, v in desc.items() if k != "rng"}, IDS)}
+        files = {"g.bin": graph_codec.encode({k: v for k, v in desc.items() if k != "rng"}, IDS)}
 
         def read_bytes(self, rel):
             return self.files[rel]
@@ -208,9 +208,9 @@ def test_read_description_both_forms():
         def read_json(self, rel):
             return desc
 
-    entry = {"name": "bs1", "file": "g.bin", "encoding": graphs.ENCODING, "rng_state": desc["rng"]}
-    assert graphs.read_description(FakeArchive(), entry) == desc
-    assert graphs.read_description(FakeArchive(), {"name": "bs1", "file": "g.json"}) == desc
+    entry = {"name": "bs1", "file": "g.bin", "encoding": graph_codec.ENCODING, "rng_state": desc["rng"]}
+    assert graph_codec.read_description(FakeArchive(), entry) == desc
+    assert graph_codec.read_description(FakeArchive(), {"name": "bs1", "file": "g.json"}) == desc
 
 
 # (our declaration, the toolkit's)
@@ -283,4 +283,4 @@ def test_attribute_ids_match_python_table():
     header = (ROOT / "native" / "graphbuild.h").read_text()
     for key, (attr_id, _field) in graphs.NODE_ATTRIBUTES.items():
         assert f" {attr_id}\n" in header, key
-    assert set(graphs._ATTR_IDS.values()) == {2, 4, 5, 8, 9, 10, 11, 14}
+    assert set(graph_codec._ATTR_IDS.values()) == {2, 4, 5, 8, 9, 10, 11, 14}

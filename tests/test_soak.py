@@ -10,17 +10,17 @@ import pytest
 import torch
 
 from foundry_core import cli
-from foundry_tools import soak
+from foundry_tools import soak, soak_cpu_suite, soak_gpu
 
 MIB = 1 << 20
 
 
 def test_schedule_is_round_robin_over_all_sizes():
-    assert soak.soak_schedule([1, 8, 4], 7) == [1, 8, 4, 1, 8, 4, 1]
-    sched = soak.soak_schedule(range(1, 23), 10_000)
+    assert soak_gpu.soak_schedule([1, 8, 4], 7) == [1, 8, 4, 1, 8, 4, 1]
+    sched = soak_gpu.soak_schedule(range(1, 23), 10_000)
     assert len(sched) == 10_000 and set(sched) == set(range(1, 23))
     with pytest.raises(ValueError):
-        soak.soak_schedule([], 3)
+        soak_gpu.soak_schedule([], 3)
 
 
 def test_growth_is_measured_from_the_end_of_the_warmup():
@@ -65,25 +65,33 @@ STATS_OLD = """  - during generate phase (0.50 seconds):
 
 
 def test_hypothesis_statistics_are_counted_without_the_shrink_phase():
-    assert soak.parse_hypothesis_statistics(STATS_NEW) == {"passing": 700, "failing": 0, "invalid": 5}
-    assert soak.parse_hypothesis_statistics(STATS_OLD) == {"passing": 300, "failing": 0, "invalid": 1}
-    assert soak.parse_hypothesis_statistics("") == {"passing": 0, "failing": 0, "invalid": 0}
+    assert soak_cpu_suite.parse_hypothesis_statistics(STATS_NEW) == {
+        "passing": 700,
+        "failing": 0,
+        "invalid": 5,
+    }
+    assert soak_cpu_suite.parse_hypothesis_statistics(STATS_OLD) == {
+        "passing": 300,
+        "failing": 0,
+        "invalid": 1,
+    }
+    assert soak_cpu_suite.parse_hypothesis_statistics("") == {"passing": 0, "failing": 0, "invalid": 0}
 
 
 def test_token_mismatches_are_attributed_to_their_replay():
     schedule = [2, 1, 3]
     expected = torch.tensor([1, 2, 3, 4, 5, 6])
-    assert soak.token_mismatches(schedule, expected, expected.clone()) == [False, False, False]
+    assert soak_gpu.token_mismatches(schedule, expected, expected.clone()) == [False, False, False]
     got = expected.clone()
     got[2] = 9  # replay 1
     got[5] = 9  # replay 2
-    assert soak.token_mismatches(schedule, expected, got) == [False, True, True]
-    assert soak.token_mismatches(schedule, expected, expected[:5]) == [True, True, True]
+    assert soak_gpu.token_mismatches(schedule, expected, got) == [False, True, True]
+    assert soak_gpu.token_mismatches(schedule, expected, expected[:5]) == [True, True, True]
 
 
 def test_combine_counts_a_replay_once_whatever_differs():
     schedule = [1, 2, 1, 2]
-    r = soak.combine_mismatches(
+    r = soak_gpu.combine_mismatches(
         schedule,
         logit_bad=[False, False, True, False],
         token_bad=[False, False, True, True],
@@ -94,7 +102,7 @@ def test_combine_counts_a_replay_once_whatever_differs():
     assert r["logit_mismatches"] == 2 and r["token_mismatches"] == 2
     assert r["first_mismatches"] == [[1, 2], [2, 1], [3, 2]]
     assert r["mismatches_per_batch_size"] == {"2": 2, "1": 1}
-    clean = soak.combine_mismatches(schedule, [False] * 4, [False] * 4, {1: False, 2: False})
+    clean = soak_gpu.combine_mismatches(schedule, [False] * 4, [False] * 4, {1: False, 2: False})
     assert clean["soak_mismatches"] == 0
 
 
@@ -115,15 +123,15 @@ class FakeGraphs:
 
 
 def test_sequence_compares_bit_patterns_and_records_tokens():
-    schedule = soak.soak_schedule([1, 3], 6)
-    first, tokens, bad = soak.run_sequence(FakeGraphs().step, schedule, "cpu")
+    schedule = soak_gpu.soak_schedule([1, 3], 6)
+    first, tokens, bad = soak_gpu.run_sequence(FakeGraphs().step, schedule, "cpu")
     assert sorted(first) == [1, 3] and bad == [False] * 6
     assert tokens.tolist() == [0, 1, 2, 3, 2, 3, 4, 5, 4, 5, 6, 7][: sum(schedule)]
     # -0.0 == +0.0 numerically; the soak compares bits, so it is a mismatch.
-    _, _, bad = soak.run_sequence(FakeGraphs(corrupt_at=4).step, schedule, "cpu")
+    _, _, bad = soak_gpu.run_sequence(FakeGraphs(corrupt_at=4).step, schedule, "cpu")
     assert bad == [False, False, False, False, True, False]
-    assert soak.logits_digest(first[1]) == soak.logits_digest(first[1].clone())
-    assert soak.logits_digest(first[1]) != soak.logits_digest(-first[1])
+    assert soak_gpu.logits_digest(first[1]) == soak_gpu.logits_digest(first[1].clone())
+    assert soak_gpu.logits_digest(first[1]) != soak_gpu.logits_digest(-first[1])
 
 
 def _cpu(**counts):
@@ -239,14 +247,14 @@ def _report(nodeid, when, outcome):
 
 
 def test_suite_counter_counts_what_ran():
-    c = soak.SuiteCounter()
-    t = soak.TAMPER_FILE
+    c = soak_cpu_suite.SuiteCounter()
+    t = soak_cpu_suite.TAMPER_FILE
     for i, outcome in enumerate(["passed", "passed", "failed"]):
         for when in ("setup", "call", "teardown"):
             c.pytest_runtest_logreport(_report(f"{t}::test_tamper_matrix[row {i}]", when, outcome))
     c.pytest_runtest_logreport(_report(f"{t}::test_docs_mirror_the_matrix", "call", "passed"))
     c.pytest_runtest_logreport(_report(f"{t}::test_docs_mirror_the_matrix", "teardown", "failed"))
-    item = SimpleNamespace(nodeid=f"{soak.FUZZ_FILE}::test_x", hypothesis_statistics=STATS_OLD)
+    item = SimpleNamespace(nodeid=f"{soak_cpu_suite.FUZZ_FILE}::test_x", hypothesis_statistics=STATS_OLD)
     c.note_statistics(item, "call")
     c.kills += ["writing", "commit", "commit"]
     c.after_kill["complete"] = 3
@@ -256,13 +264,13 @@ def test_suite_counter_counts_what_ran():
     assert counts["fuzz_cases"] == 300 and counts["fuzz_tests"] == {"test_x": 300}
     assert counts["kill_points"] == 3 and counts["kill_phases"] == {"commit": 2, "writing": 1}
     assert counts["kill_loadable_partial"] == 0
-    assert soak.SuiteCounter().counts()["fuzz_cases"] is None  # no Hypothesis run: null, not 0
+    assert soak_cpu_suite.SuiteCounter().counts()["fuzz_cases"] is None  # no Hypothesis run: null, not 0
 
 
 def test_crash_wrappers_classify_what_each_kill_left():
     from foundry_core.archive import ArchiveError, ArchiveNotFound
 
-    c = soak.SuiteCounter()
+    c = soak_cpu_suite.SuiteCounter()
     results = iter(["ok", ArchiveNotFound("gone"), ArchiveError("damaged"), AssertionError("partial")])
 
     def check_complete(path, allowed):
@@ -437,8 +445,8 @@ def test_cpu_suite_runs_the_tests_named_by_tests(monkeypatch, tmp_path):
     missing file noted; the stand-in matrix has a row that is not refused, so the run fails."""
     tests = tmp_path / "checkout" / "tests"
     tests.mkdir(parents=True)
-    (tests / soak.TAMPER_FILE).write_text(FAKE_MATRIX)
-    (tests / soak.CRASH_FILE).write_text(FAKE_CRASH)  # no fuzz file: noted, and the suite fails
+    (tests / soak_cpu_suite.TAMPER_FILE).write_text(FAKE_MATRIX)
+    (tests / soak_cpu_suite.CRASH_FILE).write_text(FAKE_CRASH)  # no fuzz file: noted, and the suite fails
     _stub_workers(monkeypatch)
     workdir = tmp_path / "work"
     args = _soak_args("--cycles", "3", "--tests", str(tests), "--workdir", str(workdir))
@@ -447,7 +455,7 @@ def test_cpu_suite_runs_the_tests_named_by_tests(monkeypatch, tmp_path):
     assert cpu["counts"]["tamper_cases"] == 3 and cpu["counts"]["tamper_refused"] == 2, cpu
     assert cpu["counts"]["tamper_file_tests"] == 4 and cpu["counts"]["crash_file_passed"] == 1
     assert cpu["counts"]["kill_points"] == 1 and cpu["counts"]["kill_outcomes"]["complete"] == 1
-    assert any(soak.FUZZ_FILE in note for note in cpu["notes"]), cpu["notes"]
+    assert any(soak_cpu_suite.FUZZ_FILE in note for note in cpu["notes"]), cpu["notes"]
     assert str(tests.parent) in cpu["command"]
     assert cpu["exit_status"] != 0 and status == 1 and not record["pass"]
     assert not record["criteria"]["tamper_refused == tamper_cases"]

@@ -37,21 +37,9 @@ from .archive import Archive, ArchiveError, ArchiveWriter, compare_fingerprint, 
 from .driver import call, cu
 from .errors import FoundryError
 from .fingerprint import current_fingerprint
-from .graphs import (
-    ENCODING,
-    GraphError,
-    NativeBuilder,
-    Rebuilt,
-    Segments,
-    builder_choice,
-    count_nodes,
-    decode,
-    encode,
-    kernel_ids,
-    kernel_names,
-    rebuild,
-    serialize,
-)
+from .graph_build import NativeBuilder, builder_choice, rebuild
+from .graph_codec import ENCODING, decode, encode, kernel_ids
+from .graphs import GraphError, Rebuilt, Segments, count_nodes, kernel_names, serialize
 from .modules import LoadedModules, ModuleError, Recorded, recording
 from .progress import Progress
 from .region import Region, RegionError, Segment, restore_snapshot, snapshot

@@ -37,7 +37,7 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
 
 def cmd_inspect(args) -> int:
     from .archive import ArchiveError, open_archive
-    from .graphs import read_description
+    from .graph_codec import read_description
 
     try:
         archive = open_archive(args.archive)

@@ -1,5 +1,9 @@
 """Seeded random checkpoints whose greedy outputs depend on the prompt.
 
+One module, past 600 lines on purpose: the drawing rules, the plan read from the model and the
+shard writer are the three steps of one operation (:func:`write_checkpoint`) over one data model
+(:class:`Tensor`, :class:`Context`), and ``python -m foundry_tools.weights`` runs them as one.
+
 ``load_format="dummy"`` fills every weight with small uniform noise; such a model answers every
 prompt with the same degenerate sequence (one token, or two alternating), so "the tokens are
 identical" says little about a restored graph. :func:`write_checkpoint` writes, for a Hugging Face

@@ -1,0 +1,209 @@
+"""Restoring graphs: the two graph builders and the choice between them.
+
+Restore adds the nodes to a fresh graph with the reloaded kernels, then each edge on its own (one
+cuGraphAddDependencies call per edge keeps each edge's data its own), and instantiates and uploads
+it. Two builders do that, call for call the same: the native one (:class:`NativeBuilder`,
+native/graphbuild.c, one C call per graph straight from the FGB1 encoding) and the Python one
+(:func:`rebuild`, one cuda-python call per node and edge). ``FOUNDRY_BUILDER`` picks
+(:func:`builder_choice`): ``auto`` (default: native, falling back to Python with a warning where the
+native one is missing or fails), ``native`` or ``python``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+
+from cuda.bindings import driver as _drv
+
+from . import _native
+from .driver import call, cu
+from .graph_codec import _HEADER, encoded_events
+from .graphs import INSTANTIATE_FLAGS, NODE_ATTRIBUTES, GraphError, Rebuilt, _unb64
+from .modules import LoadedModules
+
+CU_EVENT_DISABLE_TIMING = int(_drv.CUevent_flags.CU_EVENT_DISABLE_TIMING)
+
+
+def _write_attrs(node, attrs: dict) -> None:
+    driver = cu()
+    for key, raw in attrs.items():
+        attr_id, field = NODE_ATTRIBUTES[key]
+        value = driver.CUkernelNodeAttrValue()
+        if key in ("cluster_dim", "preferred_cluster_dim"):
+            dims = getattr(value, field)
+            dims.x, dims.y, dims.z = raw
+            setattr(value, field, dims)
+        elif key == "mem_sync_domain_map":
+            m = getattr(value, field)
+            m.default_, m.remote = raw
+            setattr(value, field, m)
+        else:
+            current = getattr(value, field)
+            setattr(value, field, type(current)(raw) if not isinstance(current, int) else raw)
+        call(driver.cuGraphKernelNodeSetAttribute, node, driver.CUkernelNodeAttrID(attr_id), value)
+
+
+def rebuild(
+    desc: dict, modules: LoadedModules, kernel_attrs: dict, stream: int | None, timings: dict | None = None
+) -> Rebuilt:
+    """The Python builder: one driver call per node and per edge. Uploads the executable to
+    ``stream`` unless it is None. ``timings`` accumulates seconds."""
+    t0 = time.perf_counter()
+    events = [call(cu().cuEventCreate, CU_EVENT_DISABLE_TIMING) for _ in range(desc.get("events", 0))]
+    keepalive: list = []
+    try:
+        graph = _build(desc, modules, kernel_attrs, events, keepalive)
+    except BaseException:
+        for event in events:
+            call(cu().cuEventDestroy, event)
+        raise
+    t1 = time.perf_counter()
+    exec_ = call(cu().cuGraphInstantiate, graph, INSTANTIATE_FLAGS)
+    t2 = time.perf_counter()
+    if stream is not None:
+        call(cu().cuGraphUpload, exec_, cu().CUstream(init_value=stream))
+    t3 = time.perf_counter()
+    if timings is not None:
+        _add_times(timings, t1 - t0, t2 - t1, t3 - t2)
+    return Rebuilt(graph, exec_, events, keepalive)
+
+
+def _add_times(timings: dict, build: float, instantiate: float, upload: float) -> None:
+    for key, value in (("build_s", build), ("instantiate_s", instantiate), ("upload_s", upload)):
+        timings[key] = timings.get(key, 0.0) + value
+
+
+def _build(desc: dict, modules: LoadedModules, kernel_attrs: dict, events: list, keepalive: list):
+    driver = cu()
+    graph = call(driver.cuGraphCreate, 0)
+    handles = []
+    ctx = call(driver.cuCtxGetCurrent)
+    for node in desc["nodes"]:
+        kind = node["type"]
+        if kind == "kernel":
+            func = modules.function(
+                node["image"], node["name"], kernel_attrs.get((node["image"], node["name"]), {})
+            )
+            params = _unb64(node["params"])
+            block = ctypes.create_string_buffer(params, max(len(params), 1))
+            argv = (ctypes.c_void_p * max(len(node["layout"]), 1))()
+            base = ctypes.addressof(block)
+            for i, (offset, _size) in enumerate(node["layout"]):
+                argv[i] = base + offset
+            p = driver.CUDA_KERNEL_NODE_PARAMS()
+            p.func = func
+            p.gridDimX, p.gridDimY, p.gridDimZ = node["grid"]
+            p.blockDimX, p.blockDimY, p.blockDimZ = node["block"]
+            p.sharedMemBytes = node["smem"]
+            p.kernelParams = ctypes.addressof(argv) if node["layout"] else 0
+            p.extra = 0
+            handle = call(driver.cuGraphAddKernelNode, graph, None, 0, p)
+            keepalive.append((block, argv))
+            if node["attrs"]:
+                _write_attrs(handle, node["attrs"])
+        elif kind == "memset":
+            p = driver.CUDA_MEMSET_NODE_PARAMS()
+            p.dst = node["dst"]
+            p.pitch = node["pitch"]
+            p.value = node["value"]
+            p.elementSize = node["element_size"]
+            p.width = node["width"]
+            p.height = node["height"]
+            handle = call(driver.cuGraphAddMemsetNode, graph, None, 0, p, ctx)
+        elif kind == "memcpy":
+            p = driver.CUDA_MEMCPY3D()
+            p.srcMemoryType = driver.CUmemorytype(node["kinds"][0])
+            p.dstMemoryType = driver.CUmemorytype(node["kinds"][1])
+            p.srcDevice, p.dstDevice = node["src"], node["dst"]
+            p.srcXInBytes, p.srcY, p.srcZ = node["src_xy"]
+            p.dstXInBytes, p.dstY, p.dstZ = node["dst_xy"]
+            p.srcPitch, p.srcHeight = node["src_pitch"]
+            p.dstPitch, p.dstHeight = node["dst_pitch"]
+            p.WidthInBytes, p.Height, p.Depth = node["extent"]
+            handle = call(driver.cuGraphAddMemcpyNode, graph, None, 0, p, ctx)
+        elif kind == "event_record":
+            handle = call(driver.cuGraphAddEventRecordNode, graph, None, 0, events[node["event"]])
+        elif kind == "event_wait":
+            handle = call(driver.cuGraphAddEventWaitNode, graph, None, 0, events[node["event"]])
+        elif kind == "empty":
+            handle = call(driver.cuGraphAddEmptyNode, graph, None, 0)
+        elif kind == "graph":
+            child = _build(node["graph"], modules, kernel_attrs, events, keepalive)
+            handle = call(driver.cuGraphAddChildGraphNode, graph, None, 0, child)
+            call(driver.cuGraphDestroy, child)  # the node holds its own clone
+        else:
+            raise GraphError(f"archive holds a node of unknown type {kind!r}")
+        handles.append(handle)
+    for a, b, from_port, to_port, dep_type in desc["edges"]:
+        data = driver.CUgraphEdgeData()
+        data.from_port, data.to_port, data.type = from_port, to_port, dep_type
+        call(driver.cuGraphAddDependencies, graph, [handles[a]], [handles[b]], [data], 1)
+    return graph
+
+
+# ---- choosing and running a builder -----------------------------------------------------------------
+
+BUILDERS = ("auto", "native", "python")
+_BUILD_INSTANTIATE, _BUILD_UPLOAD = 1, 2
+
+
+def builder_choice() -> str:
+    choice = os.environ.get("FOUNDRY_BUILDER", "auto").strip().lower() or "auto"
+    if choice not in BUILDERS:
+        raise GraphError(f"FOUNDRY_BUILDER={choice!r}: choose one of {', '.join(BUILDERS)}")
+    return choice
+
+
+class NativeBuilder:
+    """Builds graphs from FGB1 encodings in one native call each (native/graphbuild.c)."""
+
+    def __init__(self, so, funcs: list):
+        self._so = so
+        self.n_funcs = len(funcs)
+        self._funcs = (ctypes.c_void_p * max(len(funcs), 1))(*[int(f) for f in funcs])
+
+    @classmethod
+    def create(cls, modules: LoadedModules, kernels: list) -> NativeBuilder | None:
+        """None where the native library lacks the builder."""
+        so = _native.graph_lib()
+        if so is None:
+            return None
+        funcs = [modules.function(image, name, attrs) for image, name, attrs in kernels]
+        return cls(so, funcs)
+
+    def rebuild(self, data: bytes, stream: int | None, timings: dict | None = None) -> Rebuilt:
+        """Build and instantiate the graph ``data`` encodes; upload it to ``stream`` unless None."""
+        n_events = encoded_events(data) if len(data) >= _HEADER.size else 0
+        events = [call(cu().cuEventCreate, CU_EVENT_DISABLE_TIMING) for _ in range(n_events)]
+        handles = (ctypes.c_void_p * max(n_events, 1))(*[int(e) for e in events])
+        graph, exec_ = ctypes.c_void_p(), ctypes.c_void_p()
+        times = (ctypes.c_double * 3)()
+        err = ctypes.create_string_buffer(1024)
+        buf = ctypes.c_char_p(data)
+        rc = self._so.foundry_graph_build(
+            ctypes.cast(buf, ctypes.c_void_p),
+            len(data),
+            self._funcs,
+            self.n_funcs,
+            handles,
+            n_events,
+            stream or 0,
+            _BUILD_INSTANTIATE | (_BUILD_UPLOAD if stream is not None else 0),
+            ctypes.byref(graph),
+            ctypes.byref(exec_),
+            times,
+            err,
+            len(err),
+        )
+        if rc != 0:
+            for event in events:
+                call(cu().cuEventDestroy, event)
+            raise GraphError(f"native graph builder: {err.value.decode(errors='replace')}")
+        if timings is not None:
+            _add_times(timings, times[0], times[1], times[2])
+        driver = cu()
+        return Rebuilt(
+            driver.CUgraph(init_value=graph.value), driver.CUgraphExec(init_value=exec_.value), events, []
+        )
