@@ -4,26 +4,47 @@
 #   benchmarks/vllm_h200.py   (vLLM 0.26.0: SAVE, stock, LOAD)
 # ENGINES picks them (default "sglang vllm"). With as many GPUs as engines and ENGINES_PARALLEL=1
 # they run side by side, one per GPU; otherwise one after the other on GPU 0, alone on the host,
-# which is what a decode-throughput comparison of a small model needs (its decode loop is
-# host-bound, so a neighbour's CPU load shows up in tokens per second).
+# which is what a decode-throughput comparison needs (the decode loop is host-bound, so a
+# neighbour's CPU load shows up in tokens per second).
+# With the benchmarks' defaults (Qwen3-1.7B shape, the engines' default decode graphs, 64 prompts x
+# 512 tokens x 5 repetitions per run) one engine takes most of a 600 s call (SGLang about 450 s,
+# vLLM about 350 s): on one GPU run one engine per call (ENGINES=sglang, then ENGINES=vllm, on the
+# same warm machine so the wheels stay installed). Two engines one after the other on one GPU are
+# refused unless ENGINE_S gives each its seconds or ENGINES_FORCE=1 (e.g. with the former small
+# setup: SGLANG_ARGS/VLLM_ARGS="--model-config examples/qwen3-tiny/config.json --max-bs 8").
 # Wheels: the union of both wheel sets was sent beforehand as tar pieces into /tmp/dw (see
 # ../shared/tools/device-wheels); .devwheels/lists/{sglang,vllm}.list name each engine's wheels.
 # Each engine gets its own --target site, so their pins never meet.
 # Usage on the device, from the repository root:
 #   FOUNDRY_COMMIT=<hash> ENGINES=sglang bash benchmarks/run_h200_engines.sh
+# Also: SGLANG_ARGS / VLLM_ARGS (extra flags of each script), ENGINES_BUDGET_S (default 585: the
+# whole call, install included), ENGINES_COMPILE=1 (byte-compile the engine site after installing,
+# as pip does at install; slower first call, faster imports in every run).
 set -u
 out=${OUT:?set OUT to the results folder}
 engines=${ENGINES:-sglang vllm}
 logs=/tmp/engine-logs
 mkdir -p "$logs" /tmp/wh
 t0=$(date +%s)
+n_engines=$(echo $engines | wc -w)
+n_gpus=$(nvidia-smi --list-gpus | wc -l)
+if [ "$n_engines" -gt 1 ] && ! { [ "${ENGINES_PARALLEL:-0}" = 1 ] && [ "$n_gpus" -ge "$n_engines" ]; } &&
+  [ -z "${ENGINE_S:-}" ] && [ "${ENGINES_FORCE:-0}" != 1 ]; then
+  echo "ENGINES='$engines' one after the other do not fit one call with the default model:" \
+    "run one engine per call (ENGINES=sglang, then ENGINES=vllm), or set ENGINE_S or ENGINES_FORCE=1" >&2
+  exit 4
+fi
 if [ ! -f /tmp/wh/.unpacked ]; then
   cat /tmp/dw/part-* | tar -xf - -C /tmp/wh && touch /tmp/wh/.unpacked || exit 2
 fi
 install() {  # engine
   [ -f "/tmp/site-$1/.done" ] && return 0
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "/tmp/site-$1" \
-    $(sed 's|^|/tmp/wh/|' ".devwheels/lists/$1.list") >"$logs/install-$1.log" 2>&1 && touch "/tmp/site-$1/.done"
+    $(sed 's|^|/tmp/wh/|' ".devwheels/lists/$1.list") >"$logs/install-$1.log" 2>&1 || return 1
+  if [ "${ENGINES_COMPILE:-0}" = 1 ]; then
+    python3 -m compileall -q -j 0 "/tmp/site-$1" >>"$logs/install-$1.log" 2>&1
+  fi
+  touch "/tmp/site-$1/.done"
 }
 for e in $engines; do install "$e" & done
 wait
@@ -36,17 +57,18 @@ export PYTHONUNBUFFERED=1 FOUNDRY_NO_PROGRESS=1
 budget=${ENGINES_BUDGET_S:-585}
 
 run_engine() {  # engine gpu seconds
-  local extra=""
+  local extra="" work="/tmp/engine-work-$1-$t0"  # a fresh archive directory in every call
   [ "$1" = sglang ] && extra=${SGLANG_ARGS:-}
   [ "$1" = vllm ] && extra=${VLLM_ARGS:-}
   CUDA_VISIBLE_DEVICES=$2 PYTHONPATH=/tmp/site-$1:$PWD/src timeout "$3" \
-    python3 "benchmarks/$1_h200.py" --out "$out/$1-h200.json" --logs "$logs" --budget $(($3 - 15)) $extra \
-    >"$logs/$1-driver.log" 2>&1
+    python3 "benchmarks/$1_h200.py" --out "$out/$1-h200.json" --logs "$logs" --workdir "$work" \
+    --budget $(($3 - 15)) $extra >"$logs/$1-driver.log" 2>&1
   echo "$1 rc=$?" >>"$logs/$1-driver.log"
+  # Every timed decode-graph replay of the three runs (benchmarks/engine_steps.py), for later looks.
+  mkdir -p "$logs/$1-steps"
+  for d in "$work"/steps-*; do [ -d "$d" ] && cp -r "$d" "$logs/$1-steps/"; done
 }
 
-n_engines=$(echo $engines | wc -w)
-n_gpus=$(nvidia-smi --list-gpus | wc -l)
 if [ "${ENGINES_PARALLEL:-0}" = 1 ] && [ "$n_gpus" -ge "$n_engines" ]; then
   gpu=0
   for e in $engines; do
@@ -66,5 +88,5 @@ else
     n_engines=$((n_engines - 1))
   done
 fi
-for e in $engines; do tail -n 30 "$logs/$e-driver.log"; done
+for e in $engines; do tail -n 40 "$logs/$e-driver.log"; done
 tar -czf "$out/engine-logs.tar.gz" -C "$logs" .

@@ -2,39 +2,47 @@
 
     python benchmarks/sglang_h200.py --out $OUT/sglang-h200.json --logs $OUT
 
-Three runs of the same ``sglang.Engine`` (a 4-layer Qwen3 configuration written locally, dummy
-weights, token-id prompts, FlashAttention 3, prefill CUDA graphs off, decode graphs for batch sizes
-up to 8), each in its own subprocess with its own timeout:
+Three runs of the same ``sglang.Engine`` (a Qwen3-1.7B-shaped model from a config written locally,
+benchmarks/cold_start.py's ``MODEL_CONFIG``; dummy weights; token-id prompts; FlashAttention 3;
+prefill CUDA graphs off; decode graphs up to batch size 512, 52 graphs), each in its own subprocess
+with its own timeout:
 
 1. ``stock``: SGLang alone (the Foundry plugin is kept out through ``SGLANG_PLUGINS``);
 2. ``save``: ``--enable-foundry``, mode ``auto``, empty archive directory: captures and persists;
 3. ``load``: the same configuration again: restores the archive, captures nothing.
 
-Each run measures engine start-to-ready seconds, the greedy output token ids of a fixed prompt
-set, and decode throughput (8 prompts x ``--decode-tokens`` tokens, timed after warm-up, minus a
-1-token run for the prefill). The Foundry runs also report what happened inside the scheduler
-process (graphs, capture/restore seconds, stream captures counted by CUPTI during the decode-graph
-phase) through the plugin's report file (``FOUNDRY_SGLANG_REPORT_DIR``).
+The former small setup: ``--model-config examples/qwen3-tiny/config.json --max-bs 8``.
+
+Each run measures engine start-to-ready seconds, the greedy output token ids of a fixed prompt set
+(8 prompts x ``--new-tokens``), and decode (benchmarks/engine_steps.py): ``--decode-prompts`` prompts x
+``--decode-tokens`` tokens, ``--reps`` timed repetitions after a warm-up; per repetition the decode
+tokens per second and, from CUDA events around every decode-graph replay in the scheduler (the same
+timer in all three runs: ``torch.cuda.CUDAGraph.replay`` for stock and SAVE, Foundry's restored
+graphs for LOAD), the median host and device time per step; per run the median and the spread
+``(max - min) / median`` across repetitions. The Foundry runs also report what happened inside the
+scheduler (graphs, capture/restore seconds, stream captures counted by CUPTI during the decode-graph
+phase, the plugin's own timing of the first ``--replay-timing`` replays) through the plugin's report
+file (``FOUNDRY_SGLANG_REPORT_DIR``).
 
 The JSON at ``--out`` is written after every run and always at the end, failures included, with
 each run's error; each run's stdout and stderr (SGLang's scheduler logs included) are kept as
-``--logs/sglang-h200-<run>.std{out,err}.log`` (six files). Needs SGLang, an NVIDIA GPU and the
-native library built in ``src/foundry_core``. ``FOUNDRY_COMMIT`` names the commit when ``.git`` is
-not there.
+``--logs/sglang-h200-<run>.std{out,err}.log`` (six files). All runs together stay inside
+``--budget`` seconds (a run gets at most ``--timeout``, and keeps time for the ones after it; a run's
+repetitions stop early rather than pass its timeout). Needs SGLang, an NVIDIA GPU and the native
+library built in ``src/foundry_core``. ``FOUNDRY_COMMIT`` names the commit when ``.git`` is not there.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import json
 import os
 import platform
 import re
 import shlex
-import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -66,7 +74,21 @@ SETTINGS_ENV = (
     TIMING_ENV,
 )
 
-#: The fields the result always has (None where a run did not get that far).
+
+def _sibling(name: str) -> Any:
+    """A module of benchmarks/ by its file (this script is also loaded by path, from tests)."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().with_name(f"{name}.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+steps = _sibling("engine_steps")  # standard library only: the stock child may import it
+
+#: The fields the result always has (None where a run did not get that far). benchmarks/vllm_h200.py
+#: uses the same names for the same things.
 FIELDS = (
     "date",
     "commit",
@@ -79,20 +101,25 @@ FIELDS = (
     "tokens_identical_to_stock",
     "capture_s",
     "restore_s",
+    "restore_critical_s",
     "ready_s_stock",
+    "ready_s_save",
     "ready_s_load",
     "decode_tok_s_stock",
+    "decode_tok_s_save",
     "decode_tok_s_load",
+    *steps.REPLAY_FIELDS,
 )
 
-# The 4-layer Qwen3 of the engine examples (dummy weights: nothing is downloaded).
-MODEL_CONFIG = REPO / "examples" / "qwen3-tiny" / "config.json"
+#: The former default model: the 4-layer Qwen3 of the engine examples.
+TINY_CONFIG = REPO / "examples" / "qwen3-tiny" / "config.json"
 
-#: Eight fixed token-id prompts of different lengths (one decode batch of 8 = the largest graph).
+#: Eight fixed token-id prompts of different lengths: the compared generate.
 PROMPTS = [[3 + (7 * i + 13 * j) % 31000 for j in range(4 + 3 * i)] for i in range(8)]
 
 LOG_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 MIN_RUN_S = 60  # a run is not started with less time than this left in the budget
+RESERVE_S = 100.0  # kept in the budget for each later run when a run's timeout is set
 
 
 # --- arguments ------------------------------------------------------------------------------------
@@ -103,51 +130,96 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default="sglang-h200.json", help="result JSON (written after every run)")
     p.add_argument("--logs", default=".", help="directory for the six run logs")
     p.add_argument("--workdir", default=None, help="model config, archive, reports (default: a new temp dir)")
-    p.add_argument("--timeout", type=float, default=240.0, help="seconds per run")
-    p.add_argument("--budget", type=float, default=540.0, help="seconds for all three runs together")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds per run at most")
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=570.0,
+        help="seconds for all three runs together (one device call: 600)",
+    )
+    p.add_argument(
+        "--model-config",
+        default=None,
+        help="config.json of the model (default: the Qwen3-1.7B shape of benchmarks/cold_start.py); "
+        "the former small setup: examples/qwen3-tiny/config.json with --max-bs 8",
+    )
     p.add_argument("--attention-backend", default="fa3")
-    p.add_argument("--max-bs", type=int, default=8, help="largest decode graph batch size")
+    p.add_argument(
+        "--max-bs",
+        type=int,
+        default=512,
+        help="largest decode graph batch size (default 512: 52 decode graphs, the list the cold-start "
+        "benchmark uses; SGLang 0.5.17's own default on an H200 at tp=1 is 256, 36 graphs; 0 leaves it "
+        "to SGLang)",
+    )
     p.add_argument("--mem-fraction-static", type=float, default=0.3)
     p.add_argument("--region-size", default="96GiB", help="Foundry region per rank ([region] size)")
     p.add_argument("--new-tokens", type=int, default=32, help="tokens per prompt in the compared generate")
-    p.add_argument("--decode-tokens", type=int, default=128, help="tokens per prompt in the timed generates")
-    p.add_argument("--reps", type=int, default=3, help="timed repetitions (the median is used)")
+    p.add_argument(
+        "--decode-prompts",
+        type=int,
+        default=None,
+        help="prompts decoded together in the timed generates (default 64, at most --max-bs)",
+    )
+    p.add_argument("--decode-tokens", type=int, default=512, help="tokens per prompt in the timed generates")
+    p.add_argument("--reps", type=int, default=5, help="timed repetitions (median and spread across them)")
     p.add_argument("--log-level", default="info", help="SGLang log level in every run")
     p.add_argument(
         "--replay-timing",
         type=int,
         default=150,
-        help="SAVE and LOAD time their first N decode-graph replays (device and host time per shape, "
-        "in the scheduler); these happen before the throughput phase (0: off)",
+        help="SAVE and LOAD also have the plugin time their first N decode-graph replays (its own "
+        "timer, per shape, in the scheduler; before the timed generates; 0: off)",
     )
-    # Internal: one run, in the subprocess the parent started.
+    p.add_argument(
+        "--no-step-timing",
+        dest="step_timing",
+        action="store_false",
+        help="do not time every decode-graph replay (benchmarks/engine_steps.py) in the runs",
+    )
     p.add_argument(
         "--stock-from",
         default=None,
         help="take the stock run from this earlier result JSON (same flags) instead of running it again",
     )
+    # Internal: one run, in the subprocess the parent started.
     p.add_argument("--child", choices=RUNS, help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
+    p.add_argument("--deadline", type=float, default=None, help=argparse.SUPPRESS)
     opts = p.parse_args(argv)
-    if opts.max_bs < 1 or opts.new_tokens < 1 or opts.decode_tokens < 1 or opts.reps < 1:
-        p.error("--max-bs, --new-tokens, --decode-tokens and --reps must be at least 1")
+    if opts.max_bs == 0:
+        opts.max_bs = None  # SGLang's own decode batch sizes, as a user gets them
+    counts = (opts.new_tokens, opts.decode_tokens, opts.reps, opts.max_bs, opts.decode_prompts)
+    if min(c for c in counts if c is not None) < 1:
+        p.error("--max-bs, --new-tokens, --decode-prompts, --decode-tokens and --reps must be at least 1")
+    if opts.decode_prompts is None:
+        opts.decode_prompts = min(64, opts.max_bs or 64)
     return opts
+
+
+def model_config(path: str | None) -> dict[str, Any]:
+    """The model's config.json: the file given, or the Qwen3-1.7B shape of benchmarks/cold_start.py."""
+    if path:
+        return json.loads(Path(path).read_text())
+    return dict(_sibling("cold_start").MODEL_CONFIG)
 
 
 def engine_kwargs(opts: argparse.Namespace, model_dir: str) -> dict[str, Any]:
     """The ServerArgs of every run: identical in all three (Foundry is switched on separately)."""
-    return {
+    kwargs = {
         "model_path": model_dir,
         "load_format": "dummy",
         "skip_tokenizer_init": True,
         "sampling_backend": "pytorch",
         "attention_backend": opts.attention_backend,
         "cuda_graph_backend_prefill": "disabled",  # Foundry persists decode graphs only
-        "cuda_graph_max_bs_decode": opts.max_bs,
         "mem_fraction_static": opts.mem_fraction_static,
         "random_seed": 0,
         "log_level": opts.log_level,
     }
+    if opts.max_bs is not None:  # otherwise SGLang's own decode batch sizes, as a user gets them
+        kwargs["cuda_graph_max_bs_decode"] = opts.max_bs
+    return kwargs
 
 
 def foundry_toml(archive_dir: Path, region_size: str) -> str:
@@ -192,14 +264,19 @@ def run_env(
     shim: Path | None,
     plugins: list[str],
     replay_timing: int = 0,
+    step_plugin: Path | None = None,
 ) -> dict[str, str]:
     """Environment of one run: the repository's ``src`` (and, for Foundry runs, the entry-point shim)
     first on PYTHONPATH, no Foundry settings from outside, no network; the stock run keeps the
-    plugin out, the Foundry runs make sure SGLang loads it and writes its report."""
-    env = {k: v for k, v in base.items() if k not in SETTINGS_ENV}
+    plugin out, the Foundry runs make sure SGLang loads it and writes its report. With
+    ``step_plugin`` (the folder of :func:`engine_steps.write_plugin`) every run also loads the step
+    timer, which writes to ``<workdir>/steps-<kind>``."""
+    env = {k: v for k, v in base.items() if k not in SETTINGS_ENV and k != steps.ENV_DIR}
     paths = [str(SRC)]
     if kind != "stock" and shim is not None:
         paths.insert(0, str(shim))
+    if step_plugin is not None:
+        paths.insert(0, str(step_plugin))
     if env.get("PYTHONPATH"):
         paths.append(env["PYTHONPATH"])
     env["PYTHONPATH"] = os.pathsep.join(paths)
@@ -209,18 +286,25 @@ def run_env(
     # Same string hashing in every process (SGLang's spawned schedulers inherit it): setup code that
     # walks a set of names then allocates in the same order at SAVE and at LOAD.
     env.setdefault("PYTHONHASHSEED", "0")
-    others = [name for name in plugins if name != PLUGIN_NAME]
+    ours = [steps.PLUGIN_NAME] if step_plugin is not None else []
+    others = [name for name in plugins if name not in (PLUGIN_NAME, *ours)]
     if kind == "stock":
         # SGLANG_PLUGINS is an allow-list; a name no plugin has keeps every plugin out.
-        env["SGLANG_PLUGINS"] = ",".join(others) or "none"
+        env["SGLANG_PLUGINS"] = ",".join([*others, *ours]) or "none"
     else:
         allowed = [x.strip() for x in env.get("SGLANG_PLUGINS", "").split(",") if x.strip()]
-        if allowed and PLUGIN_NAME not in allowed:
-            env["SGLANG_PLUGINS"] = ",".join([*allowed, PLUGIN_NAME])
+        if allowed:
+            env["SGLANG_PLUGINS"] = ",".join(allowed + [n for n in (PLUGIN_NAME, *ours) if n not in allowed])
         env[REPORT_ENV] = str(workdir / f"report-{kind}")
         if replay_timing > 0:
             env[TIMING_ENV] = str(replay_timing)
+    if step_plugin is not None:
+        env[steps.ENV_DIR] = str(step_dir(workdir, kind))
     return env
+
+
+def step_dir(workdir: Path, kind: str) -> Path:
+    return workdir / f"steps-{kind}"
 
 
 # --- one run (in its own process) ------------------------------------------------------------------
@@ -232,29 +316,6 @@ def _write_json(path: str | Path, data: dict) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(data, indent=1, sort_keys=True, default=str))
     os.replace(tmp, path)
-
-
-def measure_decode(generate, prompts: list[list[int]], decode_tokens: int, reps: int) -> dict[str, Any]:
-    """Decode tokens per second: the median time of ``reps`` generates of ``decode_tokens + 1`` tokens
-    minus the median of 1-token generates (prefill and request overhead), over the decoded tokens."""
-
-    def timed(n: int) -> tuple[float, int]:
-        t0 = time.perf_counter()
-        outs = generate(prompts, n)
-        return time.perf_counter() - t0, sum(len(o) for o in outs)
-
-    timed(decode_tokens + 1)  # warm-up at the measured length
-    short = [timed(1) for _ in range(reps)]
-    long = [timed(decode_tokens + 1) for _ in range(reps)]
-    t_short = statistics.median(t for t, _ in short)
-    t_long = statistics.median(t for t, _ in long)
-    decoded = statistics.median(n for _, n in long) - statistics.median(n for _, n in short)
-    return {
-        "decode_tok_s": decoded / (t_long - t_short) if t_long > t_short else None,
-        "decode_tokens": decoded,
-        "timed_long_s": [round(t, 4) for t, _ in long],
-        "timed_short_s": [round(t, 4) for t, _ in short],
-    }
 
 
 def child_main(opts: argparse.Namespace) -> int:
@@ -291,6 +352,7 @@ def child_main(opts: argparse.Namespace) -> int:
         res["ready_s"] = round(time.perf_counter() - t0, 3)
         res["foundry_mode"] = server_args.__dict__.get("foundry_mode")
         res["foundry_plugin_loaded"] = "foundry_sglang_plugin" in sys.modules
+        res["step_timer_loaded"] = steps.MODULE_NAME in sys.modules
         if foundry:
             res["foundry_hooks"] = sorted(sys.modules["foundry_sglang_plugin"]._registered)
             if not res["foundry_mode"]:
@@ -314,8 +376,19 @@ def child_main(opts: argparse.Namespace) -> int:
             except Exception as e:
                 res["flush_cache_error"] = f"{type(e).__name__}: {e}"
             res["self_consistent"] = generate(PROMPTS, opts.new_tokens) == res["output_ids"]
-            stage("decode-throughput")
-            res.update(measure_decode(generate, PROMPTS, opts.decode_tokens, opts.reps))
+            stage("decode")
+            vocab = int(json.loads((workdir / "model" / "config.json").read_text()).get("vocab_size", 32000))
+            env_steps = os.environ.get(steps.ENV_DIR)
+            res.update(
+                steps.measure_decode(
+                    generate,
+                    steps.decode_prompts(opts.decode_prompts, vocab),
+                    opts.decode_tokens,
+                    opts.reps,
+                    steps_dir=env_steps,
+                    deadline=opts.deadline,
+                )
+            )
         finally:
             stage("shutdown")
             engine.shutdown()
@@ -361,13 +434,25 @@ def _kill_group(pgid: int, wait_s: float = 15.0) -> None:
             time.sleep(0.2)
 
 
-def child_argv(kind: str, opts: argparse.Namespace, workdir: Path, result: Path) -> list[str]:
+def child_argv(
+    kind: str, opts: argparse.Namespace, workdir: Path, result: Path, deadline: float | None = None
+) -> list[str]:
     argv = [sys.executable, str(Path(__file__).resolve()), "--child", kind, "--workdir", str(workdir)]
     argv += ["--result", str(result), "--attention-backend", opts.attention_backend]
-    argv += ["--max-bs", str(opts.max_bs), "--mem-fraction-static", str(opts.mem_fraction_static)]
-    argv += ["--new-tokens", str(opts.new_tokens), "--decode-tokens", str(opts.decode_tokens)]
+    argv += ["--max-bs", str(opts.max_bs or 0)]
+    argv += ["--mem-fraction-static", str(opts.mem_fraction_static), "--new-tokens", str(opts.new_tokens)]
+    argv += ["--decode-prompts", str(opts.decode_prompts), "--decode-tokens", str(opts.decode_tokens)]
     argv += ["--reps", str(opts.reps), "--log-level", opts.log_level]
+    if deadline is not None:
+        argv += ["--deadline", f"{deadline:.1f}"]
     return argv
+
+
+def run_timeout(left_s: float, runs_after: int, cap_s: float, reserve_s: float = RESERVE_S) -> float:
+    """A run's timeout: at most ``cap_s``, keeping ``reserve_s`` for each later run and 25 s to end
+    the run's processes and write the result; never less than what is left minus those 25 s allows."""
+    room = left_s - 25.0
+    return min(cap_s, max(room - reserve_s * runs_after, min(room, MIN_RUN_S)))
 
 
 def run_one(
@@ -395,6 +480,7 @@ def run_one(
     run.update(
         returncode=rc if rc is not None else proc.returncode,
         timed_out=timed_out,
+        timeout_s=round(timeout),
         wall_s=round(time.monotonic() - t0, 2),
         logs=[out_name, err_name],
     )
@@ -460,14 +546,18 @@ def assemble(meta: dict[str, Any], runs: dict[str, dict[str, Any]], errors: list
         tokens_identical_to_stock=same(load, stock),
         capture_s=rep_save.get("capture_s"),
         restore_s=rep_load.get("restore_s"),
+        # The decode-graph phase of LOAD's start (the runner's capture() from its first to its last
+        # shape): what the engine's start waits for. For now the restore time the plugin reports.
+        restore_critical_s=rep_load.get("restore_s"),
         ready_s_stock=stock.get("ready_s"),
+        ready_s_save=save.get("ready_s"),
         ready_s_load=load.get("ready_s"),
         decode_tok_s_stock=_round(stock.get("decode_tok_s")),
+        decode_tok_s_save=_round(save.get("decode_tok_s")),
         decode_tok_s_load=_round(load.get("decode_tok_s")),
     )
+    out.update(steps.decode_fields(runs, RUNS))
     # Extras.
-    out["ready_s_save"] = save.get("ready_s")
-    out["decode_tok_s_save"] = _round(save.get("decode_tok_s"))
     out["save_tokens_identical_to_stock"] = same(save, stock)
     for name, num, den in (
         ("load_vs_stock", load, stock),
@@ -476,8 +566,7 @@ def assemble(meta: dict[str, Any], runs: dict[str, dict[str, Any]], errors: list
     ):
         a, b = num.get("decode_tok_s"), den.get("decode_tok_s")
         out[f"decode_ratio_{name}"] = round(a / b, 4) if a and b else None
-    # Relative spread of each run's timed generates (max - min over median): the noise of one run.
-    out["decode_spread"] = {k: _spread((runs.get(k) or {}).get("timed_long_s")) for k in RUNS}
+    # The plugin's own timer of the first --replay-timing replays (Foundry runs only, per shape).
     out["replay_timing"] = {"save": rep_save.get("replay_timing"), "load": rep_load.get("replay_timing")}
     out["fc_save_s"] = rep_save.get("fc_save_s")
     out["fc_load_s"] = rep_load.get("fc_load_s")
@@ -486,6 +575,7 @@ def assemble(meta: dict[str, Any], runs: dict[str, dict[str, Any]], errors: list
     save_captures = rep_save.get("decode_phase_stream_captures")
     out["save_decode_captures"] = sum(save_captures.values()) if isinstance(save_captures, dict) else None
     out["graphs_stock_log"] = len(stock["log_decode_graph_bs"]) if stock.get("log_decode_graph_bs") else None
+    out["decode_graph_phase_s_log"] = {k: (runs.get(k) or {}).get("log_decode_graph_phase_s") for k in RUNS}
     out["modes"] = {k: (runs.get(k) or {}).get("foundry_mode") for k in ("save", "load")}
     out["load_stream_captures_process_total"] = rep_load.get("stream_captures_total")
     out["runs"] = runs
@@ -497,18 +587,14 @@ def assemble(meta: dict[str, Any], runs: dict[str, dict[str, Any]], errors: list
         "LOAD tokens == SAVE tokens": out["tokens_identical_to_save"] is True,
         "LOAD tokens == stock tokens": out["tokens_identical_to_stock"] is True,
     }
+    if meta.get("step_timing", True):
+        checks["decode replays timed in every run"] = steps.replays_timed(out, RUNS)
     out["checks"] = checks
     out["errors"] = list(errors) + [
         f"{k}: {(runs.get(k) or {}).get('error')}" for k in RUNS if (runs.get(k) or {}).get("error")
     ]
     out["ok"] = all(checks.values()) and not out["errors"]
     return out
-
-
-def _spread(times: Any) -> float | None:
-    if not times or len(times) < 2:
-        return None
-    return round((max(times) - min(times)) / statistics.median(times), 4)
 
 
 def _round(x: Any, digits: int = 1) -> Any:
@@ -550,22 +636,46 @@ def sglang_version() -> str | None:
 
 
 def summary(result: dict[str, Any]) -> str:
-    lines = [f"sglang-h200: {'OK' if result.get('ok') else 'NOT OK'} (sglang {result.get('sglang_version')})"]
-    for key in FIELDS[5:]:
-        lines.append(f"  {key}: {result.get(key)}")
-    for key in (
-        "decode_tok_s_save",
-        "decode_ratio_load_vs_stock",
-        "decode_ratio_load_vs_save",
-        "decode_spread",
-    ):
-        lines.append(f"  {key}: {result.get(key)}")
-    lines.append(f"  replay_timing: {json.dumps(result.get('replay_timing'))}")
+    """One screen: what ran, the per-run table, the Foundry figures, the checks and errors."""
+    lines = [
+        f"sglang-h200: {'OK' if result.get('ok') else 'NOT OK'} (sglang {result.get('sglang_version')}, "
+        f"commit {result.get('commit')}, {result.get('wall_s')} s)",
+        f"  {result.get('machine')}",
+        f"  model {result.get('model')}",
+        f"  decode {result.get('decode')}; decode graphs: "
+        + (
+            f"max bs {(result.get('engine') or {}).get('cuda_graph_max_bs_decode')}"
+            if (result.get("engine") or {}).get("cuda_graph_max_bs_decode")
+            else "SGLang's default batch sizes"
+        ),
+    ]
+    lines += steps.summary_table(result, RUNS)
+    lines += steps.foundry_lines(result)
+    lines.append(
+        f"  stock log: {result.get('graphs_stock_log')} decode graphs, phase "
+        f"{(result.get('decode_graph_phase_s_log') or {}).get('stock')} s; plugin replay timing "
+        f"(first {result.get('replay_timing_n')}): {_plugin_timing(result.get('replay_timing'))}"
+    )
     for name, passed in (result.get("checks") or {}).items():
         lines.append(f"  [{'x' if passed else ' '}] {name}")
     for err in result.get("errors") or []:
-        lines.append(f"  error: {err[:300]}")
+        lines.append(f"  error: {str(err)[:300]}")
     return "\n".join(lines)
+
+
+def _plugin_timing(timing: Any) -> str:
+    """The plugin's per-shape medians, shortened to the most replayed shape of each run."""
+    parts = []
+    for run, shapes in (timing or {}).items():
+        if not shapes:
+            continue
+        name, best = max(shapes.items(), key=lambda kv: kv[1].get("replays", 0))
+        size = re.search(r"size=(\d+)", name)
+        parts.append(
+            f"{run} bs{size.group(1) if size else '?'} host {best.get('host_us_median')} us "
+            f"device {best.get('device_us_median')} us"
+        )
+    return "; ".join(parts) or "n/a"
 
 
 def parent_main(opts: argparse.Namespace) -> int:
@@ -582,9 +692,16 @@ def parent_main(opts: argparse.Namespace) -> int:
         "sglang_version": sglang_version(),
         "workdir": str(workdir),
         "engine": {k: v for k, v in engine_kwargs(opts, "<model>").items() if k != "model_path"},
+        "model": None,
         "prompts": PROMPTS,
         "new_tokens": opts.new_tokens,
+        "decode": f"{opts.decode_prompts} prompts x {opts.decode_tokens} tokens x {opts.reps} reps",
+        "decode_prompts": opts.decode_prompts,
         "decode_tokens": opts.decode_tokens,
+        "reps": opts.reps,
+        "budget_s": opts.budget,
+        "replay_timing_n": opts.replay_timing,
+        "step_timing": opts.step_timing,
     }
     runs: dict[str, dict[str, Any]] = {}
     errors: list[str] = []
@@ -599,8 +716,13 @@ def parent_main(opts: argparse.Namespace) -> int:
     # A SIGTERM (the caller's own time limit) still ends the current run and writes the result.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
+        config = model_config(opts.model_config)
+        meta["model"] = steps.describe_model(
+            config, opts.model_config or "benchmarks/cold_start.py MODEL_CONFIG"
+        )
+        meta["model_config"] = config
         (workdir / "model").mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(MODEL_CONFIG, workdir / "model" / "config.json")
+        (workdir / "model" / "config.json").write_text(json.dumps(config, indent=1))
         (workdir / "foundry.toml").write_text(foundry_toml(workdir / "archive", opts.region_size))
         meta["native_library"] = [p.name for p in (SRC / "foundry_core").glob("_foundry_native*.so")]
         if not meta["native_library"]:
@@ -608,17 +730,18 @@ def parent_main(opts: argparse.Namespace) -> int:
         plugins = general_plugins()
         shim = None if PLUGIN_NAME in plugins else make_entry_point_shim(workdir / "entry-point")
         meta["plugin_entry_point"] = "installed" if shim is None else f"shim at {shim}"
+        step_plugin = steps.write_plugin(workdir / "step-timer") if opts.step_timing else None
         if opts.stock_from:
             earlier = json.loads(Path(opts.stock_from).read_text())
             runs["stock"] = dict(
                 earlier["runs"]["stock"], reused_from=f"{opts.stock_from} (commit {earlier.get('commit')})"
             )
             meta["stock_reused_from"] = runs["stock"]["reused_from"]
-        for kind in RUNS:
+        for i, kind in enumerate(RUNS):
             if kind in runs:
                 continue
             left = opts.budget - (time.monotonic() - started)
-            timeout = min(opts.timeout, left - 25)  # room to end the run's processes and write
+            timeout = run_timeout(left, len(RUNS) - i - 1, opts.timeout)
             if kind == "load" and not (runs.get("save") or {}).get("ok"):
                 runs[kind] = {"ok": False, "skipped": True, "error": "skipped: the SAVE run did not succeed"}
             elif timeout < MIN_RUN_S:
@@ -630,10 +753,17 @@ def parent_main(opts: argparse.Namespace) -> int:
             else:
                 result_file = workdir / f"result-{kind}.json"
                 result_file.unlink(missing_ok=True)
-                env = run_env(kind, dict(os.environ), workdir, shim, plugins, opts.replay_timing)
+                env = run_env(kind, dict(os.environ), workdir, shim, plugins, opts.replay_timing, step_plugin)
+                # The run's own repetitions end 20 s before its timeout (its engine must shut down).
+                deadline = time.time() + timeout - 20
                 print(f"[sglang_h200] {kind}: starting (timeout {timeout:.0f} s)", flush=True)
                 runs[kind] = run_one(
-                    kind, child_argv(kind, opts, workdir, result_file), env, logs, result_file, timeout
+                    kind,
+                    child_argv(kind, opts, workdir, result_file, deadline),
+                    env,
+                    logs,
+                    result_file,
+                    timeout,
                 )
                 if kind != "stock" and not runs[kind].get("foundry_report"):
                     # The run died before reading it (SGLang ends its launcher when a scheduler fails).

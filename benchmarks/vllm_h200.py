@@ -3,15 +3,25 @@
     python benchmarks/vllm_h200.py --out $OUT/vllm-h200.json --logs $OUT
 
 Each start runs in a fresh process (its own session, its own timeout) with the same engine flags: a
-4-layer Qwen3-shaped model with dummy weights (examples/qwen3-tiny), no tokenizer, token-id
-prompts, greedy decoding, FULL_DECODE_ONLY graphs for batch sizes 1, 2, 4 and 8.  Every child reports
-start-to-ready seconds, the output token ids and decode tokens per second; the Foundry children also
-report what their worker wrote to ``rank0.start.json`` (mode, graphs, capture/save or restore seconds,
-CUDA stream captures counted by the core's CUPTI recorder).  The parent writes one JSON file with the
-comparison and keeps each child's stdout and stderr in ``--logs`` (six files).  It writes the JSON after
-every child, so a failure or a hang still leaves what was measured, with the error.  The compared
-decode figure is the median of ``FOUNDRY_BENCH_DECODE_REPS`` (default 5) timed generates of batch 8,
-with their spread (max - min over the median) as the run's own noise.
+Qwen3-1.7B-shaped model from a config written locally (benchmarks/cold_start.py's ``MODEL_CONFIG``),
+dummy weights, no tokenizer, token-id prompts, greedy decoding, ``max_num_seqs`` 512 and vLLM's own
+default capture sizes in ``FULL_DECODE_ONLY`` mode (the mode Foundry persists; stock runs it too).
+The former small setup: ``--model-config examples/qwen3-tiny/config.json --max-bs 8`` (graphs for
+batch sizes 1, 2, 4 and 8, ``max_num_seqs`` 8).
+
+Every child reports start-to-ready seconds, the output token ids of greedy generates of batch 1, 3
+and 8 (``--new-tokens`` each, compared across runs) and decode (benchmarks/engine_steps.py):
+``--decode-prompts`` prompts x ``--decode-tokens`` tokens, ``--reps`` timed repetitions after a
+warm-up; per repetition the decode tokens per second and, from CUDA events around every decode-graph
+replay in the engine core (the same timer in all three children: ``torch.cuda.CUDAGraph.replay`` for
+stock and SAVE, Foundry's restored graphs for LOAD), the median host and device time per step; per
+run the median and the spread ``(max - min) / median`` across repetitions.  The Foundry children also
+report what their worker wrote to ``rank0.start.json`` (mode, graphs, capture/save or restore
+seconds, CUDA stream captures counted by the core's CUPTI recorder).  The parent writes one JSON file
+with the comparison and keeps each child's stdout and stderr in ``--logs`` (six files).  It writes
+the JSON after every child, so a failure or a hang still leaves what was measured, with the error.
+All children together stay inside ``--budget`` seconds (each at most ``--child-timeout``, keeping
+time for the later ones; a child's repetitions stop early rather than pass its timeout).
 
 Order: SAVE first, then stock, then LOAD.  All children share one set of compile caches (vLLM,
 Inductor, Triton) under the work directory, so the first child pays the cold caches; with stock second,
@@ -21,7 +31,8 @@ compile cache by a config hash that includes ``additional_config``).
 The plugin is found the way vLLM finds it in production, through the ``vllm.general_plugins`` entry
 point: the Foundry children get a directory on ``PYTHONPATH`` holding a minimal ``.dist-info`` with the
 same entry point as pyproject.toml (the package itself is imported from ``src``, which is not installed
-there).  The stock child does not get it, so it runs vLLM without the plugin.
+there).  The stock child does not get it, so it runs vLLM without the plugin.  The step timer is a
+second general plugin (``foundry_bench_steps``), on every child's path.
 
 Environment, the same for all three children: ``VLLM_USE_FLASHINFER_SAMPLER=0``.  vLLM 0.26's V2 model
 runner warms its sampler up after the graph capture with top-k/top-p sampling
@@ -34,32 +45,48 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import importlib.util
 import json
 import os
 import re
 import shlex
-import shutil
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-MODEL_CONFIG = ROOT / "examples" / "qwen3-tiny" / "config.json"
+#: The former default model: the 4-layer Qwen3 of the engine examples.
+TINY_CONFIG = ROOT / "examples" / "qwen3-tiny" / "config.json"
 RUN_NAMES = ("save", "stock", "load")
-CAPTURE_SIZES = [1, 2, 4, 8]
-# Decode batch sizes timed and compared: 1 (graph 1), 3 (padded to graph 4), 8 (graph 8).
+#: max_num_seqs without --max-bs (vLLM then captures its default sizes up to 512: 51 graphs).
+MAX_NUM_SEQS = 512
+# Batch sizes of the compared generates: 1 (graph 1), 3 (padded to graph 4), 8 (graph 8).
 BATCHES = (1, 3, 8)
-DECODE_REPS = int(os.environ.get("FOUNDRY_BENCH_DECODE_REPS", "5"))  # timed generates of the largest batch
 # Fixed token-id prompts of different lengths (no tokenizer: skip_tokenizer_init).
 PROMPTS = [[3 + 11 * i + j for j in range(4 + i % 4)] for i in range(8)]
 PLUGIN_DIST = "foundry_graphs_bench_plugin-0.0.0"
 ENTRY_POINT = "foundry = foundry_vllm_plugin:register"
+
+
+def _sibling(name: str) -> Any:
+    """A module of benchmarks/ by its file (this script is also loaded by path, from tests)."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().with_name(f"{name}.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+steps = _sibling("engine_steps")
+
+#: The fields the result always has; benchmarks/sglang_h200.py uses the same names for the same things.
 SUMMARY_KEYS = (
     "date",
     "commit",
@@ -72,12 +99,15 @@ SUMMARY_KEYS = (
     "tokens_identical_to_stock",
     "capture_s",
     "restore_s",
+    "restore_critical_s",
     "ready_s_stock",
     "ready_s_save",
     "ready_s_load",
     "decode_tok_s_stock",
     "decode_tok_s_save",
     "decode_tok_s_load",
+    *steps.REPLAY_FIELDS,
+    "decode_spread",
 )
 # vLLM log lines (first occurrence) whose time is reported per child, relative to the child's start.
 LOG_MARKS = {
@@ -99,22 +129,46 @@ _LOG_TIME = re.compile(r"(?:^|\s)(?:INFO|WARNING|ERROR|DEBUG)\s+(\d\d)-(\d\d) (\
 # Pure helpers (unit-tested on CPU: tests/vllm/test_vllm_h200_bench.py)
 
 
-def engine_kwargs(model_dir: str, gpu_memory_utilization: float) -> dict:
-    """The vllm.LLM arguments shared by all three children (Foundry adds only additional_config)."""
+def model_config(path: str | None) -> dict:
+    """The model's config.json: the file given, or the Qwen3-1.7B shape of benchmarks/cold_start.py."""
+    if path:
+        return json.loads(Path(path).read_text())
+    return dict(_sibling("cold_start").MODEL_CONFIG)
+
+
+def capture_sizes(max_bs: int) -> list[int]:
+    """The decode graph sizes of ``--max-bs``: vLLM's own pattern (1, 2, 4, then steps of 8) up to it."""
+    sizes = [b for b in (1, 2, 4) if b <= max_bs] + list(range(8, max_bs + 1, 8))
+    return sizes if max_bs in sizes else [*sizes, max_bs]
+
+
+def model_len(prompts: list[list[int]], new_tokens: int) -> int:
+    """A max_model_len that holds the longest prompt and ``new_tokens`` more (at least 1024)."""
+    need = max(len(p) for p in prompts) + new_tokens + 8
+    return max(1024, -(-need // 256) * 256)
+
+
+def engine_kwargs(
+    model_dir: str, gpu_memory_utilization: float, max_bs: int | None = None, max_model_len: int = 1024
+) -> dict:
+    """The vllm.LLM arguments shared by all three children (Foundry adds only additional_config).
+
+    ``max_bs`` None: ``max_num_seqs`` 512 and vLLM's default capture sizes; else ``max_num_seqs``
+    ``max_bs`` and :func:`capture_sizes`. FULL_DECODE_ONLY in every child (what Foundry persists)."""
+    compilation: dict[str, Any] = {"cudagraph_mode": "FULL_DECODE_ONLY"}
+    if max_bs is not None:
+        compilation["cudagraph_capture_sizes"] = capture_sizes(max_bs)
     return {
         "model": model_dir,
         "load_format": "dummy",
         "skip_tokenizer_init": True,
         "dtype": "bfloat16",
         "gpu_memory_utilization": gpu_memory_utilization,
-        "max_model_len": 1024,
-        "max_num_seqs": max(BATCHES),
+        "max_model_len": max_model_len,
+        "max_num_seqs": MAX_NUM_SEQS if max_bs is None else max_bs,
         "seed": 0,
         "enable_prefix_caching": False,
-        "compilation_config": {
-            "cudagraph_mode": "FULL_DECODE_ONLY",
-            "cudagraph_capture_sizes": list(CAPTURE_SIZES),
-        },
+        "compilation_config": compilation,
     }
 
 
@@ -136,15 +190,30 @@ def write_plugin_dist_info(directory: Path) -> Path:
     return info
 
 
-def child_env(base: dict, name: str, plugin_dir: Path, cache_dir: Path) -> dict:
-    """The environment of one child: identical for all three except the plugin directory on the path."""
-    env = dict(base)
+def child_env(
+    base: dict,
+    name: str,
+    plugin_dir: Path,
+    cache_dir: Path,
+    step_plugin: Path | None = None,
+    steps_dir: Path | None = None,
+) -> dict:
+    """The environment of one child: identical for all three except the plugin directory on the path
+    and, with ``step_plugin`` (:func:`engine_steps.write_plugin`), where the step timer writes."""
+    env = {k: v for k, v in base.items() if k != steps.ENV_DIR}
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     src = str(ROOT / "src")
     if src not in paths:
         paths.append(src)
     if name != "stock":
         paths.insert(0, str(plugin_dir))
+    if step_plugin is not None:
+        paths.insert(0, str(step_plugin))
+        allowed = [x.strip() for x in env.get("VLLM_PLUGINS", "").split(",") if x.strip()]
+        if allowed and steps.PLUGIN_NAME not in allowed:  # an allow-list from outside: ours too
+            env["VLLM_PLUGINS"] = ",".join([*allowed, steps.PLUGIN_NAME])
+        if steps_dir is not None:
+            env[steps.ENV_DIR] = str(steps_dir)
     env["PYTHONPATH"] = os.pathsep.join(paths)
     env.update(
         {
@@ -237,6 +306,9 @@ def assemble(meta: dict, runs: dict) -> dict:
         capture_s=save_report.get("capture_s"),
         save_s=save_report.get("save_s"),
         restore_s=load_report.get("restore_s"),
+        # The decode-graph phase of LOAD's start as the engine's start waits for it; for now the
+        # restore time the worker reports.
+        restore_critical_s=load_report.get("restore_s"),
         ready_s_stock=stock.get("ready_s"),
         ready_s_save=save.get("ready_s"),
         ready_s_load=load.get("ready_s"),
@@ -245,9 +317,8 @@ def assemble(meta: dict, runs: dict) -> dict:
         decode_tok_s_load=load.get("decode_tok_s"),
         decode_ratio_load_vs_stock=_ratio(load.get("decode_tok_s"), stock.get("decode_tok_s")),
         decode_ratio_load_vs_save=_ratio(load.get("decode_tok_s"), save.get("decode_tok_s")),
-        decode_spread={
-            k: r.get("decode_spread") for k, r in (("stock", stock), ("save", save), ("load", load))
-        },
+        decode_ratio_save_vs_stock=_ratio(save.get("decode_tok_s"), stock.get("decode_tok_s")),
+        **steps.decode_fields(runs, steps.RUN_NAMES),
         save_mode=save_report.get("mode"),
         load_mode=load_report.get("mode"),
         load_mode_reason=load_report.get("reason"),
@@ -265,6 +336,8 @@ def assemble(meta: dict, runs: dict) -> dict:
         "tokens_identical_to_save": result["tokens_identical_to_save"] is True,
         "tokens_identical_to_stock": result["tokens_identical_to_stock"] is True,
     }
+    if meta.get("step_timing", True):
+        checks["decode_replays_timed"] = steps.replays_timed(result, steps.RUN_NAMES)
     result["checks"] = checks
     result["ok"] = all(checks.values()) and not errors
     result["errors"] = errors
@@ -273,18 +346,22 @@ def assemble(meta: dict, runs: dict) -> dict:
 
 
 def summary_lines(result: dict) -> list[str]:
+    """One screen: what ran, the per-run table, the Foundry figures, the checks and errors."""
+
     def f(key, unit=""):
         v = result.get(key)
         return "n/a" if v is None else (f"{v:.2f}{unit}" if isinstance(v, float) else f"{v}{unit}")
 
     lines = [
-        f"vLLM {f('vllm_version')} on {f('machine')}, commit {f('commit')}: {'OK' if result.get('ok') else 'FAILED'}",
-        f"  graphs {f('graphs')} (restored {f('graphs_restored')}, stock captured {f('graphs_stock')}); "
-        f"stream captures in LOAD {f('load_decode_captures')}",
-        f"  ready s: stock {f('ready_s_stock')}, SAVE {f('ready_s_save')}, LOAD {f('ready_s_load')}; "
-        f"capture {f('capture_s')} s + save {f('save_s')} s, restore {f('restore_s')} s",
-        f"  decode tok/s (batch {max(BATCHES)}): stock {f('decode_tok_s_stock')}, SAVE {f('decode_tok_s_save')}, "
-        f"LOAD {f('decode_tok_s_load')}",
+        f"vLLM {f('vllm_version')} on {f('machine')}, commit {f('commit')}: {'OK' if result.get('ok') else 'FAILED'}"
+        f" ({f('elapsed_s')} s)",
+        f"  model {f('model')}",
+        f"  decode {f('decode')}; engine max_num_seqs {(result.get('engine') or {}).get('max_num_seqs')}, "
+        f"capture sizes {((result.get('engine') or {}).get('compilation_config') or {}).get('cudagraph_capture_sizes', 'vLLM default')}",
+        *steps.summary_table(result, steps.RUN_NAMES),
+        *steps.foundry_lines(result),
+        f"  graphs restored {f('graphs_restored')}, stock captured {f('graphs_stock')}; "
+        f"capture {f('capture_s')} s + save {f('save_s')} s (SAVE)",
         f"  tokens LOAD==SAVE {f('tokens_identical_to_save')}, LOAD==stock {f('tokens_identical_to_stock')}, "
         f"SAVE==stock {f('save_tokens_identical_to_stock')}",
     ]
@@ -296,7 +373,7 @@ def summary_lines(result: dict) -> list[str]:
     return lines
 
 
-def child_timeout(remaining_s: float, runs_left_after: int, cap_s: float, reserve_s: float = 90.0) -> float:
+def child_timeout(remaining_s: float, runs_left_after: int, cap_s: float, reserve_s: float = 100.0) -> float:
     """This child's timeout: at most ``cap_s``, leaving ``reserve_s`` for each later child and 20 s spare."""
     return max(30.0, min(cap_s, remaining_s - 20.0 - reserve_s * runs_left_after))
 
@@ -382,15 +459,16 @@ def child_main(spec_path: str) -> int:
             return [{"prompt_token_ids": p} for p in PROMPTS[:batch]]
 
         llm.generate(prompts(max(BATCHES)), params(8), use_tqdm=False)  # warm-up, not timed
-        checkpoint("timed")
-        max_tokens = int(spec["max_tokens"])
+        result["step_timer_loaded"] = steps.MODULE_NAME in sys.modules
+        checkpoint("compared")
+        new_tokens = int(spec["new_tokens"])
         tokens, decode = {}, {}
         for batch in BATCHES:
             ts = time.perf_counter()
             llm.generate(prompts(batch), params(1), use_tqdm=False)
             prefill_s = time.perf_counter() - ts
             ts = time.perf_counter()
-            outs = llm.generate(prompts(batch), params(max_tokens), use_tqdm=False)
+            outs = llm.generate(prompts(batch), params(new_tokens), use_tqdm=False)
             total_s = time.perf_counter() - ts
             tokens[str(batch)] = [list(o.outputs[0].token_ids) for o in outs]
             decode_tokens = sum(max(0, len(t) - 1) for t in tokens[str(batch)])
@@ -401,24 +479,23 @@ def child_main(spec_path: str) -> int:
                 "decode_tokens": decode_tokens,
                 "decode_tok_s": round(decode_tokens / decode_s, 1),
             }
-        # The compared figure: the largest batch again, DECODE_REPS times; the median, and the spread
-        # (max - min over median) as this run's own noise.
-        big, reps = max(BATCHES), []
-        for _ in range(DECODE_REPS):
-            ts = time.perf_counter()
-            llm.generate(prompts(big), params(1), use_tqdm=False)
-            prefill_s = time.perf_counter() - ts
-            ts = time.perf_counter()
-            outs = llm.generate(prompts(big), params(max_tokens), use_tqdm=False)
-            decode_s = max(time.perf_counter() - ts - prefill_s, 1e-9)
-            reps.append(round(sum(max(0, len(o.outputs[0].token_ids) - 1) for o in outs) / decode_s, 1))
-        median = statistics.median(reps)
+        result.update(tokens=tokens, decode=decode)
+        # The compared figures: --reps long generates of --decode-prompts prompts (engine_steps.py).
+        checkpoint("decode")
+
+        def generate(batch: list[list[int]], n: int) -> list[list[int]]:
+            outs = llm.generate([{"prompt_token_ids": p} for p in batch], params(n), use_tqdm=False)
+            return [list(o.outputs[0].token_ids) for o in outs]
+
         result.update(
-            tokens=tokens,
-            decode=decode,
-            decode_tok_s=median,
-            decode_tok_s_reps=reps,
-            decode_spread=round((max(reps) - min(reps)) / median, 4),
+            steps.measure_decode(
+                generate,
+                spec["decode_prompts"],
+                int(spec["decode_tokens"]),
+                int(spec["reps"]),
+                steps_dir=os.environ.get(steps.ENV_DIR),
+                deadline=spec.get("deadline"),
+            )
         )
         result["total_s"] = round(time.perf_counter() - t0, 3)
         checkpoint("done")
@@ -539,7 +616,6 @@ def launch_child(name: str, spec: dict, env: dict, logs: Path, timeout_s: float)
     result["log"] = parse_log(text, result.get("t0_epoch"))
     report = result.get("foundry_report") or {}
     result["graphs"] = report.get("graphs", result["log"].get("graphs_captured"))
-    result["gpu_idle_wait_s"] = wait_gpu_idle(_BASELINE_MIB[0])
     return result
 
 
@@ -596,9 +672,16 @@ def run_benchmark(args, launch=launch_child) -> dict:
         "engine": None,
         "env": None,
         "workdir": str(work),
-        "max_tokens": args.max_tokens,
+        "model": None,
+        "new_tokens": args.new_tokens,
         "batches": list(BATCHES),
         "prompts": PROMPTS,
+        "decode": f"{args.decode_prompts} prompts x {args.decode_tokens} tokens x {args.reps} reps",
+        "decode_prompts": args.decode_prompts,
+        "decode_tokens": args.decode_tokens,
+        "reps": args.reps,
+        "budget_s": args.budget,
+        "step_timing": args.step_timing,
     }
     runs: dict = {}
 
@@ -609,19 +692,29 @@ def run_benchmark(args, launch=launch_child) -> dict:
         return result
 
     try:
-        model_dir = work / "qwen3-tiny"
+        config = model_config(args.model_config)
+        meta["model"] = steps.describe_model(
+            config, args.model_config or "benchmarks/cold_start.py MODEL_CONFIG"
+        )
+        meta["model_config"] = config
+        model_dir = work / "model"
         model_dir.mkdir(exist_ok=True)
-        shutil.copyfile(MODEL_CONFIG, model_dir / "config.json")
+        (model_dir / "config.json").write_text(json.dumps(config, indent=1))
+        decode_prompts = steps.decode_prompts(args.decode_prompts, int(config.get("vocab_size", 32000)))
         plugin_dir = work / "plugin-path"
         write_plugin_dist_info(plugin_dir)
         archive_dir = work / "archive"
         toml = work / "foundry.toml"
         toml.write_text(foundry_toml(archive_dir, args.region_size))
         cache_dir = work / "cache"
-        engine = engine_kwargs(str(model_dir), args.gpu_memory_utilization)
+        step_plugin = steps.write_plugin(work / "step-timer") if args.step_timing else None
+        length = model_len(decode_prompts + PROMPTS, max(args.decode_tokens, args.new_tokens) + 1)
+        engine = engine_kwargs(str(model_dir), args.gpu_memory_utilization, args.max_bs, length)
         meta["engine"] = engine
         common_env = {
-            k: v for k, v in child_env({}, "stock", plugin_dir, cache_dir).items() if k != "PYTHONPATH"
+            k: v
+            for k, v in child_env({}, "stock", plugin_dir, cache_dir, step_plugin).items()
+            if k != "PYTHONPATH"
         }
         meta["env"] = common_env
         native = sorted((ROOT / "src" / "foundry_core").glob("_foundry_native*.so"))
@@ -647,18 +740,32 @@ def run_benchmark(args, launch=launch_child) -> dict:
             "engine": engine,
             "foundry_toml": str(toml),
             "start_report": str(archive_dir / "rank0.start.json") if name != "stock" else None,
-            "max_tokens": args.max_tokens,
+            "new_tokens": args.new_tokens,
+            "decode_prompts": decode_prompts,
+            "decode_tokens": args.decode_tokens,
+            "reps": args.reps,
+            # The child's repetitions end 20 s before its timeout (its engine must shut down).
+            "deadline": round(time.time() + timeout_s - 20, 1),
             "result": str(work / f"result-{name}.json"),
         }
         if spec["start_report"]:
             Path(spec["start_report"]).unlink(missing_ok=True)  # only this child's worker may write it
+        idle_wait = None
+        if i > 0 and _BASELINE_MIB[0] is not None:
+            # The previous child's engine core frees its memory asynchronously; the wait is counted
+            # in this child's share of the budget (at most 30 s, and never more than it leaves).
+            idle_wait = wait_gpu_idle(_BASELINE_MIB[0], limit_s=min(30.0, max(0.0, timeout_s - 60)))
+            timeout_s = max(30.0, timeout_s - idle_wait)
+            spec["deadline"] = round(time.time() + timeout_s - 20, 1)
         print(f"[bench] {name}: starting (timeout {timeout_s:.0f} s)", flush=True)
-        env = child_env(dict(os.environ), name, plugin_dir, cache_dir)
+        env = child_env(dict(os.environ), name, plugin_dir, cache_dir, step_plugin, work / f"steps-{name}")
         try:
             runs[name] = launch(name, spec, env, logs, timeout_s)
         except Exception:
             runs[name] = {"name": name, "error": "launch failed:\n" + traceback.format_exc()[-4000:]}
         r = runs[name]
+        if idle_wait is not None:
+            r["gpu_idle_wait_s"] = idle_wait
         print(
             f"[bench] {name}: exit {r.get('exit_code')} after {r.get('wall_s')} s, ready {r.get('ready_s')} s"
             + (" ERROR" if r.get("error") else ""),
@@ -674,12 +781,50 @@ def parse_args(argv: list[str]):
     p.add_argument("--logs", required=True, help="directory for the children's stdout/stderr logs")
     p.add_argument("--workdir", help="model, archive, caches (default: a new temporary directory)")
     p.add_argument("--order", default=",".join(RUN_NAMES), help="comma-separated: save, stock, load")
-    p.add_argument("--max-tokens", type=int, default=128, help="tokens per request in the timed runs")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.1)
-    p.add_argument("--region-size", default="64GiB", help="Foundry region size (virtual)")
-    p.add_argument("--child-timeout", type=float, default=300.0, help="seconds, per child")
     p.add_argument(
-        "--budget", type=float, default=540.0, help="seconds for everything (one device call: 600)"
+        "--model-config",
+        default=None,
+        help="config.json of the model (default: the Qwen3-1.7B shape of benchmarks/cold_start.py); "
+        "the former small setup: examples/qwen3-tiny/config.json with --max-bs 8",
+    )
+    p.add_argument(
+        "--max-bs",
+        type=int,
+        default=None,
+        help=f"max_num_seqs and largest decode graph (default: max_num_seqs {MAX_NUM_SEQS}, vLLM's own sizes)",
+    )
+    p.add_argument(
+        "--new-tokens",
+        "--max-tokens",
+        dest="new_tokens",
+        type=int,
+        default=128,
+        help="tokens per request in the compared generates (batch 1, 3 and 8)",
+    )
+    p.add_argument(
+        "--decode-prompts",
+        type=int,
+        default=None,
+        help="prompts decoded together in the timed generates (default 64, at most --max-bs)",
+    )
+    p.add_argument("--decode-tokens", type=int, default=512, help="tokens per prompt in the timed generates")
+    p.add_argument(
+        "--reps",
+        type=int,
+        default=int(os.environ.get("FOUNDRY_BENCH_DECODE_REPS", "5")),
+        help="timed repetitions (median and spread across them; default $FOUNDRY_BENCH_DECODE_REPS or 5)",
+    )
+    p.add_argument(
+        "--no-step-timing",
+        dest="step_timing",
+        action="store_false",
+        help="do not time every decode-graph replay (benchmarks/engine_steps.py) in the children",
+    )
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.3)
+    p.add_argument("--region-size", default="64GiB", help="Foundry region size (virtual)")
+    p.add_argument("--child-timeout", type=float, default=300.0, help="seconds, per child at most")
+    p.add_argument(
+        "--budget", type=float, default=570.0, help="seconds for everything (one device call: 600)"
     )
     args = p.parse_args(argv)
     args.order = [n.strip() for n in args.order.split(",") if n.strip()]
@@ -687,6 +832,11 @@ def parse_args(argv: list[str]):
         p.error(f"--order takes each of {', '.join(RUN_NAMES)} at most once")
     if "load" in args.order and "save" in args.order and args.order.index("load") < args.order.index("save"):
         p.error("--order: load needs the archive of save, so save comes first")
+    counts = (args.new_tokens, args.decode_tokens, args.reps, args.max_bs, args.decode_prompts)
+    if min(c for c in counts if c is not None) < 1:
+        p.error("--max-bs, --new-tokens, --decode-prompts, --decode-tokens and --reps must be at least 1")
+    if args.decode_prompts is None:
+        args.decode_prompts = min(64, args.max_bs or 64)
     args.argv = [os.path.relpath(Path(__file__).resolve(), ROOT), *argv]
     return args
 

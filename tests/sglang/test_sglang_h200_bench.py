@@ -1,10 +1,13 @@
-"""benchmarks/sglang_h200.py without a GPU: its arguments, the runs' configuration and environment,
-result assembly, and the parent's handling of runs that fail, hang or never start (fake runs)."""
+"""benchmarks/sglang_h200.py without a GPU: its arguments, the runs' configuration and environment
+(SGLang's own plugin loader included), result assembly with the decode fields, the summary, and the
+parent's handling of runs that fail, hang or never start (fake runs). The decode measurement itself
+(benchmarks/engine_steps.py) is tested in tests/test_engine_steps_bench.py."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 import textwrap
 from pathlib import Path
@@ -27,13 +30,42 @@ def bench():
 def test_defaults_fit_one_device_call(bench):
     opts = bench.parse_args(["--out", "x.json", "--logs", "logs"])
     assert (opts.out, opts.logs, opts.child) == ("x.json", "logs", None)
-    assert opts.timeout == 240 and opts.budget <= 560  # three runs inside a 600 s device call
-    assert opts.max_bs == 8 and opts.decode_tokens == 128 and len(bench.PROMPTS) == 8
+    # three runs inside one 600 s device call (run_h200_engines.sh passes its own, smaller budget)
+    assert opts.timeout == 300 and opts.budget <= 585
+    # the 52 decode graphs of the cold-start benchmark, the 1.7B shape; 0 leaves the list to SGLang
+    assert opts.max_bs == 512 and opts.model_config is None
+    assert bench.parse_args(["--max-bs", "0"]).max_bs is None
+    assert (opts.decode_prompts, opts.decode_tokens, opts.reps) == (64, 512, 5)
+    assert opts.step_timing and opts.replay_timing == 150 and len(bench.PROMPTS) == 8
+
+
+def test_the_former_small_setup_is_two_options(bench, tmp_path):
+    opts = bench.parse_args(["--model-config", str(bench.TINY_CONFIG), "--max-bs", "8"])
+    assert opts.decode_prompts == 8  # one decode batch inside the largest graph
+    assert bench.engine_kwargs(opts, str(tmp_path))["cuda_graph_max_bs_decode"] == 8
+    assert bench.model_config(opts.model_config)["num_hidden_layers"] == 4
+    assert bench.parse_args(["--max-bs", "8", "--decode-prompts", "4"]).decode_prompts == 4
 
 
 def test_bad_counts_are_refused(bench):
-    with pytest.raises(SystemExit):
-        bench.parse_args(["--reps", "0"])
+    for bad in (["--reps", "0"], ["--max-bs", "-1"], ["--decode-prompts", "0"], ["--decode-tokens", "0"]):
+        with pytest.raises(SystemExit):
+            bench.parse_args(bad)
+
+
+def test_the_default_model_is_qwen3_1_7b_shaped(bench):
+    config = bench.model_config(None)
+    expected = {
+        "num_hidden_layers": 28,
+        "hidden_size": 2048,
+        "intermediate_size": 6144,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "vocab_size": 151936,
+        "tie_word_embeddings": True,
+    }
+    assert {k: config[k] for k in expected} == expected
 
 
 def test_every_run_has_the_same_engine_configuration(bench, plugins_loaded, tmp_path):
@@ -43,9 +75,13 @@ def test_every_run_has_the_same_engine_configuration(bench, plugins_loaded, tmp_
     kwargs = bench.engine_kwargs(opts, str(tmp_path))
     assert kwargs["cuda_graph_backend_prefill"] == "disabled"
     assert kwargs["random_seed"] == 0 and kwargs["load_format"] == "dummy"
+    assert kwargs["cuda_graph_max_bs_decode"] == 512 and "cuda_graph_bs_decode" not in kwargs
+    own = bench.engine_kwargs(bench.parse_args(["--max-bs", "0"]), str(tmp_path))
+    assert "cuda_graph_max_bs_decode" not in own  # SGLang's own list
     # msgspec record (0.5.20+) or dataclass (before)
     fields = getattr(ServerArgs, "__struct_fields__", None) or tuple(ServerArgs.__dataclass_fields__)
-    missing = [name for name in kwargs if name not in fields]
+    small = bench.engine_kwargs(bench.parse_args(["--max-bs", "8"]), str(tmp_path))
+    missing = [name for name in {**kwargs, **small} if name not in fields]
     assert missing == [], f"fields this SGLang release does not have: {missing}"
 
 
@@ -61,10 +97,14 @@ def test_the_engine_configuration_is_one_foundry_accepts(bench, plugins_loaded, 
     cfg = load_config(toml)
     assert cfg.mode == "auto" and cfg.archive_dir == tmp_path / "archive"
     assert cfg.region_size == 96 << 30
-    # device="cpu": resolution must not look for a GPU here (older releases do when it is unset)
-    server_args = ServerArgs(**bench.engine_kwargs(opts, str(model_dir)), device="cpu")
-    foundry_sglang_plugin.enable(server_args, toml)
-    foundry_sglang_plugin.check_supported(server_args)
+    big = tmp_path / "qwen3-1.7b"
+    big.mkdir()
+    (big / "config.json").write_text(json.dumps(bench.model_config(None)))
+    for directory in (model_dir, big):  # the former tiny model and the default one
+        # device="cpu": resolution must not look for a GPU here (older releases do when it is unset)
+        server_args = ServerArgs(**bench.engine_kwargs(opts, str(directory)), device="cpu")
+        foundry_sglang_plugin.enable(server_args, toml)
+        foundry_sglang_plugin.check_supported(server_args)
 
 
 def test_log_files_are_six_plain_names(bench):
@@ -113,6 +153,45 @@ def test_run_environments(bench, tmp_path):
     assert bench.run_env("load", inherited, tmp_path, shim, ["foundry"], 150)[bench.TIMING_ENV] == "150"
     narrowed = bench.run_env("load", {**base, "SGLANG_PLUGINS": "other"}, tmp_path, None, [])
     assert narrowed["SGLANG_PLUGINS"] == "other,foundry"
+    assert bench.steps.ENV_DIR not in narrowed
+
+
+def test_run_environments_with_the_step_timer(bench, tmp_path):
+    base = {"PYTHONPATH": "/tmp/site", bench.steps.ENV_DIR: "/elsewhere", "SGLANG_PLUGINS": ""}
+    shim, timer = tmp_path / "shim", tmp_path / "step-timer"
+    envs = {k: bench.run_env(k, base, tmp_path, shim, ["foundry", "other"], 0, timer) for k in bench.RUNS}
+    for kind, env in envs.items():
+        assert env[bench.steps.ENV_DIR] == str(tmp_path / f"steps-{kind}")  # never the shell's
+        assert env["PYTHONPATH"].split(":")[0] == str(timer)
+    # stock: the timer is allowed, Foundry is not
+    assert envs["stock"]["SGLANG_PLUGINS"] == "other,foundry_bench_steps"
+    assert bench.run_env("stock", base, tmp_path, shim, ["foundry"], 0, timer)["SGLANG_PLUGINS"] == (
+        "foundry_bench_steps"
+    )
+    assert "SGLANG_PLUGINS" not in envs["save"] or envs["save"]["SGLANG_PLUGINS"] == ""
+    narrowed = bench.run_env("save", {**base, "SGLANG_PLUGINS": "other"}, tmp_path, shim, [], 0, timer)
+    assert narrowed["SGLANG_PLUGINS"] == "other,foundry,foundry_bench_steps"
+    assert envs["save"]["PYTHONPATH"].split(":")[:3] == [str(timer), str(shim), str(bench.SRC)]
+
+
+def test_sglangs_loader_loads_the_step_timer_in_every_run_and_foundry_only_in_foundry_runs(
+    bench, tmp_path, fresh_python
+):
+    """The environments as run_env builds them, read by SGLang's own plugin loader in a fresh process."""
+    timer = bench.steps.write_plugin(tmp_path / "step-timer")
+    shim = bench.make_entry_point_shim(tmp_path / "shim")
+    plugins = bench.general_plugins()
+    code = """
+        import json
+        from sglang.srt.plugins import load_plugins_by_group
+        print(json.dumps(sorted(load_plugins_by_group("sglang.srt.plugins"))))
+    """
+    base = {k: v for k, v in os.environ.items() if k != "SGLANG_PLUGINS"}
+    for kind in ("stock", "save"):
+        env = bench.run_env(kind, base, tmp_path, shim, plugins, 0, timer)
+        loaded = fresh_python(code, env=env)
+        assert "foundry_bench_steps" in loaded, (kind, loaded)
+        assert ("foundry" in loaded) is (kind != "stock"), (kind, loaded)
 
 
 def test_entry_point_shim_names_the_plugin_like_the_package_does(bench, tmp_path):
@@ -144,21 +223,47 @@ def test_sglang_log_lines_are_read(bench):
     }
 
 
-def test_decode_throughput_subtracts_the_prefill(bench, monkeypatch):
-    clock = [0.0]
-    monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
+def test_a_run_gets_the_parents_options(bench, tmp_path):
+    opts = bench.parse_args(["--decode-tokens", "256", "--reps", "7", "--max-bs", "16"])
+    argv = bench.child_argv("load", opts, tmp_path, tmp_path / "r.json", deadline=1234.5)
+    child = bench.parse_args(argv[2:])
+    assert child.child == "load" and child.deadline == 1234.5
+    for key in ("decode_tokens", "reps", "max_bs", "decode_prompts", "new_tokens", "mem_fraction_static"):
+        assert getattr(child, key) == getattr(opts, key), key
+    assert bench.engine_kwargs(child, "m") == bench.engine_kwargs(opts, "m")
+    default = bench.parse_args([])
+    child = bench.parse_args(bench.child_argv("stock", default, tmp_path, tmp_path / "r.json")[2:])
+    assert child.max_bs == 512 and child.deadline is None and child.decode_prompts == 64
+    own = bench.parse_args(["--max-bs", "0"])
+    child = bench.parse_args(bench.child_argv("stock", own, tmp_path, tmp_path / "r.json")[2:])
+    assert child.max_bs is None  # the child leaves the list to SGLang too
 
-    def generate(prompts, n):
-        clock[0] += 0.05 + 0.002 * (n - 1)  # 50 ms prefill, 2 ms per decode step
-        return [[0] * n for _ in prompts]
 
-    got = bench.measure_decode(generate, bench.PROMPTS, 128, 3)
-    assert got["decode_tokens"] == 8 * 128
-    assert got["decode_tok_s"] == pytest.approx(8 / 0.002)
+def test_run_timeouts_keep_time_for_the_later_runs(bench):
+    assert bench.run_timeout(570, 2, 300) == 300
+    assert bench.run_timeout(370, 1, 300) == 245  # 25 s to end the run, 100 s kept for LOAD
+    assert bench.run_timeout(200, 0, 300) == 175
+    assert bench.run_timeout(150, 2, 300) == bench.MIN_RUN_S  # too little to keep: try anyway
+    assert bench.run_timeout(50, 0, 300) < bench.MIN_RUN_S  # skipped by the parent
+
+
+def _decode_stats(tok_s=1234.56, host=20.0, device=4000.0, spread=0.01):
+    return {
+        "tok_s": {"median": tok_s, "spread": spread},
+        "replay_host_us": {"median": host, "spread": 2 * spread},
+        "replay_device_us": {"median": device, "spread": spread / 2},
+    }
 
 
 def _run(ok=True, ids=((1, 2),), **extra):
-    return {"ok": ok, "output_ids": [list(x) for x in ids], "ready_s": 10.0, "decode_tok_s": 1234.56, **extra}
+    return {
+        "ok": ok,
+        "output_ids": [list(x) for x in ids],
+        "ready_s": 10.0,
+        "decode_tok_s": 1234.56,
+        "decode_stats": _decode_stats(),
+        **extra,
+    }
 
 
 def _foundry_run(mode, **report):
@@ -186,7 +291,30 @@ def test_assemble_a_good_result(bench):
     assert out["tokens_identical_to_save"] is True and out["tokens_identical_to_stock"] is True
     assert out["decode_tok_s_load"] == 1234.6 and out["ready_s_stock"] == 10.0
     assert out["graphs_stock_log"] == 4 and out["sglang_version"] == "0.5.17"
+    # the decode fields, named as in benchmarks/vllm_h200.py
+    assert out["restore_critical_s"] == 0.8
+    assert (out["replay_host_us_load"], out["replay_host_us_save"]) == (20.0, 20.0)
+    assert (out["replay_device_us_load"], out["replay_device_us_save"]) == (4000.0, 4000.0)
+    assert out["decode_spread"]["stock"] == {"tok_s": 0.01, "replay_host_us": 0.02, "replay_device_us": 0.005}
+    assert out["decode_ratio_load_vs_stock"] == 1.0 and out["replay_device_ratio_load_vs_save"] == 1.0
     json.dumps(out)
+
+
+def test_assemble_reports_each_runs_replay_times(bench):
+    runs = {
+        "stock": _run(decode_stats=_decode_stats(host=18.0, device=3900.0)),
+        "save": _foundry_run("save", graphs=36),
+        "load": _foundry_run("load", graphs=36, restore_s=2.5),
+    }
+    runs["load"]["decode_stats"] = _decode_stats(tok_s=1200.0, host=30.0, device=4120.0, spread=0.04)
+    out = bench.assemble({}, runs, [])
+    assert (out["replay_host_us_stock"], out["replay_host_us_load"]) == (18.0, 30.0)
+    assert out["replay_device_ratio_load_vs_save"] == 1.03 and out["replay_host_ratio_load_vs_save"] == 1.5
+    assert out["decode_spread"]["load"]["tok_s"] == 0.04 and out["graphs"] == 36
+    assert out["restore_critical_s"] == out["restore_s"] == 2.5
+    text = bench.summary(out)
+    assert "1200.0 (4.0%)" in text and "restore_critical_s 2.5" in text
+    assert len(text.splitlines()) < 25  # one screen
 
 
 def test_assemble_names_what_went_wrong(bench):
@@ -208,6 +336,8 @@ def test_assemble_with_runs_missing(bench):
     assert not out["ok"] and out["sglang_version"] == "0.5.17"
     assert out["errors"] == ["native library missing", "stock: RuntimeError: boom"]
     assert all(out[f] is None for f in bench.FIELDS[5:])
+    assert out["decode_spread"] == {"stock": None, "save": None, "load": None}
+    assert "NOT OK" in bench.summary(out)
 
 
 # --- the parent with fake runs ---------------------------------------------------------------------
@@ -219,7 +349,8 @@ _FAKE = textwrap.dedent(
     print(kind, "says hello"); print(kind, "complains", file=sys.stderr)
     if kind == "stock":
         json.dump({"ok": True, "kind": kind, "stage": "done", "ready_s": 1.0, "output_ids": [[5]],
-                   "sglang_version": "9.9"}, open(result, "w"))
+                   "sglang_version": "9.9", "decode_tok_s": 5000.0, "reps_done": 5,
+                   "decode_stats": {"tok_s": {"median": 5000.0, "spread": 0.02}}}, open(result, "w"))
     elif kind == "save":
         json.dump({"ok": False, "kind": kind, "stage": "engine"}, open(result, "w"))
         time.sleep(60)  # hangs: the parent's timeout ends it
@@ -234,7 +365,7 @@ def test_parent_survives_a_hanging_run_and_writes_everything(bench, monkeypatch,
     monkeypatch.setattr(
         bench,
         "child_argv",
-        lambda kind, opts, workdir, result: [sys.executable, str(fake), kind, str(result)],
+        lambda kind, opts, workdir, result, deadline=None: [sys.executable, str(fake), kind, str(result)],
     )
     out, logs = tmp_path / "out" / "sglang-h200.json", tmp_path / "logs"
     argv = ["--out", str(out), "--logs", str(logs), "--workdir", str(tmp_path / "work"), "--timeout", "8"]
@@ -243,6 +374,11 @@ def test_parent_survives_a_hanging_run_and_writes_everything(bench, monkeypatch,
     result = json.loads(out.read_text())
     assert set(bench.FIELDS) <= set(result) and result["ok"] is False
     assert result["runs"]["stock"]["ok"] and result["ready_s_stock"] == 1.0
+    assert result["decode_spread"]["stock"]["tok_s"] == 0.02 and result["decode_tok_s_stock"] == 5000.0
+    assert result["model"].startswith("benchmarks/cold_start.py MODEL_CONFIG: qwen3 28 layers")
+    config = json.loads((tmp_path / "work" / "model" / "config.json").read_text())
+    assert config["num_hidden_layers"] == 28 and config["vocab_size"] == 151936
+    assert (tmp_path / "work" / "step-timer" / "foundry_bench_steps.py").is_file()
     save = result["runs"]["save"]
     assert save["timed_out"] and "timed out after 8 s in stage 'engine'" in save["error"]
     assert result["runs"]["load"]["skipped"]  # no archive to load from

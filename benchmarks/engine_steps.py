@@ -1,0 +1,543 @@
+"""Decode steps of a real engine, timed the same way in stock, SAVE and LOAD runs (SGLang and vLLM).
+
+Two halves, one file (standard library only at import):
+
+* In the engine's processes (a general plugin, ``foundry_bench_steps``, that the benchmarks put on the
+  runs' ``PYTHONPATH`` with an entry point for ``sglang.srt.plugins`` and ``vllm.general_plugins``):
+  every decode-graph replay is timed where the graph itself is replayed, ``torch.cuda.CUDAGraph.replay``
+  (what stock and SAVE replay) and ``foundry_core.api.RestoredGraph.replay`` (what LOAD replays).
+  Host time: the replay call on the CPU (``time.monotonic``). Device time: between CUDA events
+  recorded on the current stream just before and just after it (it includes any wait of an idle GPU
+  for the launch). Events are read back without waiting; each finished step is appended to
+  ``$FOUNDRY_BENCH_STEPS_DIR/steps-<pid>.tsv`` as ``start<TAB>graph<TAB>host_us<TAB>device_us``
+  (``start``: ``time.monotonic()``, one clock for every process of the machine), the file being
+  flushed at most every :data:`FLUSH_S` seconds, from the replay path. With the variable unset the
+  plugin does nothing. The patch is installed when the module is imported (``torch.cuda.graphs`` is,
+  ``foundry_core.api`` only in Foundry runs), so a stock run imports nothing of Foundry.
+* In the benchmark's run process: :func:`measure_decode` times repeated long generates and cuts each
+  engine's step records into the same repetitions (by their start times); :func:`summarize` gives a
+  median and the relative spread ``(max - min) / median`` of any per-repetition measure.
+
+``python benchmarks/engine_steps.py --selftest`` exercises the engine half on whatever GPU there is.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import importlib.abc
+import os
+import shutil
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+ENV_DIR = "FOUNDRY_BENCH_STEPS_DIR"
+#: The plugin's name (entry point) and module name in the engine processes.
+PLUGIN_NAME = "foundry_bench_steps"
+MODULE_NAME = "foundry_bench_steps"
+DIST = "foundry_bench_steps-0.0.0"
+GROUPS = ("sglang.srt.plugins", "vllm.general_plugins")
+FLUSH_S = 0.2  # the engine's step file is flushed at most this often (from a replay)
+MAX_STEPS = 2_000_000  # per process; after that replays run untimed
+#: Graph classes timed, by the module that defines them: (class, how a graph is named).
+TARGETS = {
+    "torch.cuda.graphs": ("CUDAGraph", "id"),
+    "foundry_core.api": ("RestoredGraph", "name"),
+}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Engine side
+
+
+class StepTimer:
+    """Host and device time of every timed replay, written to one file per process."""
+
+    def __init__(self, directory: str | os.PathLike, limit: int = MAX_STEPS) -> None:
+        self.directory = str(directory)
+        self.limit = limit
+        self._reset()
+
+    def _reset(self) -> None:
+        self.pid = os.getpid()
+        self.count = 0
+        self.disabled: str | None = None
+        self._pending: collections.deque = collections.deque()
+        self._free: list = []
+        self._buf: list[str] = []  # lines not written yet (a forked child drops its parent's)
+        self._fd: int | None = None
+        self._last_flush = time.monotonic()
+
+    def replay(
+        self, orig: Callable, graph: Any, name: Callable[[Any], str], args: tuple, kwargs: dict
+    ) -> Any:
+        if self.pid != os.getpid():  # a forked child: nothing of the parent's events or file
+            self._reset()
+        if self.disabled is not None or self.count >= self.limit or _capturing():
+            return orig(graph, *args, **kwargs)
+        try:
+            begin, end = self._free.pop() if self._free else self._new_pair()
+            begin.record()
+        except Exception as e:  # never let timing break serving
+            self.disabled = f"{type(e).__name__}: {e}"
+            return orig(graph, *args, **kwargs)
+        t0 = time.monotonic()
+        out = orig(graph, *args, **kwargs)
+        host = time.monotonic() - t0
+        end.record()
+        self.count += 1
+        self._pending.append((t0, name(graph), host, begin, end))
+        self._drain(t0)
+        return out
+
+    @staticmethod
+    def _new_pair() -> tuple[Any, Any]:
+        import torch
+
+        return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def _drain(self, now: float, wait: bool = False) -> None:
+        pending = self._pending
+        while pending:
+            t0, name, host, begin, end = pending[0]
+            if wait:
+                end.synchronize()
+            elif not end.query():
+                break
+            pending.popleft()
+            self._buf.append(f"{t0:.6f}\t{name}\t{host * 1e6:.2f}\t{begin.elapsed_time(end) * 1e3:.2f}\n")
+            self._free.append((begin, end))
+        if self._buf and (wait or now - self._last_flush >= FLUSH_S):
+            self.flush()
+            self._last_flush = now
+
+    def flush(self) -> None:
+        """Append the finished steps to this process's file (complete lines only)."""
+        if self._fd is None:
+            os.makedirs(self.directory, exist_ok=True)
+            path = os.path.join(self.directory, f"steps-{self.pid}.tsv")
+            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        data = "".join(self._buf).encode()
+        self._buf.clear()
+        while data:
+            data = data[os.write(self._fd, data) :]
+
+    def close(self) -> None:
+        """Wait for the events still pending and flush (at process exit)."""
+        if self.pid != os.getpid():
+            return
+        try:
+            self._drain(time.monotonic(), wait=True)
+        except Exception:
+            pass
+
+
+def _capturing() -> bool:
+    """Whether the current stream is capturing a graph (no events are recorded into a capture)."""
+    torch = sys.modules.get("torch")
+    check = getattr(getattr(torch, "_C", None), "_cuda_isCurrentStreamCapturing", None)
+    try:
+        return bool(check()) if check is not None else False
+    except Exception:  # no CUDA in this process
+        return False
+
+
+def _graph_name(how: str) -> Callable[[Any], str]:
+    if how == "name":
+        return lambda graph: str(getattr(graph, "name", None) or f"g{id(graph):x}")
+    return lambda graph: f"g{id(graph):x}"
+
+
+def wrap_replay(cls: type, timer: StepTimer, how: str) -> bool:
+    """Time ``cls.replay`` (subclasses included: they inherit it or call it through ``super()``)."""
+    orig = cls.__dict__.get("replay") or getattr(cls, "replay", None)
+    if orig is None or getattr(orig, "_foundry_bench_steps", False):
+        return False
+    name = _graph_name(how)
+
+    @functools.wraps(orig)
+    def replay(self, *args, **kwargs):
+        return timer.replay(orig, self, name, args, kwargs)
+
+    replay._foundry_bench_steps = True  # type: ignore[attr-defined]
+    cls.replay = replay
+    return True
+
+
+class _PatchingLoader(importlib.abc.Loader):
+    """The module's own loader, then the patch."""
+
+    def __init__(self, loader: Any, patch: Callable[[Any], None]) -> None:
+        self._loader, self._patch = loader, patch
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        self._loader.exec_module(module)
+        self._patch(module)
+
+    def __getattr__(self, name: str) -> Any:  # get_source, get_data, ... of the real loader
+        return getattr(self._loader, name)
+
+
+class _WhenImported(importlib.abc.MetaPathFinder):
+    def __init__(self) -> None:
+        self.patches: dict[str, Callable[[Any], None]] = {}
+
+    def find_spec(self, fullname, path, target=None):
+        patch = self.patches.pop(fullname, None)
+        if patch is None:
+            return None
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            if finder is self or find is None:
+                continue
+            spec = find(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _PatchingLoader(spec.loader, patch)
+                return spec
+        return None
+
+
+_HOOK = _WhenImported()
+
+
+def when_imported(module: str, patch: Callable[[Any], None]) -> None:
+    """``patch(module)`` now if it is imported, else right after its first import."""
+    if module in sys.modules:
+        patch(sys.modules[module])
+        return
+    _HOOK.patches[module] = patch
+    if _HOOK not in sys.meta_path:
+        sys.meta_path.insert(0, _HOOK)
+
+
+_TIMER: list[StepTimer] = []
+
+
+def install(directory: str | os.PathLike) -> StepTimer:
+    """Time every replay of the classes in :data:`TARGETS` in this process (once)."""
+    if _TIMER:
+        return _TIMER[0]
+    timer = StepTimer(directory)
+    _TIMER.append(timer)
+    print(f"[{PLUGIN_NAME}] pid {os.getpid()}: timing decode-graph replays into {directory}", file=sys.stderr)
+    for module, (cls_name, how) in TARGETS.items():
+        when_imported(module, lambda m, c=cls_name, h=how: wrap_replay(getattr(m, c), timer, h))
+    import atexit
+
+    atexit.register(timer.close)
+    return timer
+
+
+def register() -> None:
+    """The entry point of both engines' general-plugin groups: on only when ``ENV_DIR`` is set."""
+    directory = os.environ.get(ENV_DIR)
+    if directory:
+        install(directory)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Benchmark side: the plugin's files, step records, repetitions
+
+
+def write_plugin(root: Path) -> Path:
+    """A folder for the runs' ``PYTHONPATH``: this file as module :data:`MODULE_NAME` and a minimal
+    ``.dist-info`` whose entry points make SGLang and vLLM load it as a general plugin."""
+    root.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(Path(__file__).resolve(), root / f"{MODULE_NAME}.py")
+    info = root / f"{DIST}.dist-info"
+    info.mkdir(exist_ok=True)
+    name, version = DIST.rsplit("-", 1)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    (info / "entry_points.txt").write_text(
+        "".join(f"[{group}]\n{PLUGIN_NAME} = {MODULE_NAME}:register\n\n" for group in GROUPS)
+    )
+    return root
+
+
+def read_steps(directory: str | os.PathLike | None) -> list[tuple[float, str, float, float]]:
+    """Every complete record of every process's step file, by start time."""
+    records = []
+    root = Path(directory) if directory else None
+    for path in sorted(root.glob("steps-*.tsv")) if root and root.is_dir() else []:
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            continue
+        for line in text.splitlines():
+            parts = line.split("\t")
+            if len(parts) != 4:
+                continue
+            try:
+                records.append((float(parts[0]), parts[1], float(parts[2]), float(parts[3])))
+            except ValueError:
+                continue
+    records.sort()
+    return records
+
+
+def window_stats(
+    records: Iterable[tuple[float, str, float, float]], start: float, end: float
+) -> dict[str, Any]:
+    """The replays that started in ``[start, end)``: how many, which graph most of them replayed
+    (the decode batch of the window), and that graph's median host and device time."""
+    inside = [r for r in records if start <= r[0] < end]
+    if not inside:
+        return {"steps": 0, "graph": None, "graphs": 0, "host_us": None, "device_us": None}
+    counts = collections.Counter(r[1] for r in inside)
+    graph, n = counts.most_common(1)[0]
+    mine = [r for r in inside if r[1] == graph]
+    return {
+        "steps": len(inside),
+        "graph": graph,
+        "graph_steps": n,
+        "graphs": len(counts),
+        "host_us": round(statistics.median(r[2] for r in mine), 2),
+        "device_us": round(statistics.median(r[3] for r in mine), 2),
+        "device_us_p90": round(_quantile([r[3] for r in mine], 0.9), 2),
+    }
+
+
+def _quantile(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def spread(values: Iterable[Any]) -> float | None:
+    """``(max - min) / median`` of the numbers given (None entries are dropped); None for fewer
+    than two numbers or a median of 0."""
+    xs = [float(v) for v in values if v is not None]
+    if len(xs) < 2:
+        return None
+    med = statistics.median(xs)
+    return round((max(xs) - min(xs)) / med, 4) if med else None
+
+
+def summarize(values: Iterable[Any], digits: int = 2) -> dict[str, Any]:
+    """Median, spread, min, max and count of per-repetition values (None entries are dropped)."""
+    xs = [float(v) for v in values if v is not None]
+    if not xs:
+        return {"median": None, "spread": None, "min": None, "max": None, "n": 0}
+    return {
+        "median": round(statistics.median(xs), digits),
+        "spread": spread(xs),
+        "min": round(min(xs), digits),
+        "max": round(max(xs), digits),
+        "n": len(xs),
+    }
+
+
+def decode_prompts(n: int, vocab: int = 32000) -> list[list[int]]:
+    """``n`` fixed token-id prompts of 8 to 39 tokens (ids below ``vocab``)."""
+    top = max(8, vocab - 3)
+    return [[3 + (7 * i + 13 * j) % top for j in range(8 + (5 * i) % 32)] for i in range(n)]
+
+
+def measure_decode(
+    generate: Callable[[list[list[int]], int], list[list[int]]],
+    prompts: list[list[int]],
+    tokens: int,
+    reps: int,
+    steps_dir: str | os.PathLike | None = None,
+    deadline: float | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+    mono: Callable[[], float] = time.monotonic,
+    wall: Callable[[], float] = time.time,
+    sleep: Callable[[float], None] = time.sleep,
+) -> dict[str, Any]:
+    """Decode tokens per second and per-step replay times over ``reps`` generates of ``tokens + 1``
+    tokens for every prompt (greedy, no EOS stop), after one warm-up generate of that length.
+
+    ``generate(prompts, n)`` returns the output token ids per prompt. A repetition's tokens per second:
+    its decoded tokens (all but each prompt's first) over its time minus the median time of 1-token
+    generates of the same prompts (prefill and request overhead). With ``steps_dir`` (the engine's
+    :data:`ENV_DIR`), each repetition's replays are read back from the engine's step files by start
+    time; the medians of the graph most replayed in it are that repetition's host and device time.
+    Repetitions stop early (at least two are kept) when the next would end past ``deadline`` (epoch
+    seconds). ``decode_stats`` holds median and spread across repetitions of each measure."""
+
+    def timed(n: int, batch: list[list[int]] = prompts) -> dict[str, Any]:
+        m0, t0 = mono(), clock()
+        outs = generate(batch, n)
+        t1, m1 = clock(), mono()
+        return {"s": t1 - t0, "tokens": sum(len(o) for o in outs), "window": (m0, m1)}
+
+    warm = timed(tokens + 1)
+    short = [timed(1) for _ in range(min(3, max(1, reps)))]
+    t_short = statistics.median(s["s"] for s in short)
+    n_short = statistics.median(s["tokens"] for s in short)
+    longs: list[dict[str, Any]] = []
+    cut = False
+    for _ in range(reps):
+        if deadline is not None and len(longs) >= 2 and wall() + 1.3 * max(x["s"] for x in longs) > deadline:
+            cut = True
+            break
+        longs.append(timed(tokens + 1))
+    tok_s = [(x["tokens"] - n_short) / (x["s"] - t_short) if x["s"] > t_short else None for x in longs]
+    out: dict[str, Any] = {
+        "decode_prompts": len(prompts),
+        "decode_tokens": statistics.median(x["tokens"] for x in longs) - n_short,
+        "warmup_s": round(warm["s"], 4),
+        "timed_short_s": [round(s["s"], 4) for s in short],
+        "timed_long_s": [round(x["s"], 4) for x in longs],
+        "reps_done": len(longs),
+        "reps_cut": cut,
+        "decode_tok_s_reps": [round(v, 1) if v is not None else None for v in tok_s],
+    }
+    valid = [v for v in tok_s if v is not None]
+    out["decode_tok_s"] = round(statistics.median(valid), 1) if valid else None
+    windows: list[dict[str, Any]] = []
+    if steps_dir is not None:
+        # The engine flushes its step file from a replay at most every FLUSH_S: a pause, then a short
+        # generate with a few decode steps, writes out everything up to the last repetition.
+        sleep(2 * FLUSH_S)
+        generate(prompts[:1], 4)
+        sleep(FLUSH_S / 2)
+        records = read_steps(steps_dir)
+        windows = [window_stats(records, *x["window"]) for x in longs]
+        out["replay_steps_total"] = len(records)
+        out["replay_windows"] = windows
+        out["warmup_steps"] = window_stats(records, *warm["window"])["steps"]
+    out["decode_stats"] = {
+        "tok_s": summarize(tok_s, 1),
+        "replay_host_us": summarize(w["host_us"] for w in windows),
+        "replay_device_us": summarize(w["device_us"] for w in windows),
+    }
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# The result fields both benchmarks share (benchmarks/sglang_h200.py, benchmarks/vllm_h200.py)
+
+RUN_NAMES = ("stock", "save", "load")
+#: Per-repetition measures of :func:`measure_decode`'s ``decode_stats``.
+MEASURES = ("tok_s", "replay_host_us", "replay_device_us")
+#: Median per-step replay times of each run (microseconds; None where a run did not get that far).
+REPLAY_FIELDS = tuple(f"replay_{m}_us_{run}" for m in ("host", "device") for run in RUN_NAMES)
+
+
+def _ratio(a: Any, b: Any) -> float | None:
+    return round(a / b, 4) if a and b else None
+
+
+def decode_fields(runs: dict[str, Any], names: Iterable[str] = RUN_NAMES) -> dict[str, Any]:
+    """``replay_{host,device}_us_<run>`` (medians across repetitions), ``decode_spread`` (per run:
+    the spread of each measure), their LOAD ratios, and every run's ``decode_stats``."""
+    names = tuple(names)
+    stats = {k: (runs.get(k) or {}).get("decode_stats") or {} for k in names}
+    out: dict[str, Any] = {}
+    for m in ("host", "device"):
+        for k in names:
+            out[f"replay_{m}_us_{k}"] = (stats[k].get(f"replay_{m}_us") or {}).get("median")
+        for other in ("save", "stock"):
+            out[f"replay_{m}_ratio_load_vs_{other}"] = _ratio(
+                out.get(f"replay_{m}_us_load"), out.get(f"replay_{m}_us_{other}")
+            )
+    out["decode_spread"] = {
+        k: {m: (stats[k].get(m) or {}).get("spread") for m in MEASURES} if stats[k] else None for k in names
+    }
+    out["decode_stats"] = {k: stats[k] or None for k in names}
+    return out
+
+
+def replays_timed(result: dict[str, Any], names: Iterable[str] = RUN_NAMES) -> bool:
+    """Whether every run has per-step replay times (the check of a run with the step timer on)."""
+    stats = result.get("decode_stats") or {}
+    return all(((stats.get(k) or {}).get("replay_device_us") or {}).get("median") is not None for k in names)
+
+
+def describe_model(config: dict[str, Any], source: str) -> str:
+    c = config
+    return (
+        f"{source}: {c.get('model_type')} {c.get('num_hidden_layers')} layers, hidden {c.get('hidden_size')}, "
+        f"intermediate {c.get('intermediate_size')}, heads {c.get('num_attention_heads')}/"
+        f"{c.get('num_key_value_heads')} x {c.get('head_dim')}, vocab {c.get('vocab_size')}, "
+        f"tied embeddings {bool(c.get('tie_word_embeddings'))}"
+    )
+
+
+def _cell(stat: Any, digits: int) -> str:
+    if not stat or stat.get("median") is None:
+        return "n/a"
+    sp = stat.get("spread")
+    return f"{stat['median']:.{digits}f} ({'n/a' if sp is None else f'{100 * sp:.1f}%'})"
+
+
+def summary_table(result: dict[str, Any], names: Iterable[str] = RUN_NAMES) -> list[str]:
+    """One line per run: ready seconds, then median (spread across repetitions) of decode tokens per
+    second and of the per-step host and device time of the decode-graph replay."""
+    stats = result.get("decode_stats") or {}
+    lines = [
+        f"  {'run':<6}{'ready s':>9}  {'decode tok/s (spread)':>22}  {'replay host us':>17}  "
+        f"{'replay device us':>19}  {'reps':>4}  {'steps/rep':>9}"
+    ]
+    for k in names:
+        run = (result.get("runs") or {}).get(k) or {}
+        s = stats.get(k) or {}
+        windows = run.get("replay_windows") or []
+        per_rep = sorted(w.get("steps", 0) for w in windows)
+        ready = result.get(f"ready_s_{k}")
+        lines.append(
+            f"  {k:<6}{'n/a' if ready is None else f'{ready:.1f}':>9}  {_cell(s.get('tok_s'), 1):>22}  "
+            f"{_cell(s.get('replay_host_us'), 2):>17}  {_cell(s.get('replay_device_us'), 2):>19}  "
+            f"{run.get('reps_done', 'n/a')!s:>4}  {str(per_rep[len(per_rep) // 2]) if per_rep else 'n/a':>9}"
+        )
+    return lines
+
+
+def foundry_lines(result: dict[str, Any]) -> list[str]:
+    def f(key: str) -> str:
+        v = result.get(key)
+        return "n/a" if v is None else str(v)
+
+    return [
+        f"  graphs {f('graphs')}; capture {f('capture_s')} s (SAVE); restore {f('restore_s')} s, "
+        f"restore_critical_s {f('restore_critical_s')} (LOAD); stream captures at LOAD {f('load_decode_captures')}",
+        f"  LOAD/stock: tok/s {f('decode_ratio_load_vs_stock')}, replay host {f('replay_host_ratio_load_vs_stock')}, "
+        f"device {f('replay_device_ratio_load_vs_stock')}; LOAD/SAVE: tok/s {f('decode_ratio_load_vs_save')}, "
+        f"replay host {f('replay_host_ratio_load_vs_save')}, device {f('replay_device_ratio_load_vs_save')}",
+    ]
+
+
+# ---------------------------------------------------------------------------------------------------
+# A check on a GPU: python benchmarks/engine_steps.py --selftest [DIR]
+
+
+def _selftest(directory: str) -> int:
+    import torch
+
+    install(directory)
+    x = torch.zeros(1 << 20, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        x.add_(1)
+    torch.cuda.current_stream().wait_stream(stream)
+    with torch.cuda.graph(graph):
+        for _ in range(50):
+            x.mul_(1.0001)
+    t0 = time.monotonic()
+    for _ in range(200):
+        graph.replay()
+    torch.cuda.synchronize()
+    t1 = time.monotonic()
+    _TIMER[0].close()
+    stats = window_stats(read_steps(directory), t0, t1)
+    print(stats)
+    return 0 if stats["steps"] == 200 and stats["device_us"] and stats["device_us"] > 0 else 1
+
+
+if __name__ == "__main__":
+    if len(sys.argv) >= 2 and sys.argv[1] == "--selftest":
+        import tempfile
+
+        sys.exit(_selftest(sys.argv[2] if len(sys.argv) > 2 else tempfile.mkdtemp(prefix="engine-steps-")))
+    print(__doc__)
