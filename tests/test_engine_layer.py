@@ -231,3 +231,27 @@ def test_prewarm_without_triton_does_nothing(monkeypatch):
     monkeypatch.setattr(prewarm, "_thread", None)
     monkeypatch.setitem(sys.modules, "triton.runtime.cache", None)  # import fails as if absent
     assert prewarm.start() is None
+
+
+def test_a_record_write_removes_only_this_hosts_orphaned_temporaries(tmp_path):
+    import subprocess
+
+    from foundry_core.engine import records
+
+    record = tmp_path / "rank0.x.json"
+    host = records._writer().rsplit("-", 1)[0]
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    dead = proc.pid  # a process that has exited
+    names = {
+        "dead": f"rank0.x.json.{host}-{dead}.abc.tmp",
+        "alive": f"rank0.x.json.{host}-{os.getpid()}.abc.tmp",  # a writer still at work
+        "other host": f"rank0.x.json.otherhost-{dead}.abc.tmp",  # its processes cannot be seen here
+        "other record": f"rank1.x.json.{host}-{dead}.abc.tmp",
+    }
+    for name in names.values():
+        (tmp_path / name).write_text("{")
+    write_json_atomic(record, {"ok": 1})
+    left = {p.name for p in tmp_path.glob("*.tmp")}
+    assert left == {names["alive"], names["other host"], names["other record"]}
+    assert read_json(record) == {"ok": 1}

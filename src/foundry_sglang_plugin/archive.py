@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -145,11 +146,19 @@ def write_sidecar(cfg: Any, rank: int, data: dict[str, Any]) -> None:
 
 
 def drop_sidecar(cfg: Any, rank: int) -> None:
-    """Invalidate a rank's archive before it is overwritten, so a crashed SAVE never looks complete."""
+    """Invalidate a rank's archive before it is overwritten, so a crashed SAVE never looks complete.
+
+    A sidecar that cannot be removed (a read-only ``archive_dir``) is left with a warning: the SAVE
+    that follows cannot write there either, which ``auto`` mode survives and ``save`` mode reports."""
+    path = sidecar_path(cfg, rank)
     try:
-        sidecar_path(cfg, rank).unlink()
+        path.unlink()
     except FileNotFoundError:
         pass
+    except OSError as e:
+        logging.getLogger("foundry.sglang").warning(
+            "Foundry: cannot remove %s (%s); its archive is not used by this start", path, e.strerror or e
+        )
 
 
 def complete(server_args: Any, cfg: Any) -> bool:

@@ -104,6 +104,7 @@ class Session:
         self.installed: set[str] = set()
         self.capture_started = False
         self.sidecar: dict[str, Any] | None = None
+        self._sidecar_at_decision: Any = None  # decide.record_stamp of the sidecar when SAVE was decided
         self.report: dict[str, Any] = {"mode": mode, "rank": rank, "archive": str(self.path), "ok": None}
         from foundry_core.engine import CacheHandover
 
@@ -117,7 +118,7 @@ class Session:
                     f"no Foundry archive for this configuration at {self.path} (mode=load); run once with mode=save"
                 )
         else:
-            archive.drop_sidecar(cfg, rank)
+            self._invalidate_sidecar()
 
     # -- step 1 -------------------------------------------------------------------------------
     @classmethod
@@ -157,6 +158,12 @@ class Session:
         logger.info("Foundry %s: rank %d, archive %s", session.mode.upper(), rank, session.path)
         return session
 
+    def _invalidate_sidecar(self) -> None:
+        """This rank SAVEs: its old sidecar goes, and which file is there now is noted, so that
+        ``_persist`` sees a SAVE another replica finished meanwhile."""
+        archive.drop_sidecar(self.cfg, self.rank)
+        self._sidecar_at_decision = decide.record_stamp(archive.sidecar_path(self.cfg, self.rank))
+
     @property
     def device(self) -> int:
         return self.gpu_id if self.gpu_id is not None else 0
@@ -182,7 +189,7 @@ class Session:
         decide.after_refusal(self.cfg, self.rank, self.world_size, reason, FoundrySessionError, logger)
         self.mode = "save"
         self.sidecar = None
-        archive.drop_sidecar(self.cfg, self.rank)  # the old archive is invalid until the new one is saved
+        self._invalidate_sidecar()  # the old archive is invalid until the new one is saved
         settings.set_mode(self.server_args, "save")
         self.report.update(mode="save", fallback=reason)
 
@@ -316,8 +323,17 @@ class Session:
             )
         import foundry_core as fc
 
-        t0 = time.perf_counter()
         self.report["graphs"] = len(self.graphs)
+        path = archive.sidecar_path(self.cfg, self.rank)
+        published = archive.read_sidecar(self.cfg, self.rank) or {}
+        finished_here = published.get("fingerprint") == self.fingerprint
+        if decide.published_meanwhile(self.cfg, path, self._sidecar_at_decision, finished_here):
+            logger.info(
+                "Foundry SAVE: another process saved this configuration meanwhile; keeping its archive"
+            )
+            self.report.update(saved=False, kept_other_save=True)
+            return
+        t0 = time.perf_counter()
         try:
             fc.save(
                 str(self.path),
@@ -333,9 +349,14 @@ class Session:
                 detect_rng=False,
             )
             self.report["fc_save_s"] = round(time.perf_counter() - t0, 4)
+            ours = decide.archive_stamp(self.path)
             # Everything SGLang built so far (the decode capture's first-use kernels included); the
             # sidecar, written last, marks the SAVE finished.
             self.caches.save(self.device)
+            if decide.archive_stamp(self.path) != ours:
+                logger.info("Foundry SAVE: another process published an archive meanwhile; keeping it")
+                self.report.update(saved=False, kept_other_save=True)
+                return
             archive.write_sidecar(
                 self.cfg,
                 self.rank,

@@ -110,6 +110,8 @@ class FoundrySession:
         self.verified = None  # the core Archive check_core_archive read, until restore() hands it to load
         self._capture_routing: contextlib.ExitStack | None = None
         self._pending_manifest: tuple | None = None  # SAVE: written once the caches are saved too
+        self._published: tuple = (None, None)  # SAVE: the core archive and decide.archive_stamp of ours
+        self._manifest_at_decision: Any = None  # decide.record_stamp of the manifest when SAVE was decided
         from foundry_core.engine import CacheHandover
 
         self.caches = CacheHandover(cfg, self.rank, CACHE_KINDS, engine_facts(), self.world_size, logger)
@@ -166,6 +168,8 @@ class FoundrySession:
                 mode, manifest, why = "save", None, f"archive {path} refused ({refusal})"
                 self.report["refused"] = refusal
         self.mode, self.manifest = mode, manifest
+        # SAVE: which manifest is there now, so that save() sees a SAVE another replica finished meanwhile
+        self._manifest_at_decision = decide.record_stamp(archive.manifest_path(self.cfg, self.rank))
         self.report.update(mode=mode, reason=why)
         logger.info("Foundry rank %d: %s (%s)", self.rank, mode.upper(), why)
         if mode == "load":  # before the model is built: torch.compile reads its cache next
@@ -250,11 +254,20 @@ class FoundrySession:
             "setup": self.setup,
             "workspace_locked": self.workspace_locked,
         }
+        published = archive.read_manifest(mpath) or {}
+        finished_here = published.get("fingerprint") == self.fingerprint
+        if decide.published_meanwhile(self.cfg, mpath, self._manifest_at_decision, finished_here):
+            logger.info(
+                "Foundry rank %d: another process saved this configuration meanwhile; keeping it", self.rank
+            )
+            self.report.update(graphs=len(graph_map), saved=False, kept_other_save=True)
+            return
+        core = archive.core_archive_dir(self.cfg, self.rank)
         t0 = time.perf_counter()
         try:
             mpath.unlink(missing_ok=True)  # an interrupted SAVE must not leave a valid-looking archive
             fc.save(
-                archive.core_archive_dir(self.cfg, self.rank),
+                core,
                 graphs=graph_map,
                 tensors=tensors,
                 region=self.region,
@@ -273,6 +286,7 @@ class FoundrySession:
         # The manifest marks the SAVE finished; it is written by publish(), after vLLM's warmups
         # (which go on compiling after the capture) and the caches they fill are saved too.
         self._pending_manifest = (mpath, self.fingerprint, sizing, listing)
+        self._published = (core, decide.archive_stamp(core))
         elapsed = time.perf_counter() - t0
         self.report.update(graphs=len(graph_map), save_s=round(elapsed, 3), runner=adapter.kind)
         logger.info(
@@ -289,6 +303,13 @@ class FoundrySession:
             return
         self.caches.save(device_index)
         pending, self._pending_manifest = self._pending_manifest, None
+        core, ours = self._published
+        if decide.archive_stamp(core) != ours:  # another replica's SAVE replaced ours meanwhile
+            logger.info(
+                "Foundry rank %d: another process published an archive meanwhile; keeping it", self.rank
+            )
+            self.report.update(saved=False, kept_other_save=True)
+            return
         try:
             archive.write_manifest(*pending)
         except OSError as e:

@@ -320,6 +320,7 @@ def test_a_read_only_archive_dir_at_save_serves_on_in_auto(base_vllm_config, mon
     s = _session(base_vllm_config, "save")
     s.cfg = dataclasses.replace(s.cfg, mode="auto")
     mpath = archive.manifest_path(s.cfg, 0)
+    mpath.unlink(missing_ok=True)  # the session-wide archive dir may hold another test's manifest
     real_unlink = pathlib.Path.unlink
 
     def read_only(self, *a, **kw):

@@ -108,3 +108,37 @@ def save_failed(cfg: Any, rank: int, error: BaseException, log: logging.Logger |
         rank,
         one_line(error),
     )
+
+
+def record_stamp(path: Any) -> tuple[int, int, int] | None:
+    """Which file the record at ``path`` is (inode, modification time, size), or None when absent:
+    taken when a rank decides SAVE, compared by :func:`published_meanwhile` before it publishes."""
+    import os
+
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+def published_meanwhile(cfg: Any, path: Any, stamp_at_decision: Any, finished_here: bool) -> bool:
+    """``auto`` mode, just before a SAVE publishes: whether another process (a second replica an
+    autoscaler started at the same moment) finished a SAVE of this exact configuration since this
+    rank decided to SAVE. ``finished_here``: the record now at ``path`` marks a finished SAVE with
+    this configuration's fingerprint. Then this rank keeps that archive instead of replacing it, so
+    exactly one SAVE publishes. A record that was already there when the rank decided (one whose
+    archive was refused) does not count; ``mode = save`` always publishes."""
+    if getattr(cfg, "mode", None) != "auto" or not finished_here:
+        return False
+    return record_stamp(path) not in (None, stamp_at_decision)
+
+
+def archive_stamp(path: Any) -> tuple[int, int, int] | None:
+    """Which published version the graph archive at ``path`` is (the identity of the manifest a
+    publication puts in place), or None when there is none. A SAVE takes it right after its own
+    publication and compares it before writing the engine record that marks the SAVE finished: a
+    record is only ever written beside the archive it describes, never beside another replica's."""
+    import os
+
+    return record_stamp(os.path.join(path, "manifest.json"))

@@ -9,16 +9,21 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import tempfile
 from pathlib import Path
 from typing import Any
 
 
 def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
-    """Write ``data`` as JSON to ``path`` atomically and durably."""
+    """Write ``data`` as JSON to ``path`` atomically and durably.
+
+    The temporary sibling is named ``<name>.<host>-<pid>.<random>.tmp``; one left by a writer on
+    this host that was killed (its process is gone) is removed by the next write of the same record.
+    Another host's (or container's) temporaries are left alone: its processes cannot be seen here."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f"{path.name}.{_writer()}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=1, sort_keys=True, default=str)
@@ -36,6 +41,32 @@ def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
             os.close(dfd)
     except OSError:
         pass
+    _remove_orphans(path)
+
+
+def _writer() -> str:
+    """``<host>-<pid>`` of this process, with the host name reduced to characters safe in a name."""
+    host = "".join(c if c.isalnum() else "_" for c in socket.gethostname()) or "host"
+    return f"{host}-{os.getpid()}"
+
+
+def _remove_orphans(path: Path) -> None:
+    """Remove temporaries of ``path`` written on this host by processes that no longer exist."""
+    host = _writer().rsplit("-", 1)[0]
+    for tmp in path.parent.glob(f"{path.name}.{host}-*.tmp"):
+        pid = tmp.name[len(path.name) + len(host) + 2 :].split(".", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            tmp.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive
+        return True
+    return True
 
 
 def read_json(path: str | os.PathLike) -> Any | None:
