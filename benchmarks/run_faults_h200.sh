@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# One engine's fault cases (benchmarks/engine_faults.py) on the GPU machine, in one call.
+# Same wheel set and engine site as run_cold_h200.sh: the wheels were sent beforehand as tar pieces
+# into /tmp/dw (../shared/tools/device-wheels), .devwheels/lists/<engine>.list names the engine's
+# wheels (carry .devwheels/lists); a machine that already ran run_cold_h200.sh reuses its
+# /tmp/site-<engine>.
+# Usage on the device, from the repository root:
+#   FOUNDRY_COMMIT=<hash> bash benchmarks/run_faults_h200.sh sglang|vllm [seconds]
+# FAULTS_ARGS passes options, e.g. FAULTS_ARGS="--cases two_replicas,damaged_cache".
+# The result, the logs and the work directory (with the base SAVE's archive) stay in /tmp between
+# calls on the same machine (every call empties $OUT), so a later call adds cases without a new
+# base SAVE: FAULTS_ARGS="--cases disk_full,read_only_dir --resume".
+# NAME (default faults-<engine>-h200) names the result files.
+set -u
+engine=${1:?sglang or vllm}
+limit=${2:-590}
+out=${OUT:?set OUT to the results folder}
+t0=$(date +%s)
+logs=/tmp/faults-logs-$engine
+results=/tmp/faults-results
+workdir=/tmp/faults-$engine
+name=${NAME:-faults-$engine-h200}
+mkdir -p /tmp/wh "$logs" "$results"
+if [ ! -f /tmp/wh/.unpacked ]; then
+  cat /tmp/dw/part-* | tar -xf - -C /tmp/wh && touch /tmp/wh/.unpacked || exit 2
+fi
+site=/tmp/site-$engine
+if [ ! -f "$site/.done" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" \
+    $(sed 's|^|/tmp/wh/|' ".devwheels/lists/$engine.list") >"$logs/install.log" 2>&1 && {
+    # Bytecode, as pip compiles it at install in a user's image (see run_cold_h200.sh).
+    python3 -m compileall -q -j 0 "$site" >>"$logs/install.log" 2>&1
+    touch "$site/.done"
+  }
+  [ -f "$site/.done" ] || { tail -n 20 "$logs/install.log"; exit 2; }
+fi
+echo "wheels ready in $(($(date +%s) - t0)) s"
+bash benchmarks/build_native.sh || exit 3
+left=$((limit - $(date +%s) + t0 - 15))
+[ "$left" -gt 120 ] || { echo "only $left s left after the install: call again (the site is kept)"; exit 4; }
+# SIGTERM at the limit: the benchmark then ends its servers, undoes its mounts and writes the result.
+PYTHONPATH=$site:$PWD/src timeout -k 10 "$left" python3 benchmarks/engine_faults.py --engine "$engine" \
+  --out "$results/$name.json" --logs "$logs" --workdir "$workdir" \
+  --budget $((left - 10)) --timeout "${RUN_TIMEOUT:-300}" ${FAULTS_ARGS:-}
+echo "engine_faults rc=$?"
+# Mounts of a run killed past its SIGTERM (only its own: under its work directory).
+awk -v w="$workdir/" 'index($2, w) == 1 {print $2}' /proc/mounts | sort -r | xargs -r -n1 umount -l
+cp "$results/$name".json "$out/"
+tar -czf "$out/$name-logs.tar.gz" -C "$logs" .
