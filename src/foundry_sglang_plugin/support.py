@@ -110,6 +110,10 @@ def check_supported(server_args: Any) -> None:
     read = reader(server_args)
     reasons: list[str] = []
 
+    device = read("device", None)
+    if device not in (None, "cuda"):  # before anything else: nothing below applies off CUDA
+        reasons.append(f"--device {device} is not supported (Foundry persists CUDA graphs)")
+
     prefill_backend, _ = graph_phase(server_args, "prefill")
     if prefill_backend != "disabled":
         reasons.append(

@@ -75,7 +75,7 @@ def parse(plugins_loaded, model_dir, foundry_toml):
     from sglang.srt.server_args import prepare_server_args
 
     def _parse(*argv: str, foundry: bool = True):
-        args = ["--model-path", str(model_dir), "--device", "cpu", *argv]
+        args = ["--model-path", str(model_dir), "--device", "cuda", *argv]
         if foundry:
             args += ["--enable-foundry", "--foundry-config", str(foundry_toml)]
         return prepare_server_args(args)

@@ -10,7 +10,7 @@ import pytest
 
 pytestmark = pytest.mark.sglang
 
-BASE_ARGV = ["--device", "cpu", "--cuda-graph-backend-prefill", "disabled", "--tp-size", "1"]
+BASE_ARGV = ["--device", "cuda", "--cuda-graph-backend-prefill", "disabled", "--tp-size", "1"]
 
 _SNAPSHOT = """
 import json, msgspec
@@ -141,7 +141,7 @@ def test_engine_kwargs_reach_server_args_and_refuse_before_any_subprocess(
         import sglang
         from foundry_sglang_plugin import FoundryUnsupportedError
         try:
-            sglang.Engine(model_path={str(model_dir)!r}, device="cpu", pp_size=2,
+            sglang.Engine(model_path={str(model_dir)!r}, device="cuda", pp_size=2,
                           cuda_graph_backend_prefill="disabled",
                           enable_foundry=True, foundry_config={str(foundry_toml)!r})
             error = None
@@ -163,7 +163,7 @@ def test_engine_server_args_route(fresh_python, model_dir, foundry_toml):
         import sglang
         from sglang.srt.server_args import ServerArgs
         import foundry_sglang_plugin
-        sa = ServerArgs(model_path={str(model_dir)!r}, device="cpu", enable_lora=True, lora_paths=["a={str(model_dir)}"],
+        sa = ServerArgs(model_path={str(model_dir)!r}, device="cuda", enable_lora=True, lora_paths=["a={str(model_dir)}"],
                         cuda_graph_backend_prefill="disabled")
         foundry_sglang_plugin.enable(sa, {str(foundry_toml)!r})
         try:

@@ -101,8 +101,8 @@ def test_the_engine_configuration_is_one_foundry_accepts(bench, plugins_loaded, 
     big.mkdir()
     (big / "config.json").write_text(json.dumps(bench.model_config(None)))
     for directory in (model_dir, big):  # the former tiny model and the default one
-        # device="cpu": resolution must not look for a GPU here (older releases do when it is unset)
-        server_args = ServerArgs(**bench.engine_kwargs(opts, str(directory)), device="cpu")
+        # device given: resolution must not look for a GPU here (older releases do when it is unset)
+        server_args = ServerArgs(**bench.engine_kwargs(opts, str(directory)), device="cuda")
         foundry_sglang_plugin.enable(server_args, toml)
         foundry_sglang_plugin.check_supported(server_args)
 

@@ -2,7 +2,8 @@
 
 The records come from SGLang's real argument parser; most tests judge the raw record (as
 ``check_supported`` may be called before resolution), and the resolved-record tests run SGLang's own
-resolution first (``--device cpu``: no GPU here), which is what the launch check sees.
+resolution first (``--device cuda`` given, so it looks for no GPU here), which is what the launch
+check sees.
 """
 
 from __future__ import annotations
@@ -40,6 +41,13 @@ def test_supported_single_gpu(parse):
 
 def test_supported_tensor_parallel(parse):
     check_supported(parse(*TP_OK))
+
+
+def test_a_device_other_than_cuda(parse):
+    """Refused up front: off CUDA, SGLang's scheduler would fail later with a misleading error."""
+    for device in ("cpu", "xpu"):
+        message = refusal(parse(*OK, "--device", device))
+        assert f"--device {device} is not supported (Foundry persists CUDA graphs)" in message
 
 
 def test_prefill_graphs(parse):
