@@ -17,22 +17,10 @@ t0=$(date +%s)
 logs=/tmp/cold-logs-$engine
 results=/tmp/cold-results
 name=${NAME:-cold-$engine-h200}
-mkdir -p /tmp/wh "$logs" "$results"
-if [ ! -f /tmp/wh/.unpacked ]; then
-  cat /tmp/dw/part-* | tar -xf - -C /tmp/wh && touch /tmp/wh/.unpacked || exit 2
-fi
+mkdir -p "$logs" "$results"
+source benchmarks/device_site.sh
 site=/tmp/site-$engine
-if [ ! -f "$site/.done" ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" \
-    $(sed 's|^|/tmp/wh/|' ".devwheels/lists/$engine.list") >"$logs/install.log" 2>&1 && {
-    # Bytecode, as pip compiles it at install in a user's image (--no-compile above only saves the
-    # wheel step's time). Without it Python did not cache bytecode there: the profile of 2026-12-01
-    # showed SGLang's scheduler compiling 670 modules from source at every start, stock and LOAD.
-    python3 -m compileall -q -j 0 "$site" >>"$logs/install.log" 2>&1
-    touch "$site/.done"
-  }
-  [ -f "$site/.done" ] || { tail -n 20 "$logs/install.log"; exit 2; }
-fi
+engine_site "$engine" "$logs/install.log" || { tail -n 20 "$logs/install.log"; exit 2; }
 echo "wheels ready in $(($(date +%s) - t0)) s"
 bash benchmarks/build_native.sh || exit 3
 left=$((limit - $(date +%s) + t0 - 15))

@@ -18,13 +18,12 @@
 # Usage on the device, from the repository root:
 #   FOUNDRY_COMMIT=<hash> ENGINES=sglang bash benchmarks/run_h200_engines.sh
 # Also: SGLANG_ARGS / VLLM_ARGS (extra flags of each script), ENGINES_BUDGET_S (default 585: the
-# whole call, install included), ENGINES_COMPILE=1 (byte-compile the engine site after installing,
-# as pip does at install; slower first call, faster imports in every run).
+# whole call, install included). The engine sites are byte-compiled at install (device_site.sh).
 set -u
 out=${OUT:?set OUT to the results folder}
 engines=${ENGINES:-sglang vllm}
 logs=/tmp/engine-logs
-mkdir -p "$logs" /tmp/wh
+mkdir -p "$logs"
 t0=$(date +%s)
 n_engines=$(echo $engines | wc -w)
 n_gpus=$(nvidia-smi --list-gpus | wc -l)
@@ -34,19 +33,9 @@ if [ "$n_engines" -gt 1 ] && ! { [ "${ENGINES_PARALLEL:-0}" = 1 ] && [ "$n_gpus"
     "run one engine per call (ENGINES=sglang, then ENGINES=vllm), or set ENGINE_S or ENGINES_FORCE=1" >&2
   exit 4
 fi
-if [ ! -f /tmp/wh/.unpacked ]; then
-  cat /tmp/dw/part-* | tar -xf - -C /tmp/wh && touch /tmp/wh/.unpacked || exit 2
-fi
-install() {  # engine
-  [ -f "/tmp/site-$1/.done" ] && return 0
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "/tmp/site-$1" \
-    $(sed 's|^|/tmp/wh/|' ".devwheels/lists/$1.list") >"$logs/install-$1.log" 2>&1 || return 1
-  if [ "${ENGINES_COMPILE:-0}" = 1 ]; then
-    python3 -m compileall -q -j 0 "/tmp/site-$1" >>"$logs/install-$1.log" 2>&1
-  fi
-  touch "/tmp/site-$1/.done"
-}
-for e in $engines; do install "$e" & done
+source benchmarks/device_site.sh
+unpack_wheels || exit 2
+for e in $engines; do engine_site "$e" "$logs/install-$e.log" & done
 wait
 echo "wheels unpacked and installed in $(($(date +%s) - t0)) s"
 for e in $engines; do

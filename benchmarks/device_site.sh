@@ -1,0 +1,25 @@
+# Sourced by the benchmarks' device scripts (run_cold_h200.sh, run_faults_h200.sh,
+# run_h200_engines.sh): an engine's own Python site on the GPU machine, from the wheel set that was
+# sent beforehand as tar pieces into /tmp/dw (../shared/tools/device-wheels); the repository's
+# .devwheels/lists/<engine>.list names the engine's wheels (carry .devwheels/lists).
+#   engine_site ENGINE LOG   installs into /tmp/site-ENGINE once per machine; returns 1 on failure
+# Each engine gets its own --target site, so the two engines' pins never meet.
+
+unpack_wheels() {
+  [ -f /tmp/wh/.unpacked ] && return 0
+  mkdir -p /tmp/wh
+  cat /tmp/dw/part-* | tar -xf - -C /tmp/wh && touch /tmp/wh/.unpacked
+}
+
+engine_site() {  # engine log
+  local site=/tmp/site-$1
+  [ -f "$site/.done" ] && return 0
+  unpack_wheels || return 1
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" \
+    $(sed 's|^|/tmp/wh/|' ".devwheels/lists/$1.list") >"$2" 2>&1 || return 1
+  # Bytecode, as pip compiles it at install in a user's image (--no-compile above only saves the
+  # wheel step's time). Without it Python did not cache bytecode there: the profile of 2026-12-01
+  # showed SGLang's scheduler compiling 670 modules from source at every start, stock and LOAD.
+  python3 -m compileall -q -j 0 "$site" >>"$2" 2>&1
+  touch "$site/.done"
+}
