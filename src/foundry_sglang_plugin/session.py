@@ -267,6 +267,7 @@ class Session:
             archive=self._verified,  # read and checked by check_archive; None: fc.load reads it
         )
         self._verified = None
+        self.report["archive_digest"] = self.restored.digest
         self.report["fc_load_s"] = round(time.perf_counter() - t0, 4)
         self.report["fc_load_timings"] = dict(getattr(self.restored, "timings", {}) or {})
         if self.restored.slots != self.sidecar["slots"]:
@@ -333,9 +334,10 @@ class Session:
             )
             self.report.update(saved=False, kept_other_save=True)
             return
+        logger.info("Foundry SAVE: writing %d decode graphs to %s", len(self.graphs), self.path)
         t0 = time.perf_counter()
         try:
-            fc.save(
+            self.report["archive_digest"] = fc.save(
                 str(self.path),
                 graphs=self.graphs,
                 tensors=self.tensors,

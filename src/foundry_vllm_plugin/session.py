@@ -263,10 +263,11 @@ class FoundrySession:
             self.report.update(graphs=len(graph_map), saved=False, kept_other_save=True)
             return
         core = archive.core_archive_dir(self.cfg, self.rank)
+        logger.info("Foundry rank %d: writing %d decode graphs to %s", self.rank, len(graph_map), core)
         t0 = time.perf_counter()
         try:
             mpath.unlink(missing_ok=True)  # an interrupted SAVE must not leave a valid-looking archive
-            fc.save(
+            self.report["archive_digest"] = fc.save(
                 core,
                 graphs=graph_map,
                 tensors=tensors,
@@ -346,6 +347,7 @@ class FoundrySession:
             )
         n = adapter.install(restored, self.manifest.get("graphs", []) if self.manifest else [])
         self.restored = restored
+        self.report["archive_digest"] = restored.digest
         # Leave vLLM's workspace as its own capture left it at SAVE (older manifests: locked, as V1 does).
         if sizing.get("workspace_locked", True):
             graphs.lock_workspace()

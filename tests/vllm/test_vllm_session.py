@@ -98,7 +98,7 @@ def test_failed_core_save_leaves_no_manifest(base_vllm_config, monkeypatch):
 
 
 def _restored(**slots):
-    return types.SimpleNamespace(graphs={"decode/g1": "R1"}, tensors={}, slots=slots)
+    return types.SimpleNamespace(graphs={"decode/g1": "R1"}, tensors={}, slots=slots, digest="d" * 64)
 
 
 def test_restore_passes_the_pinned_digest_and_installs(base_vllm_config, monkeypatch):
@@ -120,6 +120,7 @@ def test_restore_passes_the_pinned_digest_and_installs(base_vllm_config, monkeyp
     assert seen["expected_digest"] == s.cfg.archive_digest and seen["fingerprint_model"] == s.fingerprint
     assert adapter.installed[0].graphs == {"decode/g1": "R1"}
     assert seen["archive"] is None  # nothing verified at startup: fc.load reads the archive itself
+    assert s.report["archive_digest"] == "d" * 64  # which archive this start restored
     s.verified = verified = object()
     s.restore(Adapter())
     assert seen["archive"] is verified and s.verified is None  # handed over once, then dropped
