@@ -44,6 +44,7 @@ import shutil
 import signal
 import site
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -62,6 +63,26 @@ RUNS = ("save", "load_cold", "stock_cold", "load_warm", "stock_warm")
 FOUNDRY_RUNS = ("save", "load_cold", "load_warm")
 #: A warm run starts with the caches (HOME, TMPDIR) its cold sibling left behind.
 WARM_OF = {"load_warm": "load_cold", "stock_warm": "stock_cold"}
+#: ``--repeat N`` adds the cold pair N-1 more times, alternating: load_cold_2, stock_cold_2, ...
+REPEATED = ("load_cold", "stock_cold")
+
+
+def kind(run: str) -> str:
+    """The run a repeat repeats (``load_cold_2`` -> ``load_cold``); a run's own name otherwise."""
+    base, _, n = run.rpartition("_")
+    return base if n.isdigit() and base in REPEATED else run
+
+
+def repeats(first: str, runs: dict[str, Any]) -> list[str]:
+    """``first`` and its repeats present in ``runs``, in order."""
+    names = [first] if first in runs else []
+    i = 2
+    while f"{first}_{i}" in runs:
+        names.append(f"{first}_{i}")
+        i += 1
+    return names
+
+
 MIN_RUN_S = 60  # a run is not started with less budget than this
 
 # Qwen3-1.7B's shape; dummy weights, so nothing is downloaded.
@@ -252,6 +273,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "their timings are then not real ones",
     )
     p.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run the cold pair (LOAD, stock) this many times in all, alternating, for the spread of "
+        "their ratio (the extra runs are load_cold_2, stock_cold_2, ...; they need the SAVE)",
+    )
+    p.add_argument(
         "--resume",
         action="store_true",
         help="keep the runs already in --out (same engine, commit and workdir) and add these to them: "
@@ -262,8 +290,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = [r for r in opts.runs if r not in RUNS]
     if unknown or len(set(opts.runs)) != len(opts.runs):
         p.error(f"--runs takes each of {', '.join(RUNS)} at most once (got {unknown or opts.runs})")
-    # The fixed order is part of the method (cold before warm, save before load).
+    if opts.repeat < 1:
+        p.error("--repeat must be at least 1")
+    # The fixed order is part of the method (cold before warm, save before load), then the repeats
+    # of the cold pair, alternating, so that a drift of the machine reaches both alike.
     opts.runs = [r for r in RUNS if r in opts.runs]
+    opts.runs += [f"{r}_{i}" for i in range(2, opts.repeat + 1) for r in REPEATED]
     return opts
 
 
@@ -464,7 +496,7 @@ def child_env(
     """One run's environment: fresh or kept HOME/TMPDIR, no inherited cache locations or Foundry
     settings, offline, deterministic hashing; stock keeps the plugin out through the engine's
     allow-list, Foundry runs get the entry-point shim and a kept cache root."""
-    foundry = run in FOUNDRY_RUNS
+    foundry = kind(run) in FOUNDRY_RUNS
     drop = set(CACHE_ENV) | set(FOUNDRY_SETTINGS_ENV)
     env = {k: v for k, v in base.items() if k not in drop}
     parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
@@ -922,7 +954,7 @@ def prepare_run(bench: Bench, run: str, paths: RunPaths) -> dict[str, Any]:
         shutil.rmtree(d, ignore_errors=True)
     if run == "save":
         shutil.rmtree(bench.archive_dir, ignore_errors=True)  # SAVE starts from an empty archive
-    if run in FOUNDRY_RUNS:
+    if kind(run) in FOUNDRY_RUNS:
         bench.archive_dir.mkdir(parents=True, exist_ok=True)
         (bench.archive_dir / "rank0.start.json").unlink(missing_ok=True)  # only this run may write it
     return prep
@@ -1006,7 +1038,7 @@ def run_one(bench: Bench, run: str, timeout_s: float, runs: dict[str, Any]) -> d
     """One server start, measured; the record is in ``runs`` from the start, so a benchmark ended
     from outside (SIGTERM) still writes what this run got to."""
     paths = RunPaths.for_run(bench.workdir, run)
-    foundry = run in FOUNDRY_RUNS
+    foundry = kind(run) in FOUNDRY_RUNS
     rec: dict[str, Any] = {"name": run, "foundry": foundry, "ok": False, "timeout_s": round(timeout_s)}
     runs[run] = rec
     rec["prepare"] = prepare_run(bench, run, paths)
@@ -1245,9 +1277,37 @@ def assemble(meta: dict[str, Any], runs: dict[str, dict[str, Any]]) -> dict[str,
     out["restore_s"], out["capture_s"] = rep["load_cold"].get("restore_s"), rep["save"].get("capture_s")
     out["breakdown"] = _get(runs, "load_cold", "phases")
     out["breakdown_stock_cold"] = _get(runs, "stock_cold", "phases")
+    out.update(cold_repeats(runs))
     out["errors"] = {r: rec["error"] for r, rec in runs.items() if rec and rec.get("error")}
     out["runs"] = runs
     return out
+
+
+def cold_repeats(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Every cold pair (the first and its ``--repeat``s): each run's TTFT, each pair's ratio, their
+    median and spread ((max - min) / median), and whether every repeated LOAD's tokens and logprobs
+    equal SAVE's. A ratio whose spread is larger than its distance to a target shows nothing."""
+    loads, stocks = repeats("load_cold", runs), repeats("stock_cold", runs)
+    ttft = {
+        r: (runs.get(r) or {}).get("ttft_s") if (runs.get(r) or {}).get("ok") else None
+        for r in loads + stocks
+    }
+    pairs = [_ratio(ttft[a], ttft[b]) for a, b in zip(loads, stocks)]
+    ratios = sorted(r for r in pairs if r is not None)
+    median = statistics.median(ratios) if ratios else None
+    same = [
+        _same(_outputs(runs, r, f), _outputs(runs, "save", f))
+        for r in loads
+        for f in ("tokens", "top_logprobs")
+    ]
+    return {
+        "ttft_s_load_cold_runs": [ttft[r] for r in loads],
+        "ttft_s_stock_cold_runs": [ttft[r] for r in stocks],
+        "ttft_ratio_cold_pairs": pairs,
+        "ttft_ratio_cold_median": None if median is None else round(median, 4),
+        "ttft_ratio_cold_spread": round((ratios[-1] - ratios[0]) / median, 4) if len(ratios) > 1 else None,
+        "repeated_loads_identical_to_save": None if None in same or not same else all(same),
+    }
 
 
 def summary_lines(result: dict[str, Any]) -> list[str]:
@@ -1267,6 +1327,11 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
         f"  tokens LOAD==SAVE {f('tokens_identical_to_save')}, LOAD==stock {f('tokens_identical_to_stock')}, "
         f"logprobs LOAD==SAVE {f('logprobs_identical_to_save')}, prompts differ {f('outputs_differ_between_prompts')}",
     ]
+    if len(result.get("ttft_ratio_cold_pairs") or []) > 1:
+        lines.append(
+            f"  cold pairs {result['ttft_ratio_cold_pairs']}: median {f('ttft_ratio_cold_median')}, "
+            f"spread {f('ttft_ratio_cold_spread')}; repeated LOADs == SAVE {f('repeated_loads_identical_to_save')}"
+        )
     if result.get("load_compiles"):
         lines.append(f"  LOAD compiles: {json.dumps(result['load_compiles'], sort_keys=True)}")
     for run, err in (result.get("errors") or {}).items():
@@ -1431,11 +1496,14 @@ def resumed_runs(out_path: Path, meta: dict[str, Any], opts: argparse.Namespace)
     kept = {r: rec for r, rec in (earlier.get("runs") or {}).items() if r not in opts.runs}
     meta["resumed_from"] = {k: earlier.get(k) for k in ("date", "command", "elapsed_s")}
     meta["runs_requested"] = [r for r in RUNS if r in kept or r in opts.runs]
+    meta["runs_requested"] += [
+        r for r in [*kept, *opts.runs] if r not in RUNS and r not in meta["runs_requested"]
+    ]
     return kept
 
 
 def skip_reason(run: str, runs: dict[str, Any], left_s: float) -> str | None:
-    if run != "save" and run in FOUNDRY_RUNS and "save" in runs and not runs["save"].get("ok"):
+    if run != "save" and kind(run) in FOUNDRY_RUNS and "save" in runs and not runs["save"].get("ok"):
         return "skipped: the SAVE run did not succeed"
     if left_s < MIN_RUN_S:
         return f"skipped: {left_s:.0f} s of the budget left"

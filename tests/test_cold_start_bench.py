@@ -381,6 +381,27 @@ def test_parse_args_keeps_the_fixed_order():
         cs.parse_args(["--engine", "vllm", "--out", "o.json", "--logs", "l", "--runs", "bogus"])
 
 
+def test_repeat_adds_alternating_cold_pairs_that_are_cold_and_foundry_where_their_first_is():
+    args = ["--engine", "sglang", "--out", "o.json", "--logs", "l", "--runs", "save,load_cold,stock_cold"]
+    opts = cs.parse_args([*args, "--repeat", "3"])
+    assert opts.runs == [
+        "save",
+        "load_cold",
+        "stock_cold",
+        "load_cold_2",
+        "stock_cold_2",
+        "load_cold_3",
+        "stock_cold_3",
+    ]
+    assert [cs.kind(r) for r in opts.runs[3:]] == ["load_cold", "stock_cold"] * 2
+    assert cs.kind("save") == "save" and cs.kind("load_warm") == "load_warm" and cs.kind("save_2") == "save_2"
+    assert cs.parse_args(args).runs == ["save", "load_cold", "stock_cold"]
+    with pytest.raises(SystemExit):
+        cs.parse_args([*args, "--repeat", "0"])
+    with pytest.raises(SystemExit):  # a repeat is not a run one can name
+        cs.parse_args(["--engine", "sglang", "--out", "o.json", "--logs", "l", "--runs", "load_cold_2"])
+
+
 # --- the result document -------------------------------------------------------------------------------
 
 
@@ -686,3 +707,28 @@ def test_a_server_that_dies_is_recorded_and_the_benchmark_goes_on(tmp_path, monk
     assert "exited with status 3" in stock["error"]
     assert result["ttft_s_stock_cold"] is None and result["ttft_ratio_cold"] is None
     assert set(result["errors"]) == {"save", "load_cold", "stock_cold"}
+
+
+def test_cold_repeats_give_each_pairs_ratio_its_median_and_spread():
+    toks, lps = [[1, 2], [3, 4]], [[-1.0, -2.0]] * 2
+    runs = {
+        "save": _run(toks, lps, 60.0, 61.0),
+        "load_cold": _run(toks, lps, 40.0, 40.0),
+        "stock_cold": _run(toks, lps, 100.0, 100.0),
+        "load_cold_2": _run(toks, lps, 45.0, 45.0),
+        "stock_cold_2": _run(toks, lps, 100.0, 100.0),
+        "load_cold_3": _run(toks, lps, 60.0, 60.0),
+        "stock_cold_3": {"ok": False, "error": "TimeoutError"},  # a pair with a failed run has no ratio
+    }
+    out = cs.cold_repeats(runs)
+    assert out["ttft_s_load_cold_runs"] == [40.0, 45.0, 60.0]
+    assert out["ttft_s_stock_cold_runs"] == [100.0, 100.0, None]
+    assert out["ttft_ratio_cold_pairs"] == [0.4, 0.45, None]
+    assert out["ttft_ratio_cold_median"] == 0.425
+    assert out["ttft_ratio_cold_spread"] == round(0.05 / 0.425, 4)
+    assert out["repeated_loads_identical_to_save"] is True
+    runs["load_cold_2"]["outputs"]["tokens"] = [[1, 2], [3, 5]]
+    assert cs.cold_repeats(runs)["repeated_loads_identical_to_save"] is False
+    one = cs.cold_repeats({k: runs[k] for k in ("save", "load_cold", "stock_cold")})
+    assert one["ttft_ratio_cold_pairs"] == [0.4] and one["ttft_ratio_cold_spread"] is None
+    assert "cold pairs" in "\n".join(cs.summary_lines(cs.assemble({"engine": "sglang"}, runs)))
