@@ -1104,6 +1104,27 @@ def _serve_and_check(srv: Server, ref: dict[str, Any] | None, deadline: float) -
     return True
 
 
+def _auto_beside_save(ctx: Ctx, auto: Server, save: Server, expected: str) -> tuple[bool, str]:
+    """Start an ``auto`` and a ``save`` server at once (the KV caches are pinned, so both fit):
+    whether ``auto`` served the reference outputs, and how the ``save`` start ended
+    (``expected``: the outcome its case wants, as ``wait_exit_or_ready`` names it)."""
+
+    def auto_job() -> bool:
+        auto.start()
+        ok = _serve_and_check(auto, ctx.reference, ctx.deadline())
+        auto.stop()
+        return ok
+
+    def save_job() -> str:
+        save.start()
+        outcome = save.wait_exit_or_ready(ctx.deadline(), expected)
+        save.stop()
+        return outcome
+
+    served, outcome = _together(auto_job, save_job)
+    return served, outcome
+
+
 def _together(*jobs: Callable[[], Any]) -> list[Any]:
     """Run the jobs on threads and return their results once all have ended; the first exception a
     job raised is raised then."""
@@ -1276,19 +1297,7 @@ def case_disk_full(ctx: Ctx, run: CaseRun) -> None:
         fsize_limit=pre,
     )
 
-    def auto_job() -> bool:
-        auto.start()
-        ok = _serve_and_check(auto, ctx.reference, ctx.deadline())
-        auto.stop()
-        return ok
-
-    def save_job() -> str:
-        save.start()
-        outcome = save.wait_exit_or_ready(ctx.deadline(), "no_space")
-        save.stop()
-        return outcome
-
-    served, outcome = _together(auto_job, save_job)  # at once: the KV caches are pinned
+    served, outcome = _auto_beside_save(ctx, auto, save, "no_space")
     sa, ss = (archive_state(Path(how["dirs"][k]), ctx.engine) for k in ("auto", "save"))
     run.rec["details"].update(save_outcome=outcome, state_auto=sa, state_save=ss)
     lines = (auto.rec.get("facts") or {}).get("lines") or {}
@@ -1347,19 +1356,7 @@ def case_read_only_dir(ctx: Ctx, run: CaseRun) -> None:
     auto = run.server("auto", mode="auto", archive_dir=Path(dirs["auto"]["dir"]), toml=run.dir / "auto.toml")
     save = run.server("save", mode="save", archive_dir=Path(dirs["save"]["dir"]), toml=run.dir / "save.toml")
 
-    def auto_job() -> bool:
-        auto.start()
-        ok = _serve_and_check(auto, ctx.reference, ctx.deadline())
-        auto.stop()
-        return ok
-
-    def save_job() -> str:
-        save.start()
-        outcome = save.wait_exit_or_ready(ctx.deadline(), "save_refused")
-        save.stop()
-        return outcome
-
-    served, outcome = _together(auto_job, save_job)  # at once: the KV caches are pinned
+    served, outcome = _auto_beside_save(ctx, auto, save, "save_refused")
     lines = (auto.rec.get("facts") or {}).get("lines") or {}
     checks = run.rec["checks"]
     checks.update(

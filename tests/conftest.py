@@ -1,4 +1,6 @@
+import errno
 import logging
+import os
 
 import pytest
 
@@ -78,3 +80,22 @@ def caches_machine(monkeypatch, tmp_path):
     monkeypatch.delenv(caches.DIR_ENV, raising=False)
     yield state
     undo_launch_redirect()
+
+
+@pytest.fixture
+def full_disk_at_flush(monkeypatch):
+    """Call it to make every ``os.fsync`` of a ``*.tmp`` file fail with ENOSPC from then on: a disk
+    that fills up while an atomic write flushes its temporary (some file systems, NFS or quotas,
+    report a full disk only when flushing)."""
+
+    def fill() -> None:
+        real_fsync = os.fsync
+
+        def fsync(fd):
+            if os.readlink(f"/proc/self/fd/{fd}").endswith(".tmp"):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return real_fsync(fd)
+
+        monkeypatch.setattr(os, "fsync", fsync)
+
+    return fill

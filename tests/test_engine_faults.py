@@ -394,17 +394,12 @@ def test_a_full_disk_fails_the_save_in_one_line_and_leaves_nothing_partial(
 
 
 @pytest.mark.parametrize("flavor", FLAVORS)
-def test_a_full_disk_while_writing_the_record_keeps_the_previous_record(tmp_path, monkeypatch, flavor):
+def test_a_full_disk_while_writing_the_record_keeps_the_previous_record(
+    tmp_path, monkeypatch, full_disk_at_flush, flavor
+):
     cfg = cfg_for(tmp_path / "archive")
     write_record(cfg, flavor, "old")
-    real_fsync = os.fsync
-
-    def fsync(fd):  # some file systems (NFS, quotas) report a full disk only when flushing
-        if os.readlink(f"/proc/self/fd/{fd}").endswith(".tmp"):
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return real_fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", fsync)
+    full_disk_at_flush()
     with pytest.raises(OSError) as err:
         write_record(cfg, flavor, "new")
     monkeypatch.undo()

@@ -239,7 +239,7 @@ def test_a_record_write_removes_only_this_hosts_orphaned_temporaries(tmp_path):
     from foundry_core.engine import records
 
     record = tmp_path / "rank0.x.json"
-    host = records._writer().rsplit("-", 1)[0]
+    host = records._host()
     proc = subprocess.Popen(["true"])
     proc.wait()
     dead = proc.pid  # a process that has exited

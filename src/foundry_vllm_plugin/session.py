@@ -110,7 +110,7 @@ class FoundrySession:
         self.verified = None  # the core Archive check_core_archive read, until restore() hands it to load
         self._capture_routing: contextlib.ExitStack | None = None
         self._pending_manifest: tuple | None = None  # SAVE: written once the caches are saved too
-        self._published: tuple = (None, None)  # SAVE: the core archive and decide.archive_stamp of ours
+        self._ours: Any = None  # SAVE: decide.archive_stamp of the core archive this rank published
         self._manifest_at_decision: Any = None  # decide.record_stamp of the manifest when SAVE was decided
         from foundry_core.engine import CacheHandover
 
@@ -287,7 +287,7 @@ class FoundrySession:
         # The manifest marks the SAVE finished; it is written by publish(), after vLLM's warmups
         # (which go on compiling after the capture) and the caches they fill are saved too.
         self._pending_manifest = (mpath, self.fingerprint, sizing, listing)
-        self._published = (core, decide.archive_stamp(core))
+        self._ours = decide.archive_stamp(core)
         elapsed = time.perf_counter() - t0
         self.report.update(graphs=len(graph_map), save_s=round(elapsed, 3), runner=adapter.kind)
         logger.info(
@@ -304,8 +304,8 @@ class FoundrySession:
             return
         self.caches.save(device_index)
         pending, self._pending_manifest = self._pending_manifest, None
-        core, ours = self._published
-        if decide.archive_stamp(core) != ours:  # another replica's SAVE replaced ours meanwhile
+        core = archive.core_archive_dir(self.cfg, self.rank)
+        if decide.archive_stamp(core) != self._ours:  # another replica's SAVE replaced ours meanwhile
             logger.info(
                 "Foundry rank %d: another process published an archive meanwhile; keeping it", self.rank
             )

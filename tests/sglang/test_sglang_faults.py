@@ -89,19 +89,12 @@ def test_auto_with_a_read_only_archive_dir_and_a_refused_archive_serves_on(
 
 @pytest.mark.parametrize("mode", ["auto", "save"])
 def test_a_sidecar_that_cannot_be_written_after_the_core_archive_serves_on(
-    parse, cfg, monkeypatch, no_native, logged, mode
+    parse, cfg, monkeypatch, full_disk_at_flush, no_native, logged, mode
 ):
     """The disk fills up between the core archive and the sidecar that marks the SAVE finished."""
     cfg = dataclasses.replace(cfg, mode=mode)
     monkeypatch.setattr(foundry_core, "save", lambda path, **kw: "digest")
-    real_fsync = os.fsync
-
-    def fsync(fd):
-        if os.readlink(f"/proc/self/fd/{fd}").endswith(".tmp"):
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return real_fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", fsync)
+    full_disk_at_flush()
     session = Session(parse(*BASE_ARGV), cfg, "save", rank=0, gpu_id=0)
     session.slots, session.graphs = SLOTS, {"decode/size=1": object()}
     if mode == "save":

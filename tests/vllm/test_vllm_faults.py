@@ -114,20 +114,13 @@ def test_auto_with_a_read_only_archive_dir_and_a_refused_archive_serves_on(
 
 @pytest.mark.parametrize("mode", ["auto", "save"])
 def test_a_manifest_that_cannot_be_written_after_the_core_archive_serves_on(
-    base_vllm_config, tmp_path, monkeypatch, warnings_logged, mode
+    base_vllm_config, tmp_path, monkeypatch, full_disk_at_flush, warnings_logged, mode
 ):
     """The disk fills up between the core archive and the manifest that marks the SAVE finished."""
     s = _session(base_vllm_config, tmp_path, mode)
     monkeypatch.setattr(foundry_core, "save", lambda path, **kw: "digest")
     s.save(Adapter())
-    real_fsync = os.fsync
-
-    def fsync(fd):
-        if os.readlink(f"/proc/self/fd/{fd}").endswith(".tmp"):
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return real_fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", fsync)
+    full_disk_at_flush()
     if mode == "save":
         with pytest.raises(OSError, match="No space left on device"):
             s.publish(0)

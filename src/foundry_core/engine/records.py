@@ -44,15 +44,19 @@ def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
     _remove_orphans(path)
 
 
+def _host() -> str:
+    """This host's name reduced to characters safe in a file name (no ``-``: it ends the host)."""
+    return "".join(c if c.isalnum() else "_" for c in socket.gethostname()) or "host"
+
+
 def _writer() -> str:
-    """``<host>-<pid>`` of this process, with the host name reduced to characters safe in a name."""
-    host = "".join(c if c.isalnum() else "_" for c in socket.gethostname()) or "host"
-    return f"{host}-{os.getpid()}"
+    """``<host>-<pid>`` of this process."""
+    return f"{_host()}-{os.getpid()}"
 
 
 def _remove_orphans(path: Path) -> None:
     """Remove temporaries of ``path`` written on this host by processes that no longer exist."""
-    host = _writer().rsplit("-", 1)[0]
+    host = _host()
     for tmp in path.parent.glob(f"{path.name}.{host}-*.tmp"):
         pid = tmp.name[len(path.name) + len(host) + 2 :].split(".", 1)[0]
         if pid.isdigit() and not _alive(int(pid)):
