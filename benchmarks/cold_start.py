@@ -53,6 +53,7 @@ import time
 import traceback
 import urllib.error
 import urllib.request
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -644,8 +645,10 @@ def count_foundry_compiles(cache_root: Path, examples: dict[str, list[str]] | No
     """Per cache kind, files in Foundry's private copies under ``cache_root`` that were not carried
     from the archive (its ``.foundry-carried.json``): what the run compiled despite Foundry. Sums
     over every private root there (one per engine process that made one). ``examples`` receives a
-    few names per kind, a rewritten carried file marked as such."""
+    few names per kind, a rewritten carried file marked as such. A carried file written again with
+    the same bytes (its CRC in the list) is no compilation: ``rewritten_unchanged`` counts them."""
     counts: dict[str, int] = {}
+    unchanged = 0
     roots = private_roots(cache_root)
     for root in roots:
         try:
@@ -654,8 +657,15 @@ def count_foundry_compiles(cache_root: Path, examples: dict[str, list[str]] | No
             carried = {}
         for kind_dir in sorted(p for p in root.iterdir() if p.is_dir()):
             before = carried.get(kind_dir.name) or ()
-            if isinstance(before, dict):  # {path: [size, mtime_ns]}: a rewritten file counts too
-                new = {rel for rel in _files_under(kind_dir) if before.get(rel) != _stamp(kind_dir / rel)}
+            if isinstance(before, dict):  # {path: [size, mtime_ns(, crc32)]}: a changed file counts too
+                new = set()
+                for rel in _files_under(kind_dir):
+                    was = before.get(rel)
+                    if was is None or was[:2] != _stamp(kind_dir / rel):
+                        if was is not None and len(was) > 2 and _crc(kind_dir / rel) == was[2]:
+                            unchanged += 1  # written again with the bytes it was carried with
+                        else:
+                            new.add(rel)
             else:
                 new = _files_under(kind_dir) - set(before)
             counts[kind_dir.name] = counts.get(kind_dir.name, 0) + len(new)
@@ -665,7 +675,15 @@ def count_foundry_compiles(cache_root: Path, examples: dict[str, list[str]] | No
                     names.append(f"{rel} (rewritten)" if rel in before else rel)
     counts["total"] = sum(counts.values())
     counts["private_roots"] = len(roots)
+    counts["rewritten_unchanged"] = unchanged
     return counts
+
+
+def _crc(path: Path) -> int | None:
+    try:
+        return zlib.crc32(path.read_bytes())
+    except OSError:
+        return None
 
 
 # --- the server's log --------------------------------------------------------------------------------
@@ -1133,10 +1151,13 @@ def compiled_files(rec: dict[str, Any]) -> dict[str, Any]:
     """One count of what a run compiled: Foundry's kinds by name, the unredirected places by folder."""
     out: dict[str, Any] = {}
     for kind, n in (rec.get("foundry_cache_files") or {}).items():
-        if kind not in ("total", "private_roots"):
+        if kind not in ("total", "private_roots", "rewritten_unchanged"):
             out[kind] = n
     out.update((rec.get("outside_files") or {}).get("compiles") or {})
     out["total"] = sum(v for v in out.values())
+    unchanged = (rec.get("foundry_cache_files") or {}).get("rewritten_unchanged")
+    if unchanged:  # beside the total, not in it: no compilation wrote them
+        out["rewritten_unchanged"] = unchanged
     return out
 
 

@@ -176,14 +176,20 @@ def test_pack_then_unpack_hands_every_file_over(tmp_path):
     assert so.read_bytes() == b"\x7fELF-so" and so.stat().st_mode & 0o100
     # Times travel too: ninja would rebuild an output that looks older than its sources.
     assert so.stat().st_mtime_ns == (saved.path("tvm-ffi") / "mod" / "mod.so").stat().st_mtime_ns
-    assert loaded.new_files() == {"triton": 0, "tvm-ffi": 0, "cuda": 0, "total": 0}
+    assert loaded.new_files() == {"triton": 0, "tvm-ffi": 0, "cuda": 0, "total": 0, "rewritten": 0}
     # What the engine compiles afterwards is counted as this process's compilation.
     (loaded.path("cuda") / "ComputeCache").mkdir()
     (loaded.path("cuda") / "ComputeCache" / "index").write_bytes(b"x")
-    assert loaded.new_files() == {"triton": 0, "tvm-ffi": 0, "cuda": 1, "total": 1}
-    # So is a carried file its tool wrote again (a build tool that decided to rebuild).
+    assert loaded.new_files() == {"triton": 0, "tvm-ffi": 0, "cuda": 1, "total": 1, "rewritten": 0}
+    # A carried file its tool wrote again with the same bytes (Inductor rewrites entries it
+    # loads) compiled nothing: counted apart, whatever its new time.
+    so.write_bytes(b"\x7fELF-so")
+    os.utime(so, ns=(so.stat().st_mtime_ns + 10**9,) * 2)
+    assert loaded.new_files() == {"triton": 0, "tvm-ffi": 0, "cuda": 1, "total": 1, "rewritten": 1}
+    # A carried file its tool wrote again with other bytes (a build tool that decided to rebuild)
+    # is a compilation.
     so.write_bytes(b"\x7fELF-rebuilt")
-    assert loaded.new_files() == {"triton": 0, "tvm-ffi": 1, "cuda": 1, "total": 2}
+    assert loaded.new_files() == {"triton": 0, "tvm-ffi": 1, "cuda": 1, "total": 2, "rewritten": 0}
 
 
 def test_a_flipped_byte_is_refused_before_any_file_is_written(tmp_path):
@@ -280,7 +286,7 @@ def test_a_load_that_compiles_anyway_says_so_once(tmp_path, log_records):
     assert not records  # nothing built
     (h.dirs.path("triton") / "other-key").mkdir()
     (h.dirs.path("triton") / "other-key" / "kernel.cubin").write_bytes(b"built again")
-    assert h.finish()["new_files"] == {"triton": 1, "tvm-ffi": 0, "total": 1}
+    assert h.finish()["new_files"] == {"triton": 1, "tvm-ffi": 0, "total": 1, "rewritten": 0}
     h.finish()
     (warning,) = [r.getMessage() for r in records]
     assert "built 1 cache files although the carried caches were handed over (triton 1)" in warning

@@ -9,6 +9,7 @@ import json
 import os
 import sys
 import textwrap
+import zlib
 from pathlib import Path
 
 import pytest
@@ -43,9 +44,12 @@ def test_foundry_compiles_count_only_files_not_carried(tmp_path):
     stamps = {
         rel: cs._stamp(root / kind / rel) for kind, rel in (("triton", "k1/a.cubin"), ("inductor", "fx/g.py"))
     }
+    _touch(root / "inductor" / "fx" / "same.json")
+    crc = zlib.crc32((root / "inductor" / "fx" / "same.json").read_bytes())
     carried = {
         "triton": {"k1/a.cubin": stamps["k1/a.cubin"], "k1/a.json": [-1, 0]},
-        "inductor": {"fx/g.py": stamps["fx/g.py"]},
+        # written again after it was carried, with the same bytes: no compilation
+        "inductor": {"fx/g.py": stamps["fx/g.py"], "fx/same.json": [-1, 0, crc]},
     }
     (root / cs.CARRIED_LIST).write_text(json.dumps(carried))
     examples = {}
@@ -60,13 +64,18 @@ def test_foundry_compiles_count_only_files_not_carried(tmp_path):
         "flashinfer": 0,
         "total": 3,
         "private_roots": 1,
+        "rewritten_unchanged": 1,
     }
 
 
 def test_foundry_compiles_without_carried_list_counts_everything(tmp_path):
     _touch(tmp_path / "foundry-caches-rank0-x" / "triton" / "a")
     assert cs.count_foundry_compiles(tmp_path)["total"] == 1
-    assert cs.count_foundry_compiles(tmp_path / "absent") == {"total": 0, "private_roots": 0}
+    assert cs.count_foundry_compiles(tmp_path / "absent") == {
+        "total": 0,
+        "private_roots": 0,
+        "rewritten_unchanged": 0,
+    }
 
 
 def test_new_files_are_grouped_by_folder(tmp_path):

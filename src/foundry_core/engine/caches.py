@@ -32,6 +32,7 @@ import shutil
 import stat
 import sys
 import tempfile
+import zlib
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -222,18 +223,29 @@ class CacheDirs:
         return out
 
     def new_files(self) -> dict[str, int]:
-        """Per kind, the files this process wrote (new, or rewritten since they were carried from
-        the archive): what it compiled. ``total`` sums them."""
+        """Per kind, the files this process wrote (new, or carried from the archive and changed
+        since): what it compiled. ``total`` sums them. A carried file its tool wrote again with the
+        same bytes (Inductor rewrites some of the entries it loads) is no compilation; ``rewritten``
+        counts those apart."""
         try:
             carried = json.loads((self.root / CARRIED_LIST).read_text())
         except (OSError, ValueError):
             carried = {}
         now = self.files()
-        counts = {}
+        counts, rewritten = {}, 0
         for k in self.kinds:
             before = carried.get(k) or {}
-            counts[k] = sum(1 for rel, stamp in now[k].items() if before.get(rel) != stamp)
+            changed = 0
+            for rel, stamp in now[k].items():
+                was = before.get(rel)
+                if was is None or was[:2] != stamp:
+                    if was is not None and len(was) > 2 and _crc(self.path(k) / rel) == was[2]:
+                        rewritten += 1
+                    else:
+                        changed += 1
+            counts[k] = changed
         counts["total"] = sum(counts.values())
+        counts["rewritten"] = rewritten
         return counts
 
 
@@ -339,7 +351,7 @@ def unpack(
     carried: dict[str, dict[str, list[int]]] = {k: {} for k in dirs.kinds}
     for kind, rel, member in _members(archive, dirs.kinds):
         carried[kind][rel] = _write_member(archive, member, dirs.path(kind) / rel)
-    # What came from the archive, with size and time: a file rewritten later counts as compiled.
+    # What came from the archive, with size, time and CRC: a file changed later counts as compiled.
     (dirs.root / CARRIED_LIST).write_text(json.dumps(carried, sort_keys=True))
     return {"digest": archive.digest, "kinds": archive.meta.get("kinds") or {}}
 
@@ -396,13 +408,15 @@ def _members(archive: Any, kinds: Iterable[str]) -> Iterable[tuple[str, str, str
 
 
 def _write_member(archive: Any, member: str, dest: Path) -> list[int]:
-    """One carried file into place with its recorded mode and time; returns ``[size, mtime_ns]``."""
+    """One carried file into place with its recorded mode and time; returns ``[size, mtime_ns,
+    crc32]`` (the CRC costs ~15 ms for 50 MB and tells a rewrite with the same bytes from a rebuild)."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     # Written beside and renamed into place: a tool that looks meanwhile sees all or nothing.
     fd, tmp = tempfile.mkstemp(prefix=".foundry-", dir=dest.parent)
     try:
+        data = archive.read_bytes(member)
         with os.fdopen(fd, "wb") as f:
-            f.write(archive.read_bytes(member))
+            f.write(data)
         mode = (archive.meta.get("modes") or {}).get(member, 0o644)
         os.chmod(tmp, 0o700 if mode & 0o100 else 0o600)
         mtime = (archive.meta.get("mtimes") or {}).get(member)
@@ -413,4 +427,12 @@ def _write_member(archive: Any, member: str, dest: Path) -> list[int]:
         Path(tmp).unlink(missing_ok=True)
         raise
     st = dest.stat()
-    return [st.st_size, st.st_mtime_ns]
+    return [st.st_size, st.st_mtime_ns, zlib.crc32(data)]
+
+
+def _crc(path: Path) -> int | None:
+    """CRC-32 of a file's bytes (to tell a carried file rewritten unchanged from one rebuilt)."""
+    try:
+        return zlib.crc32(path.read_bytes())
+    except OSError:
+        return None

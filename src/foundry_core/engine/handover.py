@@ -306,7 +306,9 @@ class CacheHandover:
             self.report["new_files"] = new = self.dirs.new_files()
             if self._restored and new["total"] and not self._warned_rebuilt:
                 self._warned_rebuilt = True
-                built = ", ".join(f"{k} {n}" for k, n in sorted(new.items()) if n and k != "total")
+                built = ", ".join(
+                    f"{k} {n}" for k, n in sorted(new.items()) if n and k not in ("total", "rewritten")
+                )
                 self.log.warning(
                     "Foundry rank %d: the engine built %d cache files although the carried caches were "
                     "handed over (%s): a setting or environment variable it hashes into its cache keys "
