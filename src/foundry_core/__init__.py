@@ -6,7 +6,8 @@ The public surface is small::
     stop_recording()             detach CUPTI once graphs are saved or restored, before serving
     Region(base, size, device)   fixed-address device memory that torch allocates from
     save(path, graphs=..., region=..., tensors=..., fingerprint_model=..., slots=...)
-    load(path, region=..., fingerprint_model=...) -> Restored (.graphs, .tensors, .slots)
+    prepare(path, device=...)    start rebuilding modules and graphs early, on a thread
+    load(path, region=..., fingerprint_model=..., prepared=...) -> Restored (.graphs, .tensors, .slots)
     verify(path)                 check an archive against this machine
 
 Importing this package is cheap: torch, cuda.bindings and the native library load on first use.
@@ -42,6 +43,8 @@ _PUBLIC = {
     "start_recording": "modules",
     "stop_recording": "modules",
     "stream_captures": "modules",
+    "Prepared": "restore",
+    "prepare": "restore",
     "PlacementError": "region",
     "Region": "region",
     "RegionError": "region",
@@ -79,6 +82,7 @@ __all__ = [
     "GraphError",
     "ModuleError",
     "PlacementError",
+    "Prepared",
     "Region",
     "RegionError",
     "Restored",
@@ -86,6 +90,7 @@ __all__ = [
     "SaveError",
     "load",
     "load_config",
+    "prepare",
     "save",
     "start_recording",
     "stop_recording",

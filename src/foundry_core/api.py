@@ -37,12 +37,12 @@ from .archive import Archive, ArchiveError, ArchiveWriter, compare_fingerprint, 
 from .driver import call, cu
 from .errors import FoundryError
 from .fingerprint import current_fingerprint
-from .graph_build import NativeBuilder, builder_choice, rebuild
-from .graph_codec import ENCODING, decode, encode, kernel_ids
+from .graph_codec import ENCODING, encode, kernel_ids
 from .graphs import GraphError, Rebuilt, Segments, count_nodes, kernel_names, serialize
-from .modules import LoadedModules, ModuleError, Recorded, recording
+from .modules import ModuleError, Recorded, recording
 from .progress import Progress
 from .region import Region, RegionError, Segment, restore_snapshot, snapshot
+from .restore import Prepared, rebuild_archive
 from .trust import check_location, warn_if_world_writable
 
 ARCHIVE_KIND = "foundry-graphs"
@@ -402,6 +402,7 @@ def load(
     progress: bool | None = None,
     archive: Archive | None = None,
     upload: bool = False,
+    prepared: Prepared | None = None,
 ) -> Restored:
     """Rebuild the graphs of the archive at ``path`` in this process, without capture or warmup.
 
@@ -413,6 +414,12 @@ def load(
     then and are held in memory, so they are used as they are instead of being read again; the
     fingerprint, the pinned digest and the location are still checked here.
 
+    ``prepared``: what :func:`prepare` started for this ``path`` before the engine's setup. Its
+    modules and graphs are taken instead of being rebuilt here (waiting for the rest when it is not
+    done); if its rebuild failed, they are rebuilt here as without it, with a warning. It holds the
+    archive it was given or verified (``archive`` is then not used). Every check above still runs,
+    and a refused archive unloads what the background rebuild made.
+
     ``upload``: also upload each executable graph to the device now (cuGraphUpload). Off by
     default, which leaves the graphs as torch leaves a captured one after instantiating it: the
     first replay of each does the upload (about 2.5 ms for a 1,700-node graph on an H200).
@@ -420,58 +427,76 @@ def load(
     torch = _torch()
     timings = {}
     t0 = time.perf_counter()
-    if trusted_root is not None:
-        check_location(path, trusted_root)
-    warn_if_world_writable(path, stop_at=trusted_root)
-    expected = current_fingerprint(
-        region.device, model=fingerprint_model or {}, rank=rank, world_size=world_size
-    )
-    if archive is None:
-        archive = open_archive(path, expected_fingerprint=expected, expected_digest=expected_digest)
-    else:
-        _check_verified(archive, path, expected, expected_digest)
-    _require_graph_archive(archive, path)
-    meta = archive.meta
-    if meta["device"] != region.device:
-        raise RegionError(
-            f"archive was saved for cuda:{meta['device']}, the region is on cuda:{region.device}"
+    rebuilding = None
+    if prepared is not None:
+        if os.path.realpath(prepared.path) != os.path.realpath(path):
+            prepared.discard()
+            raise ArchiveError(f"prepared= was started for {prepared.path}, not for {path}")
+        ready = prepared.done
+        archive, rebuilding, failed = prepared.take()  # raises what verifying the archive raised
+        timings["prepare_wait_s"] = time.perf_counter() - t0
+        timings["prepared_s"] = prepared.seconds or 0.0
+        timings["prepared_ready"] = float(ready)
+        if failed is not None:
+            warnings.warn(
+                f"foundry: the background rebuild failed ({type(failed).__name__}: {failed}); "
+                "rebuilding the graphs now",
+                stacklevel=2,
+            )
+    try:
+        if trusted_root is not None:
+            check_location(path, trusted_root)
+        warn_if_world_writable(path, stop_at=trusted_root)
+        expected = current_fingerprint(
+            region.device, model=fingerprint_model or {}, rank=rank, world_size=world_size
         )
+        if archive is None:
+            archive = open_archive(path, expected_fingerprint=expected, expected_digest=expected_digest)
+        else:
+            _check_verified(archive, path, expected, expected_digest)
+        _require_graph_archive(archive, path)
+        meta = archive.meta
+        if meta["device"] != region.device:
+            raise RegionError(
+                f"archive was saved for cuda:{meta['device']}, the region is on cuda:{region.device}"
+            )
+    except BaseException:
+        if rebuilding is not None:
+            rebuilding.discard()
+        raise
     t1 = time.perf_counter()
     timings["archive_read_s"] = t1 - t0
-    mapped = region.restore_layout(meta["layout"])
+    try:
+        mapped = region.restore_layout(meta["layout"])
+    except BaseException:
+        if rebuilding is not None:
+            rebuilding.discard()
+        raise
     try:
         saved = meta["layout"]["segments"]
         for index, chunks in meta["snapshots"]:
             seg = Segment.from_json(index, saved[index])
             restore_snapshot(seg, chunks, archive.read_bytes(f"memory/{index:05d}.bin"))
-    except BaseException:
-        region.unmap(mapped)
-        raise
-    t2 = time.perf_counter()
-    timings["memory_s"] = t2 - t1
-    modules = LoadedModules()
-    graphs: dict[str, RestoredGraph] = {}
-    try:
-        with Progress("foundry: loading modules", len(meta["images"]), progress) as bar:
-            for digest in meta["images"]:
-                modules.load(digest, archive.read_bytes(f"modules/{digest}.cubin"))
-                bar.advance()
-        kernel_attrs = {(image, name): attrs for image, name, attrs in meta["kernels"]}
-        for image, name, attrs in meta["kernels"]:
-            modules.function(image, name, attrs)
-        t3 = time.perf_counter()
-        timings["modules_s"] = t3 - t2
+        t2 = time.perf_counter()
+        timings["memory_s"] = t2 - t1
         upload_to = torch.cuda.current_stream(region.device).cuda_stream if upload else None
-        builders = _rebuild_all(
-            archive, meta, modules, kernel_attrs, upload_to, graphs, region, progress, timings
-        )
+        if rebuilding is None:
+            rebuilding = rebuild_archive(archive, upload_to=upload_to, progress=progress)
+            timings.update(rebuilding.timings)
+        else:  # the thread's own times, apart: they were not spent on this path
+            timings.update({f"background_{k}": v for k, v in rebuilding.timings.items()})
+            if upload_to is not None:
+                for rebuilt, _rng, _nodes in rebuilding.graphs.values():
+                    call(cu().cuGraphUpload, rebuilt.exec, cu().CUstream(init_value=upload_to))
+        graphs = {
+            name: RestoredGraph(name, rebuilt, region.device, rng, nodes)
+            for name, (rebuilt, rng, nodes) in rebuilding.graphs.items()
+        }
         torch.cuda.synchronize(region.device)
-        t4 = time.perf_counter()
-        timings["graphs_s"] = t4 - t3
+        timings["graphs_s"] = time.perf_counter() - t2 - timings.get("modules_s", 0.0)
     except BaseException:
-        for g in graphs.values():  # those rebuilt before the failure
-            g._rebuilt.destroy()
-        modules.unload()
+        if rebuilding is not None:
+            rebuilding.discard()
         region.unmap(mapped)
         raise
     tensors = {
@@ -479,74 +504,6 @@ def load(
         for name, rec in meta["tensors"].items()
     }
     timings["total_s"] = time.perf_counter() - t0
-    restored = Restored(archive, region, graphs, tensors, meta["slots"], mapped, modules, timings)
-    restored.builder = "+".join(sorted(builders)) or "none"
+    restored = Restored(archive, region, graphs, tensors, meta["slots"], mapped, rebuilding.modules, timings)
+    restored.builder = "+".join(sorted(rebuilding.builders)) or "none"
     return restored
-
-
-def _rebuild_all(archive, meta, modules, kernel_attrs, stream, graphs, region, progress, timings) -> set[str]:
-    """Rebuild every graph of ``meta`` into ``graphs``; returns the builders used ("native", "python").
-
-    Adds to ``timings``: graph_read_s (reading, and decoding or encoding where the stored form is
-    not the one the builder takes), graph_build_s, graph_instantiate_s, graph_upload_s.
-    """
-    choice = builder_choice()
-    native = None
-    if choice != "python":
-        native = NativeBuilder.create(modules, meta["kernels"])
-        if native is None:
-            if choice == "native":
-                raise GraphError(
-                    "FOUNDRY_BUILDER=native, but the native library has no graph builder: rebuild it"
-                )
-            warnings.warn(
-                "foundry: the native library has no graph builder; using the Python builder", stacklevel=3
-            )
-    ids = None
-    split: dict[str, float] = {}
-    read_s = 0.0
-    used: set[str] = set()
-    with Progress("foundry: rebuilding graphs", len(meta["graphs"]), progress) as bar:
-        for entry in meta["graphs"]:
-            r0 = time.perf_counter()
-            encoding = entry.get("encoding")
-            data = desc = None
-            if encoding == ENCODING:
-                data, rng = archive.read_bytes(entry["file"]), entry.get("rng_state")
-            elif encoding is None:
-                desc = archive.read_json(entry["file"])
-                rng = desc["rng"]
-            else:
-                raise ArchiveError(
-                    f"graph {entry['name']!r} is stored in encoding {encoding!r}, unknown here"
-                )
-            rebuilt = None
-            if native is not None:
-                try:
-                    if data is None:
-                        ids = ids or kernel_ids(meta["kernels"])
-                        data = encode({k: v for k, v in desc.items() if k != "rng"}, ids)
-                    read_s += time.perf_counter() - r0
-                    rebuilt = native.rebuild(data, stream, split)
-                    used.add("native")
-                except GraphError as e:
-                    if choice == "native":
-                        raise GraphError(f"graph {entry['name']!r}: {e}") from None
-                    warnings.warn(
-                        f"foundry: graph {entry['name']!r}: {e}; falling back to the Python builder",
-                        stacklevel=3,
-                    )
-                    native = None
-                r0 = time.perf_counter()
-            if rebuilt is None:
-                if desc is None:
-                    desc = decode(data, meta["kernels"])
-                read_s += time.perf_counter() - r0
-                rebuilt = rebuild(desc, modules, kernel_attrs, stream, split)
-                used.add("python")
-            graphs[entry["name"]] = RestoredGraph(entry["name"], rebuilt, region.device, rng, entry["nodes"])
-            bar.advance()
-    timings["graph_read_s"] = read_s
-    for key in ("build_s", "instantiate_s", "upload_s"):
-        timings[f"graph_{key}"] = split.get(key, 0.0)
-    return used

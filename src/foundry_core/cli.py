@@ -233,7 +233,13 @@ def cmd_soak(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``foundry`` parser. Imports no torch and no tool: only ``foundry_tools.options``."""
-    from foundry_tools.options import BENCH_BATCH_SIZES, HelpFormatter, add_arguments, add_soak_arguments
+    from foundry_tools.options import (
+        BENCH_BATCH_SIZES,
+        NO_PREPARE_HELP,
+        HelpFormatter,
+        add_arguments,
+        add_soak_arguments,
+    )
 
     fmt = HelpFormatter
     p = argparse.ArgumentParser(
@@ -248,6 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(preset="1.7b")
     d.add_argument("--workdir", default=None, help="where the archive and reference outputs go")
     d.add_argument("--out", default=None, help="write the results as JSON here")
+    d.add_argument("--no-prepare", action="store_true", help=NO_PREPARE_HELP)
     d.set_defaults(func=cmd_demo)
 
     what = "native capture vs restore, and replay parity, in one run"
@@ -257,6 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--replays", type=int, default=200, help="timed replays per batch size (median)")
     b.add_argument("--workdir", default=None, help="where the archives and reference outputs go")
     b.add_argument("--out", default=None, help="JSON results (a PNG plot is written beside it)")
+    b.add_argument("--no-prepare", action="store_true", help=NO_PREPARE_HELP)
     b.add_argument(
         "--presets",
         default=None,

@@ -101,6 +101,7 @@ class Session:
         self.layouts: dict[str, Any] = {}
         self.restored = None
         self._verified = None  # the foundry_core Archive check_archive read, until fc.load takes it
+        self._prepared = None  # LOAD: modules and graphs being rebuilt from enter_region on
         self.installed: set[str] = set()
         self.capture_started = False
         self.sidecar: dict[str, Any] | None = None
@@ -136,6 +137,7 @@ class Session:
             )
         tp_size = max(1, int(read("tp_size", 1) or 1))
         rank = int(dp_rank or 0) * tp_size + tp_rank
+        t0 = time.perf_counter()
         session = cls(server_args, cfg, mode, rank, gpu_id)
         session.world_size = archive.world_size(server_args)
         session.caches.world_size = session.world_size
@@ -146,15 +148,25 @@ class Session:
         prewarm.start(logger)  # overlaps the scheduler's setup; see prewarm's docstring
         import foundry_core as fc
 
+        # Where the start's own time goes, in the report (this all runs before SGLang's setup).
+        begin_s = session.report["begin_s"] = {"session_s": time.perf_counter() - t0}
+        t1 = time.perf_counter()
         # Recording starts before anything touches CUDA (checking the archive reads the device's
         # properties). An auto LOAD keeps images until its archive is accepted: it may still SAVE.
         fc.start_recording(keep_images=mode == "save" or cfg.mode == "auto")
+        begin_s["recording_s"] = time.perf_counter() - t1
+        t1 = time.perf_counter()
         if mode == "load":
             session.check_archive()
+        begin_s["check_archive_s"] = time.perf_counter() - t1
+        t1 = time.perf_counter()
         if session.mode == "load":
             session.caches.restore(session.device)
+        begin_s["caches_s"] = time.perf_counter() - t1
         # SAVE keeps every module image; LOAD only counts stream captures (it must begin none).
         fc.start_recording(keep_images=session.mode == "save")
+        begin_s["total_s"] = time.perf_counter() - t0
+        session.report["begin_s"] = {k: round(v, 4) for k, v in begin_s.items()}
         logger.info("Foundry %s: rank %d, archive %s", session.mode.upper(), rank, session.path)
         return session
 
@@ -204,6 +216,17 @@ class Session:
             base=self.cfg.rank_region_base(self.rank), size=self.cfg.region_size, device=device
         )
         self._routing.enter_context(self.region.routing())
+        if self.mode == "load":  # overlaps the weights and KV pools that follow; fc.load takes it
+            from foundry_core.engine import prepare
+
+            self._prepared = prepare.start(
+                str(self.path),
+                cfg=self.cfg,
+                rank=self.rank,
+                device=device,
+                archive=self._verified,
+                log=logger,
+            )
 
     # -- step 3 -------------------------------------------------------------------------------
     def pool_config(self, resolve: Any, config_cls: Any) -> Any:
@@ -265,11 +288,15 @@ class Session:
             expected_digest=self.cfg.digest_for_rank(self.rank),
             trusted_root=self.cfg.archive_dir,  # the archive must resolve inside the configured directory
             archive=self._verified,  # read and checked by check_archive; None: fc.load reads it
+            prepared=self._prepared,  # rebuilt since enter_region; None: fc.load rebuilds here
         )
-        self._verified = None
+        self._verified = self._prepared = None
+        from foundry_core.engine import prepare
+
         self.report["archive_digest"] = self.restored.digest
         self.report["fc_load_s"] = round(time.perf_counter() - t0, 4)
-        self.report["fc_load_timings"] = dict(getattr(self.restored, "timings", {}) or {})
+        self.report["fc_load_timings"] = timings = dict(getattr(self.restored, "timings", {}) or {})
+        self.report.update(prepare.report(timings))
         if self.restored.slots != self.sidecar["slots"]:
             raise FoundrySessionError(
                 f"archive {self.path}: pool sizing differs between the core archive and its .sglang.json"

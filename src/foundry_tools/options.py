@@ -65,6 +65,12 @@ def address(text: str) -> int:
     return int(text, 0)
 
 
+NO_PREPARE_HELP = (
+    "LOAD: rebuild modules and graphs after the model is built instead of on a thread while it is "
+    "built (foundry_core.prepare)"
+)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The model, batch sizes and region: what a SAVE and every LOAD must repeat identically."""
     p.add_argument("--variant", default="qwen3", choices=VARIANTS, help="which workload to build and capture")

@@ -108,6 +108,7 @@ class FoundrySession:
         self.workspace_locked: bool | None = None  # vLLM's workspace lock right after its capture (SAVE)
         self.restored = None  # the core's Restored: owns the modules and memory the graphs use
         self.verified = None  # the core Archive check_core_archive read, until restore() hands it to load
+        self.prepared = None  # LOAD: modules and graphs being rebuilt from open() on
         self._capture_routing: contextlib.ExitStack | None = None
         self._pending_manifest: tuple | None = None  # SAVE: written once the caches are saved too
         self._ours: Any = None  # SAVE: decide.archive_stamp of the core archive this rank published
@@ -143,6 +144,17 @@ class FoundrySession:
         self.region = fc.Region(
             base=self.cfg.rank_region_base(self.rank), size=self.cfg.region_size, device=index
         )
+        if self.mode == "load":  # overlaps weights, torch.compile and the KV cache; restore() takes it
+            from foundry_core.engine import prepare
+
+            self.prepared = prepare.start(
+                archive.core_archive_dir(self.cfg, self.rank),
+                cfg=self.cfg,
+                rank=self.rank,
+                device=index,
+                archive=self.verified,
+                log=logger,
+            )
         # Every vLLM graph (V1 wrappers, V2 manager) takes this pool at construction time.
         from vllm.platforms import current_platform
 
@@ -332,8 +344,9 @@ class FoundrySession:
             expected_digest=self.cfg.digest_for_rank(self.rank),
             trusted_root=self.cfg.archive_dir,  # the archive must resolve inside the configured directory
             archive=self.verified,  # read and checked by check_core_archive; None: fc.load reads it
+            prepared=self.prepared,  # rebuilt since open(); None: fc.load rebuilds here
         )
-        self.verified = None
+        self.verified = self.prepared = None
         sizing = (self.manifest or {}).get("sizing", {})
         slots = dict(getattr(restored, "slots", {}) or {})
         for key in ("kv_cache_memory_bytes", "num_gpu_blocks", "runner"):
@@ -353,11 +366,14 @@ class FoundrySession:
             graphs.lock_workspace()
         elapsed = time.perf_counter() - t0
         timings = getattr(restored, "timings", None)
+        from foundry_core.engine import prepare
+
         self.report.update(
             graphs=n,
             restore_s=round(elapsed, 3),
             runner=adapter.kind,
             restore_timings_s={k: round(float(v), 3) for k, v in (timings or {}).items()},
+            **prepare.report(timings or {}),
         )
         logger.info(
             "Foundry rank %d: restored %d decode graphs in %.2f s (no warmup, no capture)",

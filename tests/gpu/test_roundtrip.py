@@ -28,15 +28,18 @@ def _demo(tmp_path, *extra):
 
 
 @pytest.mark.parametrize(
-    "variant,preset,sizes",
+    "variant,preset,sizes,extra",
     [
-        ("qwen3", "tiny", ["1", "2", "3", "8"]),
-        ("qwen3-compiled", "tiny", ["1", "4"]),
-        ("hf-qwen3", "tiny", ["1", "2"]),
+        ("qwen3", "tiny", ["1", "2", "3", "8"], []),
+        # modules and graphs rebuilt after the model instead of on a thread while it is built
+        ("qwen3", "tiny", ["1", "2", "3", "8"], ["--no-prepare"]),
+        ("qwen3-compiled", "tiny", ["1", "4"], []),
+        ("hf-qwen3", "tiny", ["1", "2"], []),
     ],
 )
-def test_save_load_bit_exact(tmp_path, variant, preset, sizes):
-    result, proc = _demo(tmp_path, "--variant", variant, "--preset", preset, "--batch-sizes", *sizes)
+def test_save_load_bit_exact(tmp_path, variant, preset, sizes, extra):
+    result, proc = _demo(tmp_path, "--variant", variant, "--preset", preset, "--batch-sizes", *sizes, *extra)
+    assert result["prepared"] is (not extra), result
     assert result["graphs"] == len(sizes)
     assert result["load_stream_captures"] == 0, result
     assert result["load_warmup_forwards"] == 0, result

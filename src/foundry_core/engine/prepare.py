@@ -1,0 +1,53 @@
+"""A LOAD's modules and graphs rebuilt ahead of the graph phase, while the engine sets itself up.
+
+Both plugins call :func:`start` once the rank's archive is accepted and its region reserved, before
+the engine loads weights and allocates its KV cache; they hand the result to ``foundry_core.load``
+(``prepared=``) at the graph phase, which then only maps the memory, restores its contents and
+waits for what the thread has not finished (``foundry_core.restore``). ``FOUNDRY_PREPARE=0`` turns
+this off (everything is rebuilt at the graph phase, as without it): a switch for diagnosis.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from .decide import one_line
+
+#: "0" rebuilds at the graph phase instead of ahead of it.
+ENV = "FOUNDRY_PREPARE"
+
+
+def start(path: Any, *, cfg: Any, rank: int, device: int, archive: Any, log: logging.Logger) -> Any:
+    """Start rebuilding rank ``rank``'s archive at ``path`` on a background thread; the
+    ``foundry_core.Prepared`` for ``load``, or None (switched off, or it could not start: ``load``
+    then rebuilds as usual). ``archive``: what verifying it returned, when the plugin has it."""
+    if os.environ.get(ENV, "1").strip() == "0":
+        return None
+    import foundry_core as fc
+
+    try:
+        return fc.prepare(
+            path,
+            device=device,
+            archive=archive if isinstance(archive, fc.Archive) else None,
+            expected_digest=cfg.digest_for_rank(rank),
+            trusted_root=cfg.archive_dir,
+        )
+    except Exception as e:  # an optimisation only: load() rebuilds, and checks the archive itself
+        log.warning("Foundry rank %d: graphs are rebuilt at the graph phase (%s)", rank, one_line(e))
+        return None
+
+
+def report(timings: dict[str, Any]) -> dict[str, Any]:
+    """What a start report says about the rebuild ahead: whether it was ready when the graph phase
+    came, how long that phase waited for it, and how long it ran in the background."""
+    if "prepared_s" not in timings:
+        return {"prepared": False}
+    return {
+        "prepared": True,
+        "prepared_ready": bool(timings.get("prepared_ready")),
+        "prepare_wait_s": round(float(timings.get("prepare_wait_s", 0.0)), 4),
+        "prepared_s": round(float(timings["prepared_s"]), 4),
+    }

@@ -1,0 +1,201 @@
+"""The rebuild ahead of a LOAD (foundry_core.restore.prepare) and the engine layer's use of it, on
+the CPU: who owns what the thread made, what happens when it fails, and that a refused archive
+never leaves it loaded. The rebuild itself (modules, graphs) runs on the GPU: tests/gpu."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import pytest
+
+import foundry_core as fc
+from foundry_core import restore
+from foundry_core.archive import Archive, ArchiveError
+from foundry_core.config import config_from_dict
+from foundry_core.engine import prepare as engine_prepare
+from foundry_core.trust import ArchiveLocationError
+
+
+class FakeRebuilding:
+    def __init__(self):
+        self.discarded = 0
+        self.timings = {"modules_s": 0.01}
+        self.graphs = {}
+
+    def discard(self):
+        self.discarded += 1
+
+
+def _archive(path) -> Archive:
+    manifest = {"meta": {"kind": "foundry-graphs"}, "fingerprint": {}, "format_version": 2}
+    return Archive(path, manifest, "ab" * 32, {})
+
+
+@pytest.fixture
+def no_device(monkeypatch):
+    monkeypatch.setattr(restore, "_use_device", lambda device: None)
+
+
+def test_the_caller_gets_what_the_thread_rebuilt(tmp_path, monkeypatch, no_device):
+    made = FakeRebuilding()
+    gate = threading.Event()
+    seen = []
+
+    def rebuild(archive, **kw):
+        seen.append((archive, kw))
+        gate.wait(5)
+        return made
+
+    monkeypatch.setattr(restore, "rebuild_archive", rebuild)
+    archive = _archive(tmp_path)
+    prepared = fc.prepare(tmp_path, device=0, archive=archive)
+    assert not prepared.done  # the rebuild runs behind the caller's back
+    gate.set()
+    got_archive, rebuilding, error = prepared.take()
+    assert prepared.done and prepared.seconds is not None
+    assert got_archive is archive and rebuilding is made and error is None
+    assert seen == [(archive, {"progress": False})]  # no progress bar from a background thread
+    with pytest.raises(RuntimeError, match="already taken"):
+        prepared.take()
+    prepared.discard()  # the caller owns it now: nothing is unloaded behind its back
+    assert made.discarded == 0
+
+
+def test_a_failed_rebuild_is_handed_back_as_an_error_not_raised(tmp_path, monkeypatch, no_device):
+    def rebuild(archive, **kw):
+        raise fc.GraphError("cuGraphAddMemsetNode: CUDA_ERROR_INVALID_VALUE")
+
+    monkeypatch.setattr(restore, "rebuild_archive", rebuild)
+    archive, rebuilding, error = fc.prepare(tmp_path, archive=_archive(tmp_path)).take()
+    assert rebuilding is None and isinstance(error, fc.GraphError)  # load() rebuilds synchronously
+
+
+def test_without_an_archive_the_thread_verifies_it_and_a_refusal_is_raised_by_take(
+    tmp_path, monkeypatch, no_device
+):
+    import foundry_core.api as api
+
+    calls = []
+
+    def verify(path, **kw):
+        calls.append((path, kw))
+        raise fc.FingerprintMismatch(
+            "archive was saved on an H100, this is an H200", "gpu_name", "H100", "H200"
+        )
+
+    monkeypatch.setattr(api, "verify", verify)
+    monkeypatch.setattr(restore, "rebuild_archive", lambda *a, **k: pytest.fail("rebuilt a refused archive"))
+    prepared = fc.prepare(tmp_path / "a", device=3, expected_digest="cd" * 32)
+    with pytest.raises(fc.FingerprintMismatch, match="H100"):
+        prepared.take()
+    assert calls == [(str(tmp_path / "a"), {"device": 3, "expected_digest": "cd" * 32, "trusted_root": None})]
+
+
+def test_discard_unloads_what_the_thread_made(tmp_path, monkeypatch, no_device):
+    made = FakeRebuilding()
+    monkeypatch.setattr(restore, "rebuild_archive", lambda *a, **k: made)
+    prepared = fc.prepare(tmp_path, archive=_archive(tmp_path))
+    prepared.discard()
+    assert made.discarded == 1
+    with pytest.raises(RuntimeError, match="already taken or discarded"):
+        prepared.take()
+
+
+def test_an_archive_outside_the_trusted_root_starts_no_thread(tmp_path, monkeypatch):
+    monkeypatch.setattr(restore, "Prepared", lambda *a, **k: pytest.fail("a thread was started"))
+    (tmp_path / "root").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    with pytest.raises(ArchiveLocationError):
+        fc.prepare(tmp_path / "elsewhere", trusted_root=tmp_path / "root")
+    with pytest.raises(ArchiveError, match="takes what verify"):
+        fc.prepare(tmp_path / "root", archive={"not": "an archive"})
+
+
+def test_load_refuses_a_prepared_rebuild_of_another_archive_and_unloads_it(tmp_path, monkeypatch, no_device):
+    made = FakeRebuilding()
+    monkeypatch.setattr(restore, "rebuild_archive", lambda *a, **k: made)
+    prepared = fc.prepare(tmp_path / "one", archive=_archive(tmp_path / "one"))
+    with pytest.raises(ArchiveError, match="prepared= was started for"):
+        fc.load(tmp_path / "two", region=None, prepared=prepared)
+    assert made.discarded == 1
+
+
+def test_load_unloads_the_prepared_rebuild_when_the_archive_is_refused(tmp_path, monkeypatch, no_device):
+    """The model fingerprint is compared in load(), after the thread rebuilt: a refusal there must
+    not leave the thread's modules and graphs loaded."""
+    import foundry_core.api as api
+
+    made = FakeRebuilding()
+    monkeypatch.setattr(restore, "rebuild_archive", lambda *a, **k: made)
+    monkeypatch.setattr(api, "current_fingerprint", lambda *a, **k: {"model": {"layers": 2}})
+
+    def refuse(archive, path, expected, digest):
+        raise fc.FingerprintMismatch("model.layers: saved 4, now 2", "model.layers", 4, 2)
+
+    monkeypatch.setattr(api, "_check_verified", refuse)
+
+    class Region:
+        device = 0
+
+    prepared = fc.prepare(tmp_path, archive=_archive(tmp_path))
+    with pytest.raises(fc.FingerprintMismatch, match="model.layers"):
+        fc.load(tmp_path, region=Region(), prepared=prepared)
+    assert made.discarded == 1
+
+
+# --- the engine layer ---------------------------------------------------------------------------
+
+
+def _cfg(tmp_path):
+    return config_from_dict({"mode": "load", "archive_dir": str(tmp_path / "archive")})
+
+
+def test_the_engine_layer_passes_the_rank_pin_and_the_archive_root(tmp_path, monkeypatch):
+    seen = {}
+    monkeypatch.setattr(fc, "prepare", lambda path, **kw: seen.update(path=path, **kw) or "prepared")
+    archive = _archive(tmp_path)
+    got = engine_prepare.start(
+        "/a/rank0", cfg=_cfg(tmp_path), rank=0, device=1, archive=archive, log=logging.getLogger("t")
+    )
+    assert got == "prepared"
+    assert seen == {
+        "path": "/a/rank0",
+        "device": 1,
+        "archive": archive,
+        "expected_digest": None,
+        "trusted_root": _cfg(tmp_path).archive_dir,
+    }
+    # Something other than a verified archive (a test double) is not passed on: the thread verifies.
+    engine_prepare.start(
+        "/a/rank0", cfg=_cfg(tmp_path), rank=0, device=1, archive=object(), log=logging.getLogger("t")
+    )
+    assert seen["archive"] is None
+
+
+def test_the_engine_layer_can_be_switched_off_and_never_fails_a_start(tmp_path, monkeypatch, caplog):
+    log = logging.getLogger("foundry.test")
+    monkeypatch.setenv("FOUNDRY_PREPARE", "0")
+    monkeypatch.setattr(fc, "prepare", lambda *a, **k: pytest.fail("prepared although switched off"))
+    assert engine_prepare.start("/a", cfg=_cfg(tmp_path), rank=0, device=0, archive=None, log=log) is None
+    monkeypatch.delenv("FOUNDRY_PREPARE")
+
+    def broken(*a, **k):
+        raise ArchiveLocationError("archive /a resolves outside /archive")
+
+    monkeypatch.setattr(fc, "prepare", broken)
+    with caplog.at_level(logging.WARNING, logger="foundry.test"):
+        assert engine_prepare.start("/a", cfg=_cfg(tmp_path), rank=2, device=0, archive=None, log=log) is None
+    assert "Foundry rank 2: graphs are rebuilt at the graph phase (archive /a resolves outside" in caplog.text
+
+
+def test_the_start_report_says_whether_the_rebuild_was_ready():
+    assert engine_prepare.report({"modules_s": 0.1}) == {"prepared": False}
+    assert engine_prepare.report(
+        {"prepared_s": 0.31234, "prepare_wait_s": 0.0001, "prepared_ready": 1.0}
+    ) == {
+        "prepared": True,
+        "prepared_ready": True,
+        "prepare_wait_s": 0.0001,
+        "prepared_s": 0.3123,
+    }
