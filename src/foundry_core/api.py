@@ -174,6 +174,7 @@ def save(
     progress: bool | None = None,
     lock_timeout: float = 0.0,
     detect_rng: bool = True,
+    timings: dict | None = None,
 ) -> str:
     """Persist ``graphs`` (name -> ``torch.cuda.CUDAGraph(keep_graph=True)``) with their device context.
 
@@ -187,8 +188,14 @@ def save(
     engines whose graphs sample outside the graph and whose buffers make a replay at this point
     unsafe (SGLang, vLLM): nothing is replayed, and a graph holding a kernel that looks like a
     random-number kernel is refused instead.
+
+    ``timings``: a dict to fill with where the SAVE's time went (seconds): walk_s (reading the
+    graphs back from the driver, with the RNG search), snapshot_s (copying eager memory), encode_s,
+    write_s (compression, files, fsync and publishing).
     """
     torch = _torch()
+    timings = {} if timings is None else timings
+    t0 = time.perf_counter()
     if not recording():
         raise SaveError("module recording is off: call foundry_core.start_recording() before the model runs")
     if not graphs:
@@ -230,7 +237,11 @@ def save(
         if not t.is_cuda or not region.contains(int(t.data_ptr())) or not segments.live(int(t.data_ptr())):
             raise SaveError(f"tensor {tname!r} is not in a live Foundry region allocation")
     images = sorted({image for image, _ in kernels})
+    t1 = time.perf_counter()
+    timings["walk_s"] = t1 - t0
     snapshots = [(seg, *snapshot(seg, ranges)) for seg, ranges in region.snapshot_candidates()]
+    t2 = time.perf_counter()
+    timings["snapshot_s"] = t2 - t1
     meta = {
         "kind": ARCHIVE_KIND,
         "device": region.device,
@@ -242,6 +253,7 @@ def save(
         "slots": slots or {},
         "snapshots": [[seg.index, chunks] for seg, chunks, _ in snapshots],
         "saved_with": __version__,
+        "collectives": _collective_totals(desc for _name, desc in described),
     }
     # Graphs are stored in the FGB1 binary encoding (FOUNDRY_GRAPH_ENCODING=json keeps the JSON form).
     as_json = os.environ.get("FOUNDRY_GRAPH_ENCODING", ENCODING).strip().lower() == "json"
@@ -252,6 +264,8 @@ def save(
             blobs.append(None if as_json else encode({k: v for k, v in desc.items() if k != "rng"}, ids))
         except GraphError as e:
             raise SaveError(f"graph {name!r}: {e}") from None
+    t3 = time.perf_counter()
+    timings["encode_s"] = t3 - t2
     # Code images, memory snapshots and graph encodings are stored compressed (190 MiB -> 24 MiB in
     # the bench, for up to 0.2 s of inflation per LOAD); FOUNDRY_ARCHIVE_COMPRESS=0 stores them as they are.
     compress = os.environ.get("FOUNDRY_ARCHIVE_COMPRESS", "1").strip() != "0"
@@ -264,6 +278,8 @@ def save(
                 writer.add_bytes(f"memory/{seg.index:05d}.bin", data, compress=compress)
             for i, ((name, desc), blob) in enumerate(zip(described, blobs)):
                 entry = {"name": name, "nodes": count_nodes(desc), "rng": desc["rng"] is not None}
+                if desc.get("collectives"):  # what the graph communicates with (foundry inspect)
+                    entry["collectives"] = desc["collectives"]
                 if blob is None:
                     entry["file"] = f"graphs/{i:04d}.json"
                     writer.add_json(entry["file"], desc)
@@ -273,7 +289,18 @@ def save(
                     writer.add_bytes(entry["file"], blob, compress=compress)
                 meta["graphs"].append(entry)
                 bar.advance()
-        return writer.commit(fingerprint=fingerprint, meta=meta)
+        digest = writer.commit(fingerprint=fingerprint, meta=meta)
+    timings["write_s"] = time.perf_counter() - t3
+    return digest
+
+
+def _collective_totals(descs) -> dict[str, int]:
+    """Collective kernel nodes of every graph, per kind (graphs.py counts them; NCCL is refused)."""
+    totals: dict[str, int] = {}
+    for desc in descs:
+        for kind, n in (desc.get("collectives") or {}).items():
+            totals[kind] = totals.get(kind, 0) + n
+    return dict(sorted(totals.items()))
 
 
 def _require_graph_archive(archive, path) -> None:

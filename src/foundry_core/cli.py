@@ -65,9 +65,14 @@ def cmd_inspect(args) -> int:
     for g in meta.get("graphs", []):
         desc = read_description(archive, g)
         kernels = sum(1 for n in desc["nodes"] if n["type"] == "kernel")
-        rows.append([g["name"], g["nodes"], kernels, len(desc["edges"]), "yes" if g["rng"] else "no"])
+        comms = ", ".join(f"{k} {n}" for k, n in sorted((g.get("collectives") or {}).items())) or "-"
+        rows.append([g["name"], g["nodes"], kernels, len(desc["edges"]), "yes" if g["rng"] else "no", comms])
     print()
-    print(_table(rows, ["graph", "nodes", "kernels", "edges", "rng"]))
+    print(_table(rows, ["graph", "nodes", "kernels", "edges", "rng", "collectives"]))
+    totals = meta.get("collectives")
+    if totals is not None:  # archives saved before collectives were counted have no entry
+        shown = ", ".join(f"{k} {n}" for k, n in totals.items()) or "none"
+        print(f"\ncollective kernels: {shown} (NCCL kernels are refused at SAVE)")
     rows = []
     by_image: dict[str, int] = {}
     for image, _name, _attrs in meta.get("kernels", []):

@@ -24,6 +24,7 @@ from collections.abc import Callable
 
 from cuda.bindings import driver as _drv
 
+from . import collectives
 from .driver import CudaError, call, cu
 from .errors import FoundryError
 from .modules import Recorded, function_attributes
@@ -155,6 +156,7 @@ class _Auditor:
         # integers): seen on FlashAttention-3's parameter struct, differently in every process.
         # The bytes are restored as they were, so LOAD behaves exactly as the captured graph did.
         self.dead_words = 0
+        self.collectives: dict[str, int] = {}  # collective kind -> kernel nodes (collectives.py)
 
     def check_word(self, value: int, where: Callable[[], str]) -> None:
         if value < _POINTER_FLOOR:
@@ -213,6 +215,8 @@ def serialize(graph, recorded: Recorded, segments: Segments, kernels: dict) -> t
     desc["events"] = len(events)
     if auditor.dead_words:
         desc["unmapped_region_words"] = auditor.dead_words
+    if auditor.collectives:
+        desc["collectives"] = dict(sorted(auditor.collectives.items()))
     return desc, auditor.pointers
 
 
@@ -232,6 +236,12 @@ def _serialize(graph, recorded, auditor, kernels, events, path: str) -> dict:
             if not int(func):
                 func = call(driver.cuKernelGetFunction, p.kern)
             name = call(driver.cuFuncGetName, func).decode()
+            kind = collectives.kind_of(name)
+            if kind is not None:
+                why = collectives.refusal(kind, name)
+                if why is not None:
+                    raise GraphError(f"{label}: {why}")
+                auditor.collectives[kind] = auditor.collectives.get(kind, 0) + 1
             layout = _param_layout(func)
             params = _kernel_param_bytes(p, layout, name)
             auditor.check_block(

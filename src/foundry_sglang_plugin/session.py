@@ -364,6 +364,7 @@ class Session:
         logger.info("Foundry SAVE: writing %d decode graphs to %s", len(self.graphs), self.path)
         t0 = time.perf_counter()
         try:
+            save_timings: dict[str, float] = {}
             self.report["archive_digest"] = fc.save(
                 str(self.path),
                 graphs=self.graphs,
@@ -376,8 +377,10 @@ class Session:
                 # SGLang samples outside its decode graphs, and replaying them here would run on
                 # whatever its buffers hold after capture: no replay to look for RNG state.
                 detect_rng=False,
+                timings=save_timings,
             )
             self.report["fc_save_s"] = round(time.perf_counter() - t0, 4)
+            self.report["fc_save_timings"] = {k: round(v, 4) for k, v in save_timings.items()}
             ours = decide.archive_stamp(self.path)
             # Everything SGLang built so far (the decode capture's first-use kernels included); the
             # sidecar, written last, marks the SAVE finished.

@@ -279,6 +279,7 @@ class FoundrySession:
         t0 = time.perf_counter()
         try:
             mpath.unlink(missing_ok=True)  # an interrupted SAVE must not leave a valid-looking archive
+            save_timings: dict[str, float] = {}
             self.report["archive_digest"] = fc.save(
                 core,
                 graphs=graph_map,
@@ -291,7 +292,9 @@ class FoundrySession:
                 # vLLM samples outside its decode graphs, and replaying them here would run on whatever
                 # its persistent buffers hold after capture: no replay to look for RNG state.
                 detect_rng=False,
+                timings=save_timings,
             )
+            self.report["save_timings_s"] = {k: round(v, 3) for k, v in save_timings.items()}
         except (fc.FoundryError, OSError) as e:  # disk full, read-only, a graph that cannot be saved
             decide.save_failed(self.cfg, self.rank, e, logger)  # auto: serve on; save: raise
             self.report.update(graphs=len(graph_map), saved=False, save_error=decide.one_line(e))
