@@ -576,3 +576,43 @@ def test_a_save_that_cannot_be_written(parse, cfg, monkeypatch, logged, mode):
     assert archive.read_sidecar(cfg, 0) is None  # nothing marks a finished SAVE
     warnings = [r.getMessage() for r in logged if r.levelno == logging.WARNING]
     assert any("SAVE failed" in m and "serving with the graphs just captured" in m for m in warnings)
+
+
+def test_load_rebuilds_ahead_from_the_region_on_and_hands_it_to_fc_load(parse, cfg, monkeypatch):
+    """A LOAD starts the engine layer's rebuild as soon as its region is reserved (before weights
+    and KV pools) and passes it to fc.load at the decode capture; a SAVE starts none."""
+    import contextlib
+
+    import foundry_core as fc
+    from foundry_core.engine import prepare
+
+    class Region:
+        def __init__(self, base, size, device):
+            self.device = device
+
+        def routing(self):
+            return contextlib.nullcontext()
+
+    started, loaded = [], {}
+    monkeypatch.setattr(fc, "Region", Region)
+    monkeypatch.setattr(prepare, "start", lambda path, **kw: started.append((path, kw)) or "prepared")
+
+    class Restored:
+        digest = "ab" * 32
+        slots: dict = {}
+        timings = {"prepared_s": 0.3, "prepare_wait_s": 0.0, "prepared_ready": 1.0}
+
+    monkeypatch.setattr(fc, "load", lambda path, **kw: loaded.update(kw, path=path) or Restored())
+    sa = parse(*BASE_ARGV)
+    archive.write_sidecar(cfg, 0, {"fingerprint": archive.fingerprint(sa, cfg), "slots": {}, "outputs": {}})
+    session = Session(sa, cfg, "load", rank=0, gpu_id=1)
+    session.enter_region(1)
+    ((path, kw),) = started
+    assert path == str(session.path) and kw["device"] == 1 and kw["rank"] == 0 and kw["cfg"] is cfg
+    session.restore()
+    assert loaded["prepared"] == "prepared" and loaded["path"] == str(session.path)
+    assert session.report["prepared"] is True and session.report["prepared_ready"] is True
+
+    save = Session(sa, cfg, "save", rank=0, gpu_id=1)
+    save.enter_region(1)
+    assert len(started) == 1  # a SAVE has nothing to rebuild

@@ -124,6 +124,47 @@ def test_restore_passes_the_pinned_digest_and_installs(base_vllm_config, monkeyp
     s.verified = verified = object()
     s.restore(Adapter())
     assert seen["archive"] is verified and s.verified is None  # handed over once, then dropped
+    assert seen["prepared"] is None and s.report["prepared"] is False  # none started: rebuilt in load
+    s.prepared = "prepared"  # what open() started for a LOAD (below)
+    s.restore(Adapter())
+    assert seen["prepared"] == "prepared" and s.prepared is None
+
+
+def test_a_load_rebuilds_ahead_from_open_and_a_save_does_not(base_vllm_config, monkeypatch):
+    """open() starts the engine layer's rebuild right after the region is reserved (before weights,
+    torch.compile and the KV cache), with this rank's archive; restore() hands it to fc.load."""
+    import sys
+
+    from foundry_core.engine import prepare
+
+    started = []
+    monkeypatch.setattr(prepare, "start", lambda path, **kw: started.append((path, kw)) or "prepared")
+    monkeypatch.setattr(
+        foundry_core, "Region", lambda base, size, device: types.SimpleNamespace(graph_pool_id=lambda: 7)
+    )
+    fake_torch = types.SimpleNamespace(
+        cuda=types.SimpleNamespace(
+            current_device=lambda: 0,
+            get_device_name=lambda i: "NVIDIA H200",
+            get_device_capability=lambda i: (9, 0),
+        ),
+        __version__="2.11.0",
+        version=types.SimpleNamespace(cuda="13.0"),
+    )
+    monkeypatch.setitem(sys.modules, "torch", fake_torch)
+    monkeypatch.setattr(archive, "engine_fingerprint", lambda config, dev: {"config_hash": "abc"})
+    from vllm.platforms import current_platform
+
+    # open() hands vLLM the region's graph pool through the platform class: undone after the test.
+    pool = getattr(type(current_platform), "_global_graph_pool", None)
+    monkeypatch.setattr(type(current_platform), "_global_graph_pool", pool, raising=False)
+    for mode in ("load", "save"):
+        s = FoundrySession(base_vllm_config)
+        monkeypatch.setattr(s, "decide_mode", lambda index, s=s, mode=mode: setattr(s, "mode", mode))
+        s.open(types.SimpleNamespace(index=2))
+        assert s.prepared == ("prepared" if mode == "load" else None)
+    ((path, kw),) = started
+    assert path == archive.core_archive_dir(s.cfg, 0) and kw["device"] == 2 and kw["rank"] == 0
 
 
 def test_restore_refuses_sizing_that_disagrees_with_the_manifest(base_vllm_config, monkeypatch):
