@@ -167,7 +167,16 @@ class Session:
         fc.start_recording(keep_images=session.mode == "save")
         begin_s["total_s"] = time.perf_counter() - t0
         session.report["begin_s"] = {k: round(v, 4) for k, v in begin_s.items()}
-        logger.info("Foundry %s: rank %d, archive %s", session.mode.upper(), rank, session.path)
+        logger.info(
+            "Foundry %s: rank %d, archive %s (start checks %.2f s: recording %.2f, archive %.2f, caches %.2f)",
+            session.mode.upper(),
+            rank,
+            session.path,
+            begin_s["total_s"],
+            begin_s["recording_s"],
+            begin_s["check_archive_s"],
+            begin_s["caches_s"],
+        )
         return session
 
     def _invalidate_sidecar(self) -> None:
