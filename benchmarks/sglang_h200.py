@@ -547,8 +547,11 @@ def assemble(meta: dict[str, Any], runs: dict[str, dict[str, Any]], errors: list
         capture_s=rep_save.get("capture_s"),
         restore_s=rep_load.get("restore_s"),
         # The decode-graph phase of LOAD's start (the runner's capture() from its first to its last
-        # shape): what the engine's start waits for. For now the restore time the plugin reports.
+        # shape): what the engine's start waits for. The modules and graphs were rebuilt on a
+        # thread from the region's reservation on (restore_background_s), unless switched off.
         restore_critical_s=rep_load.get("restore_s"),
+        restore_background_s=rep_load.get("prepared_s"),
+        restore_prepared_ready=rep_load.get("prepared_ready"),
         ready_s_stock=stock.get("ready_s"),
         ready_s_save=save.get("ready_s"),
         ready_s_load=load.get("ready_s"),

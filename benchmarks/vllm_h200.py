@@ -306,9 +306,11 @@ def assemble(meta: dict, runs: dict) -> dict:
         capture_s=save_report.get("capture_s"),
         save_s=save_report.get("save_s"),
         restore_s=load_report.get("restore_s"),
-        # The decode-graph phase of LOAD's start as the engine's start waits for it; for now the
-        # restore time the worker reports.
+        # The decode-graph phase of LOAD's start as the engine's start waits for it; the modules
+        # and graphs were rebuilt on a thread from open() on (restore_background_s), unless off.
         restore_critical_s=load_report.get("restore_s"),
+        restore_background_s=load_report.get("prepared_s"),
+        restore_prepared_ready=load_report.get("prepared_ready"),
         ready_s_stock=stock.get("ready_s"),
         ready_s_save=save.get("ready_s"),
         ready_s_load=load.get("ready_s"),
