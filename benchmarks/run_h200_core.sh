@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The core GPU runs of one session on a 2-GPU H200 machine, side by side:
-#   GPU 0: foundry bench (issue 3), GPU 1: foundry soak (issue 4), then the GPU tests.
+# The core GPU runs of one session: foundry bench (capture vs restore, replay parity), foundry soak,
+# and the GPU tests (pytest -m gpu).
+#   2 GPUs or more: GPU 0 runs the bench, GPU 1 the soak and then the GPU tests, side by side.
+#   1 GPU: the bench, then the GPU tests, one after the other (the soak only with SOAK=1, after them).
 # Usage on the device, from the repository root: FOUNDRY_COMMIT=<hash> bash benchmarks/run_h200_core.sh
 # Everything it produces goes to $OUT (results JSON, PNG, logs).
 set -u
@@ -10,22 +12,39 @@ export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 FOUNDRY_NO_PROGRESS=1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 start=$(date +%s)
 budget=${FOUNDRY_RUN_BUDGET_S:-570}
+n_gpus=$(nvidia-smi --list-gpus | wc -l)
+left() { echo $((budget - 10 - $(date +%s) + start)); }
 
-(CUDA_VISIBLE_DEVICES=0 timeout $((budget - 10)) python -m foundry_core.cli bench --workdir /tmp/bench \
-  --presets tiny,small --out "$out/bench-h200.json" >"$out/bench.log" 2>&1
- echo "bench rc=$?" >>"$out/bench.log") &
+bench() {  # gpu
+  CUDA_VISIBLE_DEVICES=$1 timeout "$(left)" python -m foundry_core.cli bench --workdir /tmp/bench \
+    --presets tiny,small --out "$out/bench-h200.json" >"$out/bench.log" 2>&1
+  echo "bench rc=$?" >>"$out/bench.log"
+}
 
-(CUDA_VISIBLE_DEVICES=1 timeout $((budget - 10)) python -m foundry_core.cli soak --tests tests --workdir /tmp/soak \
-  --out "$out/reliability-h200.json" --replays 10000 --cycles 20 >"$out/soak.log" 2>&1
- echo "soak rc=$?" >>"$out/soak.log"
- cp /tmp/soak/cpu-suite.json "$out/" 2>/dev/null
- left=$((budget - 10 - $(date +%s) + start))
- if [ "$left" -gt 60 ]; then
-   CUDA_VISIBLE_DEVICES=1 FOUNDRY_BUILDER=native timeout "$left" python -m pytest -q -m gpu tests/gpu \
-     tests/test_graph_encoding_gpu.py >"$out/pytest-gpu.log" 2>&1
-   echo "pytest rc=$? after $(($(date +%s) - start)) s" >>"$out/pytest-gpu.log"
- else
-   echo "no time left for the GPU tests ($left s)" >"$out/pytest-gpu.log"
- fi) &
-wait
-tail -n 25 "$out/bench.log"; tail -n 25 "$out/soak.log"; tail -n 8 "$out/pytest-gpu.log"
+soak() {  # gpu
+  CUDA_VISIBLE_DEVICES=$1 timeout "$(left)" python -m foundry_core.cli soak --tests tests --workdir /tmp/soak \
+    --out "$out/reliability-h200.json" --replays 10000 --cycles 20 >"$out/soak.log" 2>&1
+  echo "soak rc=$?" >>"$out/soak.log"
+  cp /tmp/soak/cpu-suite.json "$out/" 2>/dev/null
+}
+
+gpu_tests() {  # gpu
+  if [ "$(left)" -gt 60 ]; then
+    CUDA_VISIBLE_DEVICES=$1 FOUNDRY_BUILDER=native timeout "$(left)" python -m pytest -q -m gpu tests/gpu \
+      tests/test_graph_encoding_gpu.py >"$out/pytest-gpu.log" 2>&1
+    echo "pytest rc=$? after $(($(date +%s) - start)) s" >>"$out/pytest-gpu.log"
+  else
+    echo "no time left for the GPU tests ($(left) s)" >"$out/pytest-gpu.log"
+  fi
+}
+
+if [ "$n_gpus" -ge 2 ]; then
+  bench 0 &
+  (soak 1; gpu_tests 1) &
+  wait
+else
+  bench 0
+  gpu_tests 0
+  [ "${SOAK:-0}" = 1 ] && soak 0
+fi
+for f in bench.log soak.log pytest-gpu.log; do [ -f "$out/$f" ] && tail -n 25 "$out/$f"; done
