@@ -48,13 +48,24 @@ class _Graph:
     """A stand-in for the driver's graph-walking calls: kernel nodes with the given names."""
 
     KERNEL = 0
+    handles: dict = {}  # name -> function handle, shared by the graphs of one test (fixture below)
 
-    def __init__(self, names):
+    def __init__(self, names, asked=None):
         self.names = names
+        self.asked = asked if asked is not None else []  # the functions whose name was asked
 
     def driver(self):
         names = self.names
         ok = (0,)
+        asked = self.asked
+        by_name = self.handles  # one function handle per function, the same in every graph
+        for name in names:
+            by_name.setdefault(name, 100 + len(by_name))
+        name_of = {h: n for n, h in by_name.items()}
+
+        def get_name(func):
+            asked.append(func)
+            return (*ok, name_of[func].encode())
 
         def get_nodes(graph, n):
             return (0, list(range(len(names))), len(names)) if n else (0, None, len(names))
@@ -66,7 +77,7 @@ class _Graph:
             cuGraphKernelNodeGetParams=lambda node: (
                 *ok,
                 types.SimpleNamespace(
-                    func=node + 1,
+                    func=by_name[names[node]],
                     gridDimX=1,
                     gridDimY=1,
                     gridDimZ=1,
@@ -76,24 +87,29 @@ class _Graph:
                     sharedMemBytes=0,
                 ),
             ),
-            cuFuncGetName=lambda func: (*ok, names[func - 1].encode()),
+            cuFuncGetName=get_name,
             cuGraphGetEdges=lambda graph, n: (0, None, None, None, 0),
         )
+
+
+@pytest.fixture(autouse=True)
+def _fresh_handles(monkeypatch):
+    monkeypatch.setattr(_Graph, "handles", {})
 
 
 @pytest.fixture
 def walk(monkeypatch):
     """serialize() over fake kernel nodes, the parts that need a GPU stubbed."""
 
-    def run(names):
-        monkeypatch.setattr(graphs, "cu", _Graph(names).driver)
+    def run(names, kernels=None, functions=None, asked=None):
+        monkeypatch.setattr(graphs, "cu", _Graph(names, asked).driver)
         monkeypatch.setattr(graphs, "_param_layout", lambda func: [])
         monkeypatch.setattr(graphs, "_kernel_param_bytes", lambda p, layout, name: b"")
         monkeypatch.setattr(graphs, "_read_attrs", lambda node: {})
-        monkeypatch.setattr(graphs, "function_attributes", lambda func: {})
+        monkeypatch.setattr(graphs, "function_attributes", lambda func: {"handle": func})
         recorded = types.SimpleNamespace(match=lambda func, name: "img")
         segments = graphs.Segments(0x600000000000, 1 << 30, [])
-        return graphs.serialize("graph", recorded, segments, {})
+        return graphs.serialize("graph", recorded, segments, {} if kernels is None else kernels, functions)
 
     return run
 
@@ -159,3 +175,18 @@ def test_inspect_shows_each_graphs_collectives_and_the_totals(tmp_path, capsys):
     rows = {line.split()[0]: line for line in out.splitlines() if line.startswith("decode/")}
     assert rows["decode/bs=8"].rstrip().endswith("symm_mem 2") and rows["decode/bs=1"].rstrip().endswith("-")
     assert "collective kernels: symm_mem 2 (NCCL kernels are refused at SAVE)" in out
+
+
+def test_the_driver_is_asked_about_each_function_once_per_save(walk):
+    """A save's graphs repeat the same functions at every layer and batch size: their name, layout,
+    image and attributes are read once, and the descriptions are the same as without the cache."""
+    asked, kernels, functions = [], {}, {}
+    first, _ = walk([GEMM, SYMM, GEMM, GEMM], kernels, functions, asked)
+    second, _ = walk([SYMM, GEMM], kernels, functions, asked)
+    assert sorted(asked) == [100, 101]  # two functions, each asked once across both graphs
+    assert [n["name"] for n in first["nodes"]] == [GEMM, SYMM, GEMM, GEMM]
+    assert [n["name"] for n in second["nodes"]] == [SYMM, GEMM]
+    assert second["collectives"] == {"symm_mem": 1} and first["collectives"] == {"symm_mem": 1}
+    assert kernels == {("img", GEMM): {"handle": 100}, ("img", SYMM): {"handle": 101}}
+    uncached, _ = walk([GEMM, SYMM, GEMM, GEMM])
+    assert uncached["nodes"] == first["nodes"]

@@ -213,6 +213,7 @@ def save(
     seg_list = region.segments()
     segments = Segments(region.base, region.size, [(s.addr, s.size) for s in seg_list if s.live])
     kernels: dict = {}
+    functions: dict = {}  # per function handle, shared by the graphs (graphs.serialize)
     described = []
     try:
         with Progress("foundry: walking graphs", len(graphs), progress) as bar:
@@ -223,7 +224,9 @@ def save(
                     raise SaveError(
                         f"graph {name!r}: capture it with torch.cuda.CUDAGraph(keep_graph=True) ({e})"
                     ) from None
-                desc, pointers = serialize(cu().CUgraph(init_value=raw), recorded, segments, kernels)
+                desc, pointers = serialize(
+                    cu().CUgraph(init_value=raw), recorded, segments, kernels, functions
+                )
                 if detect_rng:
                     desc["rng"] = _find_rng_state(graph, pointers, region.device)
                 else:

@@ -147,7 +147,7 @@ def _kernel_param_bytes(p, layout: list[tuple[int, int]], name: str) -> bytes:
 class _Auditor:
     """Checks that every device pointer a node carries lies in a live region segment."""
 
-    def __init__(self, segments: Segments):
+    def __init__(self, segments: Segments, functions: dict[int, list] | None = None):
         self.segments = segments
         self.pointers: set[int] = set()  # region pointers seen, for the RNG-state search
         # Words inside the region's address range that no live allocation covers. A kernel that
@@ -157,6 +157,8 @@ class _Auditor:
         # The bytes are restored as they were, so LOAD behaves exactly as the captured graph did.
         self.dead_words = 0
         self.collectives: dict[str, int] = {}  # collective kind -> kernel nodes (collectives.py)
+        # int(CUfunction) -> [name, collective kind, parameter layout, image digest or None]
+        self.functions: dict[int, list] = {} if functions is None else functions
 
     def check_word(self, value: int, where: Callable[[], str]) -> None:
         if value < _POINTER_FLOOR:
@@ -204,12 +206,16 @@ def _read_attrs(node) -> dict:
     return attrs
 
 
-def serialize(graph, recorded: Recorded, segments: Segments, kernels: dict) -> tuple[dict, set[int]]:
+def serialize(
+    graph, recorded: Recorded, segments: Segments, kernels: dict, functions: dict | None = None
+) -> tuple[dict, set[int]]:
     """Describe ``graph`` (a CUgraph). ``kernels`` collects (image, name) -> function attributes.
+    ``functions``: what was learnt about each function handle, kept across the graphs of one save
+    (the same few hundred functions recur in every graph).
 
     Returns the description and the region addresses its kernels point at.
     """
-    auditor = _Auditor(segments)
+    auditor = _Auditor(segments, {} if functions is None else functions)
     events: dict[int, int] = {}
     desc = _serialize(graph, recorded, auditor, kernels, events, path="")
     desc["events"] = len(events)
@@ -235,21 +241,32 @@ def _serialize(graph, recorded, auditor, kernels, events, path: str) -> dict:
             func = p.func
             if not int(func):
                 func = call(driver.cuKernelGetFunction, p.kern)
-            name = call(driver.cuFuncGetName, func).decode()
-            kind = collectives.kind_of(name)
+            # What the driver says about a function is the same at every node that launches it
+            # (tens of thousands of nodes, a few hundred functions): asked once per save.
+            info = auditor.functions.get(int(func))
+            if info is None:
+                name = call(driver.cuFuncGetName, func).decode()
+                info = auditor.functions[int(func)] = [
+                    name,
+                    collectives.kind_of(name),
+                    _param_layout(func),
+                    None,
+                ]
+            name, kind, layout, image = info
             if kind is not None:
                 why = collectives.refusal(kind, name)
                 if why is not None:
                     raise GraphError(f"{label}: {why}")
                 auditor.collectives[kind] = auditor.collectives.get(kind, 0) + 1
-            layout = _param_layout(func)
             params = _kernel_param_bytes(p, layout, name)
             auditor.check_block(
                 params,
                 lambda off, name=name, label=label: f"{label} (kernel {_short(name)}) parameter byte {off}",
             )
-            image = recorded.match(func, name)
-            kernels.setdefault((image, name), function_attributes(func))
+            if image is None:
+                image = info[3] = recorded.match(func, name)
+                if (image, name) not in kernels:
+                    kernels[(image, name)] = function_attributes(func)
             out_nodes.append(
                 {
                     "type": "kernel",
