@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import bisect
 import ctypes
+import struct
 from collections.abc import Callable
 
 from cuda.bindings import driver as _drv
@@ -177,10 +178,11 @@ class _Auditor:
             )
 
     def check_block(self, data: bytes, where: Callable[[int], str]) -> None:
-        for off in range(0, len(data) - 7, 8):
-            value = int.from_bytes(data[off : off + 8], "little")
+        # Every aligned 8-byte word, unpacked at once: a save walks millions of them.
+        words = struct.unpack_from(f"<{len(data) // 8}Q", data)
+        for i, value in enumerate(words):
             if value >= _POINTER_FLOOR:
-                self.check_word(value, lambda off=off: where(off))
+                self.check_word(value, lambda off=8 * i: where(off))
 
 
 def _read_attrs(node) -> dict:
