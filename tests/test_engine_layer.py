@@ -225,6 +225,17 @@ def test_triton_key_is_warmed_on_a_background_thread(monkeypatch):
     assert prewarm.start() is None  # once per process
 
 
+def test_prewarm_can_be_switched_off(monkeypatch):
+    """FOUNDRY_PREWARM=0: nothing is started (and nothing imported), so the engine's first Triton
+    launch computes the key as it does without Foundry."""
+    from foundry_core.engine import prewarm
+
+    monkeypatch.setattr(prewarm, "_thread", None)
+    monkeypatch.setitem(sys.modules, "triton.runtime.cache", None)  # an import would raise here
+    monkeypatch.setenv("FOUNDRY_PREWARM", "0")
+    assert prewarm.start() is None and prewarm._thread is None
+
+
 def test_prewarm_without_triton_does_nothing(monkeypatch):
     from foundry_core.engine import prewarm
 

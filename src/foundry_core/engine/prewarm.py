@@ -8,12 +8,21 @@ decode-graph phase, which then waits for the hash (0.6 s of a 2.2 s phase in the
 worker starts computing it as soon as it starts, and the hash overlaps the engine's own setup
 (weights, KV cache, torch.compile). ``triton_key`` is ``functools.lru_cache``-d: the engine's first
 launch finds the value, or, if it comes before the thread is done, computes the same value itself.
+
+The hash reads all of ``libtriton`` from disk; in an emptied container that read competes with the
+engine's own imports. ``FOUNDRY_PREWARM=0`` leaves the key to the engine's first launch (a switch to
+measure either way: the 995630c cold runs showed SGLang's scheduler start 2-4 s longer with Foundry,
+cause not yet isolated; docs/cold-start.md).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
+
+#: "0": no prewarming; the engine's first Triton launch computes the key, as without Foundry.
+ENV = "FOUNDRY_PREWARM"
 
 _thread: threading.Thread | None = None
 
@@ -25,7 +34,7 @@ def start(log: logging.Logger | None = None) -> threading.Thread | None:
     or it was started before. Failures stay on the thread: the engine computes the key as usual.
     """
     global _thread
-    if _thread is not None:
+    if _thread is not None or os.environ.get(ENV, "1").strip() == "0":
         return None
     try:
         # Imported on the calling thread (the engine has imported Triton already), so that the
