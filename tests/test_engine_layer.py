@@ -228,12 +228,22 @@ def test_triton_key_is_warmed_on_a_background_thread(monkeypatch):
 def test_prewarm_can_be_switched_off(monkeypatch):
     """FOUNDRY_PREWARM=0: nothing is started (and nothing imported), so the engine's first Triton
     launch computes the key as it does without Foundry."""
+    import types
+
     from foundry_core.engine import prewarm
 
+    called = []
+    for name in ("triton", "triton.runtime"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    fake = types.ModuleType("triton.runtime.cache")
+    fake.triton_key = lambda: called.append("key")
+    monkeypatch.setitem(sys.modules, "triton.runtime.cache", fake)
     monkeypatch.setattr(prewarm, "_thread", None)
-    monkeypatch.setitem(sys.modules, "triton.runtime.cache", None)  # an import would raise here
     monkeypatch.setenv("FOUNDRY_PREWARM", "0")
-    assert prewarm.start() is None and prewarm._thread is None
+    assert prewarm.start() is None and called == []
+    monkeypatch.setenv("FOUNDRY_PREWARM", "1")
+    prewarm.start().join(10)
+    assert called == ["key"]
 
 
 def test_prewarm_without_triton_does_nothing(monkeypatch):
