@@ -55,7 +55,8 @@ def test_the_caller_gets_what_the_thread_rebuilt(tmp_path, monkeypatch, no_devic
     got_archive, rebuilding, error = prepared.take()
     assert prepared.done and prepared.seconds is not None
     assert got_archive is archive and rebuilding is made and error is None
-    assert seen == [(archive, {"progress": False})]  # no progress bar from a background thread
+    # No progress bar from a background thread; ahead of the memory (graphs may be deferred).
+    assert seen == [(archive, {"progress": False, "ahead": True})]
     with pytest.raises(RuntimeError, match="already taken"):
         prepared.take()
     prepared.discard()  # the caller owns it now: nothing is unloaded behind its back
@@ -199,3 +200,61 @@ def test_the_start_report_says_whether_the_rebuild_was_ready():
         "prepare_wait_s": 0.0001,
         "prepared_s": 0.3123,
     }
+
+
+# --- graphs the driver will not build before their memory is mapped -------------------------------
+
+
+class _Archive:
+    """What the rebuild reads of an archive: meta, and JSON graph descriptions."""
+
+    def __init__(self, names):
+        self.names = names
+        self.meta = {
+            "images": [],
+            "kernels": [],
+            "graphs": [{"name": n, "file": f"graphs/{i:04d}.json", "nodes": 1} for i, n in enumerate(names)],
+        }
+
+    def read_json(self, rel):
+        name = self.names[int(rel.removeprefix("graphs/").removesuffix(".json"))]
+        return {"name": name, "rng": None, "nodes": [], "edges": []}
+
+
+class _Built:
+    def __init__(self, name):
+        self.name, self.destroyed = name, False
+
+    def destroy(self):
+        self.destroyed = True
+
+
+def test_ahead_of_the_memory_a_refused_graph_is_deferred_and_built_once_the_memory_is_there(monkeypatch):
+    """A copy node between addresses not mapped yet can make the driver refuse a graph ahead of the
+    memory; that graph waits for finish_rebuild, the others are built ahead, and nothing fails."""
+    mapped = {"now": False}
+    built = []
+
+    def fake_rebuild(desc, modules, kernel_attrs, stream, split):
+        if desc["name"] == "decode/bs=8" and not mapped["now"]:
+            raise fc.CudaError("cuGraphAddMemcpyNode", 1)
+        built.append(desc["name"])
+        return _Built(desc["name"])
+
+    monkeypatch.setattr(restore, "builder_choice", lambda: "python")
+    monkeypatch.setattr(restore, "rebuild", fake_rebuild)
+    archive = _Archive(["decode/bs=1", "decode/bs=8", "decode/bs=16"])
+    ahead = restore.rebuild_archive(archive, progress=False, ahead=True)
+    assert list(ahead.graphs) == ["decode/bs=1", "decode/bs=16"]
+    assert list(ahead.deferred) == ["decode/bs=8"] and isinstance(ahead.deferred["decode/bs=8"], fc.CudaError)
+    mapped["now"] = True
+    assert restore.finish_rebuild(archive, ahead, progress=False) == 1
+    assert set(ahead.graphs) == {"decode/bs=1", "decode/bs=8", "decode/bs=16"} and not ahead.deferred
+    assert ahead.timings["deferred_graphs"] == 1.0 and built == ["decode/bs=1", "decode/bs=16", "decode/bs=8"]
+    assert restore.finish_rebuild(archive, ahead, progress=False) == 0  # nothing left
+
+    # Not ahead of the memory, a refusal is the error it always was, and nothing stays built.
+    mapped["now"] = False
+    built.clear()
+    with pytest.raises(fc.CudaError, match="cuGraphAddMemcpyNode"):
+        restore.rebuild_archive(archive, progress=False)

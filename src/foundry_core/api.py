@@ -42,7 +42,7 @@ from .graphs import GraphError, Rebuilt, Segments, count_nodes, kernel_names, se
 from .modules import ModuleError, Recorded, recording
 from .progress import Progress
 from .region import Region, RegionError, Segment, restore_snapshot, snapshot
-from .restore import Prepared, rebuild_archive
+from .restore import Prepared, finish_rebuild, rebuild_archive
 from .trust import check_location, warn_if_world_writable
 
 ARCHIVE_KIND = "foundry-graphs"
@@ -518,6 +518,12 @@ def load(
             if upload_to is not None:
                 for rebuilt, _rng, _nodes in rebuilding.graphs.values():
                     call(cu().cuGraphUpload, rebuilt.exec, cu().CUstream(init_value=upload_to))
+            # Graphs the driver would not build before their memory was mapped: built now.
+            if finish_rebuild(archive, rebuilding, upload_to=upload_to, progress=progress):
+                timings.update(
+                    deferred_graphs=rebuilding.timings["deferred_graphs"],
+                    deferred_s=rebuilding.timings["deferred_s"],
+                )
         graphs = {
             name: RestoredGraph(name, rebuilt, region.device, rng, nodes)
             for name, (rebuilt, rng, nodes) in rebuilding.graphs.items()

@@ -5,9 +5,11 @@ archive and the device's context, not on the memory the graphs' pointers name: a
 its parameters as bytes, and nothing is launched. :func:`prepare` therefore runs this work on a
 background thread that an engine starts as soon as its archive is accepted, so that it overlaps the
 engine's own setup (weights, KV cache); :func:`foundry_core.load` with ``prepared=`` then maps the
-memory, restores its contents and takes the graphs, waiting only for what is not done yet. If the
-background rebuild failed for any reason other than the archive itself, ``load`` rebuilds
-synchronously, after the memory is in place, as it does without ``prepared``: the graphs a LOAD hands
+memory, restores its contents and takes the graphs, waiting only for what is not done yet. A graph
+the driver will not build before its memory is mapped (untested on every node kind: copy nodes
+between addresses it has to resolve are the likely case) is left for ``load`` to build after the
+mapping; if the background rebuild failed as a whole for any reason other than the archive itself,
+``load`` rebuilds everything synchronously, as it does without ``prepared``. The graphs a LOAD hands
 back are the same either way.
 """
 
@@ -21,6 +23,7 @@ import time
 import warnings
 
 from .archive import Archive, ArchiveError
+from .driver import CudaError
 from .graph_build import NativeBuilder, builder_choice, rebuild
 from .graph_codec import ENCODING, decode, encode, kernel_ids
 from .graphs import GraphError, Rebuilt
@@ -39,6 +42,9 @@ class Rebuilding:
     graphs: dict[str, tuple[Rebuilt, dict | None, int]]  # name -> (graph, RNG state, nodes)
     builders: set[str]
     timings: dict[str, float]
+    # Ahead of the memory (prepare): graphs the driver would not build yet, with why; rebuilt by
+    # finish_rebuild once the memory is mapped.
+    deferred: dict[str, BaseException] = dataclasses.field(default_factory=dict)
 
     def discard(self) -> None:
         for rebuilt, _rng, _nodes in self.graphs.values():
@@ -48,9 +54,13 @@ class Rebuilding:
 
 
 def rebuild_archive(
-    archive: Archive, *, upload_to: int | None = None, progress: bool | None = None
+    archive: Archive, *, upload_to: int | None = None, progress: bool | None = None, ahead: bool = False
 ) -> Rebuilding:
     """Load every module of ``archive`` and rebuild every graph; on failure nothing stays loaded.
+
+    ``ahead``: the graphs' memory is not mapped yet (:func:`prepare`). A graph the driver refuses
+    to build or instantiate then (a copy node between addresses it cannot resolve yet, say) is left
+    in ``deferred`` for :func:`finish_rebuild` instead of failing the rest.
 
     Adds to the timings: modules_s, graph_read_s (reading, and decoding or encoding where the stored
     form is not the one the builder takes), graph_build_s, graph_instantiate_s, graph_upload_s.
@@ -68,17 +78,45 @@ def rebuild_archive(
         for image, name, attrs in meta["kernels"]:
             modules.function(image, name, attrs)
         timings["modules_s"] = time.perf_counter() - t0
-        builders = _rebuild_graphs(archive, modules, upload_to, graphs, progress, timings)
+        deferred: dict[str, BaseException] | None = {} if ahead else None
+        builders = _rebuild_graphs(archive, modules, upload_to, graphs, progress, timings, deferred=deferred)
     except BaseException:
         for rebuilt, _rng, _nodes in graphs.values():  # those rebuilt before the failure
             rebuilt.destroy()
         modules.unload()
         raise
-    return Rebuilding(modules, graphs, builders, timings)
+    return Rebuilding(modules, graphs, builders, timings, deferred or {})
 
 
-def _rebuild_graphs(archive, modules, stream, graphs, progress, timings) -> set[str]:
-    """Rebuild every graph of the archive into ``graphs``; returns the builders used ("native", "python")."""
+def finish_rebuild(
+    archive: Archive, rebuilding: Rebuilding, *, upload_to: int | None = None, progress: bool | None = None
+) -> int:
+    """Rebuild the graphs :func:`rebuild_archive` deferred (their memory is mapped now), with the
+    modules it loaded; returns how many. Raises as a rebuild at this point always did."""
+    names = set(rebuilding.deferred)
+    if not names:
+        return 0
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    builders = _rebuild_graphs(
+        archive, rebuilding.modules, upload_to, rebuilding.graphs, progress, timings, only=names
+    )
+    rebuilding.builders |= builders
+    first = next(iter(rebuilding.deferred.values()))
+    logger.info(
+        "foundry: %d graphs rebuilt after their memory was mapped (ahead of it: %s)", len(names), first
+    )
+    rebuilding.deferred = {}
+    rebuilding.timings.update(deferred_graphs=float(len(names)), deferred_s=time.perf_counter() - t0)
+    return len(names)
+
+
+def _rebuild_graphs(
+    archive, modules, stream, graphs, progress, timings, *, only=None, deferred=None
+) -> set[str]:
+    """Rebuild the graphs of the archive (those named in ``only``, or all) into ``graphs``; returns
+    the builders used ("native", "python"). With ``deferred`` (ahead of the memory), a graph the
+    driver refuses is recorded there, and the others go on with the same builder."""
     meta = archive.meta
     kernel_attrs = {(image, name): attrs for image, name, attrs in meta["kernels"]}
     choice = builder_choice()
@@ -97,8 +135,9 @@ def _rebuild_graphs(archive, modules, stream, graphs, progress, timings) -> set[
     split: dict[str, float] = {}
     read_s = 0.0
     used: set[str] = set()
-    with Progress("foundry: rebuilding graphs", len(meta["graphs"]), progress) as bar:
-        for entry in meta["graphs"]:
+    entries = [e for e in meta["graphs"] if only is None or e["name"] in only]
+    with Progress("foundry: rebuilding graphs", len(entries), progress) as bar:
+        for entry in entries:
             r0 = time.perf_counter()
             encoding = entry.get("encoding")
             data = desc = None
@@ -121,6 +160,10 @@ def _rebuild_graphs(archive, modules, stream, graphs, progress, timings) -> set[
                     rebuilt = native.rebuild(data, stream, split)
                     used.add("native")
                 except GraphError as e:
+                    if deferred is not None:  # ahead of the memory: retried once it is mapped
+                        deferred[entry["name"]] = e
+                        bar.advance()
+                        continue
                     if choice == "native":
                         raise GraphError(f"graph {entry['name']!r}: {e}") from None
                     warnings.warn(
@@ -133,7 +176,14 @@ def _rebuild_graphs(archive, modules, stream, graphs, progress, timings) -> set[
                 if desc is None:
                     desc = decode(data, meta["kernels"])
                 read_s += time.perf_counter() - r0
-                rebuilt = rebuild(desc, modules, kernel_attrs, stream, split)
+                try:
+                    rebuilt = rebuild(desc, modules, kernel_attrs, stream, split)
+                except (GraphError, CudaError) as e:
+                    if deferred is None:
+                        raise
+                    deferred[entry["name"]] = e  # ahead of the memory: retried once it is mapped
+                    bar.advance()
+                    continue
                 used.add("python")
             graphs[entry["name"]] = (rebuilt, rng, entry["nodes"])
             bar.advance()
@@ -181,7 +231,7 @@ class Prepared:
                     self._archive_error = e
                     return
             _use_device(self.device)
-            self._result = rebuild_archive(self.archive, progress=False)
+            self._result = rebuild_archive(self.archive, progress=False, ahead=True)
         except BaseException as e:  # load() rebuilds synchronously instead, and says why
             self._error = e
         finally:
