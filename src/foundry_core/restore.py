@@ -275,8 +275,9 @@ def prepare(
 ) -> Prepared:
     """Start rebuilding the archive at ``path`` (its modules and graphs) on a background thread.
 
-    Call it as soon as the archive is accepted and the device's context may be used, before the
-    engine's own setup; pass the result to :func:`foundry_core.load` as ``prepared=``. ``archive``:
+    Call it once the archive is accepted and the region is reserved (the thread's own driver
+    allocations, code and executable graphs, must not take the region's fixed addresses), before
+    the engine's own setup; pass the result to :func:`foundry_core.load` as ``prepared=``. ``archive``:
     what :func:`~foundry_core.verify` returned for ``path``; without it the thread reads and verifies
     the archive first (checksums, the pinned digest, this machine's fingerprint). The location under
     ``trusted_root`` is checked here, before the thread starts. Nothing is launched on the GPU.

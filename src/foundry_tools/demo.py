@@ -33,14 +33,15 @@ def _spec_from_args(args):
     )
 
 
-def _build(args, spec):
-    """The region and the model built inside it: the setup a SAVE and every LOAD repeat identically.
-    Returns (region, workload); SAVE then calls ``region.end_setup()``."""
+def _build(args, spec, region=None):
+    """The region (unless given) and the model built inside it: the setup a SAVE and every LOAD
+    repeat identically. Returns (region, workload); SAVE then calls ``region.end_setup()``."""
     import foundry_core as fc
 
     from .workloads import Workload
 
-    region = fc.Region(args.region_base, args.region_size, spec.device)
+    if region is None:
+        region = fc.Region(args.region_base, args.region_size, spec.device)
     workload = Workload(spec)
     with region.routing():
         workload.build(region)
@@ -221,9 +222,11 @@ def run_load(args) -> dict:
 
     fc.start_recording(keep_images=False)  # here only to count stream captures: a LOAD must begin none
     spec = _spec_from_args(args)
-    # As the engine plugins do: modules and graphs rebuilt on a thread while the model is built.
+    # As the engine plugins do: the region reserved first, then modules and graphs rebuilt on a
+    # thread while the model is built in it.
+    region = fc.Region(args.region_base, args.region_size, spec.device)
     prepared = None if getattr(args, "no_prepare", False) else fc.prepare(args.archive, device=spec.device)
-    region, workload = _build(args, spec)
+    region, workload = _build(args, spec, region)
     torch.cuda.synchronize()
     captures_before = fc.stream_captures()
     t0 = time.perf_counter()
