@@ -1355,6 +1355,15 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
         )
     if result.get("load_compiles"):
         lines.append(f"  LOAD compiles: {json.dumps(result['load_compiles'], sort_keys=True)}")
+    # What the first cold LOAD's start report says about Foundry's own time (the plugins' fields).
+    report = ((result.get("runs") or {}).get("load_cold") or {}).get("foundry_report") or {}
+    own = {
+        k: report[k]
+        for k in ("restore_s", "prepared", "prepared_ready", "prepared_s", "begin_s")
+        if k in report
+    }
+    if own:
+        lines.append(f"  LOAD report: {json.dumps(own, sort_keys=True)}")
     for run, err in (result.get("errors") or {}).items():
         lines.append(f"  {run}: {str(err).strip()[:300]}")
     return lines

@@ -741,3 +741,13 @@ def test_cold_repeats_give_each_pairs_ratio_its_median_and_spread():
     one = cs.cold_repeats({k: runs[k] for k in ("save", "load_cold", "stock_cold")})
     assert one["ttft_ratio_cold_pairs"] == [0.4] and one["ttft_ratio_cold_spread"] is None
     assert "cold pairs" in "\n".join(cs.summary_lines(cs.assemble({"engine": "sglang"}, runs)))
+
+
+def test_the_summary_shows_what_the_cold_loads_start_report_says_of_foundrys_own_time():
+    report = {"restore_s": 0.11, "prepared": True, "prepared_ready": True, "prepared_s": 0.31, "graphs": 52}
+    report["begin_s"] = {"total_s": 0.9, "check_archive_s": 0.4}
+    result = {"engine": "sglang", "runs": {"load_cold": {"foundry_report": report}}}
+    (line,) = [x for x in cs.summary_lines(result) if x.startswith("  LOAD report:")]
+    shown = json.loads(line.split(":", 1)[1])
+    assert shown == {k: v for k, v in report.items() if k != "graphs"}
+    assert not [x for x in cs.summary_lines({"engine": "sglang"}) if "LOAD report" in x]
