@@ -622,6 +622,8 @@ def count_new_files(before: dict[str, set[str]], after: dict[str, set[str]]) -> 
 #: Foundry's cache kinds (foundry_core.engine.caches.KINDS), spelled out: the stock child must not
 #: import Foundry, and this script imports nothing from it.
 CACHE_KINDS = ("vllm", "sglang", "inductor", "triton", "tvm-ffi", "flashinfer", "deep-gemm", "cuda")
+#: foundry_core.engine.caches.REWRITTEN_ON_LOAD: where a same-byte rewrite is not a compilation.
+REWRITTEN_ON_LOAD = ("vllm", "sglang", "inductor")
 
 
 def _stamp(path: Path) -> list[int] | None:
@@ -662,7 +664,8 @@ def count_foundry_compiles(cache_root: Path, examples: dict[str, list[str]] | No
                 for rel in _files_under(kind_dir):
                     was = before.get(rel)
                     if was is None or was[:2] != _stamp(kind_dir / rel):
-                        if was is not None and len(was) > 2 and _crc(kind_dir / rel) == was[2]:
+                        same = kind_dir.name in REWRITTEN_ON_LOAD and was is not None and len(was) > 2
+                        if same and _crc(kind_dir / rel) == was[2]:
                             unchanged += 1  # written again with the bytes it was carried with
                         else:
                             new.add(rel)

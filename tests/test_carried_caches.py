@@ -155,15 +155,18 @@ def test_the_launcher_gets_only_its_records_and_only_for_a_load(tmp_path, machin
 
 
 def test_pack_then_unpack_hands_every_file_over(tmp_path):
-    saved = caches.CacheDirs.create(["triton", "tvm-ffi"], label="save")
+    saved = caches.CacheDirs.create(["triton", "tvm-ffi", "inductor"], label="save")
     _fill(saved)
+    entry = saved.path("inductor") / "aotautograd" / "ab" / "entry"
+    entry.parent.mkdir(parents=True)
+    entry.write_bytes(b"aot entry")
     (saved.path("triton") / "jit.log").write_text("built ab12")  # a log: never carried
     (saved.path("triton") / ".ninja_log").write_text("# ninja log v5")  # build state: carried
     summary = caches.pack(tmp_path / "archive" / "rank0.caches", saved, device=0, engine=ENGINE)
     assert summary["kinds"]["triton"]["files"] == 3  # the lock file and the log stayed behind
     assert summary["kinds"]["tvm-ffi"] == {"files": 1, "bytes": 7, "what": caches.KINDS["tvm-ffi"].what}
 
-    loaded = caches.CacheDirs.create(["triton", "tvm-ffi", "cuda"], label="load")
+    loaded = caches.CacheDirs.create(["triton", "tvm-ffi", "inductor", "cuda"], label="load")
     got = caches.unpack(tmp_path / "archive" / "rank0.caches", loaded, device=0, engine=ENGINE)
     assert got["digest"] == summary["digest"]
     for rel in ("ab12/kernel.cubin", "ab12/kernel.json"):
@@ -176,20 +179,26 @@ def test_pack_then_unpack_hands_every_file_over(tmp_path):
     assert so.read_bytes() == b"\x7fELF-so" and so.stat().st_mode & 0o100
     # Times travel too: ninja would rebuild an output that looks older than its sources.
     assert so.stat().st_mtime_ns == (saved.path("tvm-ffi") / "mod" / "mod.so").stat().st_mtime_ns
-    assert loaded.new_files() == {"triton": 0, "tvm-ffi": 0, "cuda": 0, "total": 0, "rewritten": 0}
+    none = {"triton": 0, "tvm-ffi": 0, "inductor": 0, "cuda": 0, "total": 0, "rewritten": 0}
+    assert loaded.new_files() == none
     # What the engine compiles afterwards is counted as this process's compilation.
     (loaded.path("cuda") / "ComputeCache").mkdir()
     (loaded.path("cuda") / "ComputeCache" / "index").write_bytes(b"x")
-    assert loaded.new_files() == {"triton": 0, "tvm-ffi": 0, "cuda": 1, "total": 1, "rewritten": 0}
-    # A carried file its tool wrote again with the same bytes (Inductor rewrites entries it
-    # loads) compiled nothing: counted apart, whatever its new time.
+    assert loaded.new_files() == dict(none, cuda=1, total=1)
+    # Inductor writes some entries it loads again: with the same bytes that compiled nothing, and
+    # is counted apart, whatever the file's new time.
+    again = loaded.path("inductor") / "aotautograd" / "ab" / "entry"
+    again.write_bytes(b"aot entry")
+    os.utime(again, ns=(again.stat().st_mtime_ns + 10**9,) * 2)
+    assert loaded.new_files() == dict(none, cuda=1, total=1, rewritten=1)
+    # A build tool's output written again is a rebuild even with the same bytes (ninja decided
+    # to build, and paid for it) ...
     so.write_bytes(b"\x7fELF-so")
     os.utime(so, ns=(so.stat().st_mtime_ns + 10**9,) * 2)
-    assert loaded.new_files() == {"triton": 0, "tvm-ffi": 0, "cuda": 1, "total": 1, "rewritten": 1}
-    # A carried file its tool wrote again with other bytes (a build tool that decided to rebuild)
-    # is a compilation.
-    so.write_bytes(b"\x7fELF-rebuilt")
-    assert loaded.new_files() == {"triton": 0, "tvm-ffi": 1, "cuda": 1, "total": 2, "rewritten": 0}
+    assert loaded.new_files() == dict(none, cuda=1, **{"tvm-ffi": 1}, total=2, rewritten=1)
+    # ... and so is an Inductor entry written with other bytes.
+    again.write_bytes(b"aot entry, rebuilt")
+    assert loaded.new_files() == dict(none, cuda=1, inductor=1, **{"tvm-ffi": 1}, total=3)
 
 
 def test_a_flipped_byte_is_refused_before_any_file_is_written(tmp_path):

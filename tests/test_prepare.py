@@ -34,7 +34,8 @@ def _archive(path) -> Archive:
 
 @pytest.fixture
 def no_device(monkeypatch):
-    monkeypatch.setattr(restore, "_use_device", lambda device: None)
+    monkeypatch.setattr(restore, "_context_for", lambda device: None)
+    monkeypatch.setattr(restore, "_bind_context", lambda ctx: None)
 
 
 def test_the_caller_gets_what_the_thread_rebuilt(tmp_path, monkeypatch, no_device):
@@ -72,7 +73,7 @@ def test_a_failed_rebuild_is_handed_back_as_an_error_not_raised(tmp_path, monkey
     assert rebuilding is None and isinstance(error, fc.GraphError)  # load() rebuilds synchronously
 
 
-def test_without_an_archive_the_thread_verifies_it_and_a_refusal_is_raised_by_take(
+def test_without_an_archive_the_thread_verifies_it_and_a_refusal_is_left_to_load(
     tmp_path, monkeypatch, no_device
 ):
     import foundry_core.api as api
@@ -87,10 +88,54 @@ def test_without_an_archive_the_thread_verifies_it_and_a_refusal_is_raised_by_ta
 
     monkeypatch.setattr(api, "verify", verify)
     monkeypatch.setattr(restore, "rebuild_archive", lambda *a, **k: pytest.fail("rebuilt a refused archive"))
-    prepared = fc.prepare(tmp_path / "a", device=3, expected_digest="cd" * 32)
-    with pytest.raises(fc.FingerprintMismatch, match="H100"):
-        prepared.take()
-    assert calls == [(str(tmp_path / "a"), {"device": 3, "expected_digest": "cd" * 32, "trusted_root": None})]
+    prepared = fc.prepare(tmp_path / "a", device=3, expected_digest="cd" * 32, rank=1, world_size=2)
+    archive, rebuilding, error = prepared.take()
+    # Nothing rebuilt; load() reads and verifies the archive itself, with its own arguments.
+    assert archive is None and rebuilding is None and isinstance(error, fc.FingerprintMismatch)
+    assert calls == [
+        (
+            str(tmp_path / "a"),
+            {
+                "device": 3,
+                "fingerprint_model": None,
+                "rank": 1,
+                "world_size": 2,
+                "expected_digest": "cd" * 32,
+                "trusted_root": None,
+            },
+        )
+    ]
+
+
+def test_load_verifies_an_archive_the_thread_could_not_and_raises_its_own_refusal(
+    tmp_path, monkeypatch, no_device
+):
+    import warnings
+
+    import foundry_core.api as api
+
+    def thread_verify(path, **kw):
+        raise fc.FingerprintMismatch("rank: saved 0, now 1", "rank", 0, 1)
+
+    opened = []
+
+    def open_archive(path, **kw):
+        opened.append(kw)
+        raise ArchiveError(f"archive {path}: modules/ab.cubin: checksum mismatch")
+
+    monkeypatch.setattr(api, "verify", thread_verify)
+    monkeypatch.setattr(api, "open_archive", open_archive)
+    monkeypatch.setattr(api, "current_fingerprint", lambda *a, **k: {"rank": 1})
+
+    class Region:
+        device = 0
+
+    prepared = fc.prepare(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "background rebuild failed" warning for this case
+        with pytest.raises(ArchiveError, match="checksum mismatch"):
+            fc.load(tmp_path, region=Region(), rank=1, world_size=2, prepared=prepared)
+    assert opened == [{"expected_fingerprint": {"rank": 1}, "expected_digest": None}]
 
 
 def test_discard_unloads_what_the_thread_made(tmp_path, monkeypatch, no_device):
@@ -193,9 +238,10 @@ def test_the_engine_layer_can_be_switched_off_and_never_fails_a_start(tmp_path, 
 def test_the_start_report_says_whether_the_rebuild_was_ready():
     assert engine_prepare.report({"modules_s": 0.1}) == {"prepared": False}
     assert engine_prepare.report(
-        {"prepared_s": 0.31234, "prepare_wait_s": 0.0001, "prepared_ready": 1.0}
+        {"prepared_s": 0.31234, "prepare_wait_s": 0.0001, "prepared_ready": 1.0, "prepared_ok": 1.0}
     ) == {
         "prepared": True,
+        "prepared_ok": True,
         "prepared_ready": True,
         "prepare_wait_s": 0.0001,
         "prepared_s": 0.3123,

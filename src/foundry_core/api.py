@@ -447,7 +447,8 @@ def load(
     ``prepared``: what :func:`prepare` started for this ``path`` before the engine's setup. Its
     modules and graphs are taken instead of being rebuilt here (waiting for the rest when it is not
     done); if its rebuild failed, they are rebuilt here as without it, with a warning. It holds the
-    archive it was given or verified (``archive`` is then not used). Every check above still runs,
+    archive it was given or verified (used instead of ``archive``; if its verification refused the
+    archive, the archive is read and verified here as without it). Every check above still runs,
     and a refused archive unloads what the background rebuild made.
 
     ``upload``: also upload each executable graph to the device now (cuGraphUpload). Off by
@@ -463,11 +464,15 @@ def load(
             prepared.discard()
             raise ArchiveError(f"prepared= was started for {prepared.path}, not for {path}")
         ready = prepared.done
-        archive, rebuilding, failed = prepared.take()  # raises what verifying the archive raised
+        # An archive the thread could not verify is verified below with this call's own arguments
+        # (and refused there if it is bad); a rebuild that failed is done again below.
+        verified, rebuilding, failed = prepared.take()
+        archive = verified or archive
         timings["prepare_wait_s"] = time.perf_counter() - t0
         timings["prepared_s"] = prepared.seconds or 0.0
         timings["prepared_ready"] = float(ready)
-        if failed is not None:
+        timings["prepared_ok"] = float(failed is None)  # 0: everything is rebuilt below instead
+        if failed is not None and verified is not None:
             warnings.warn(
                 f"foundry: the background rebuild failed ({type(failed).__name__}: {failed}); "
                 "rebuilding the graphs now",
@@ -495,7 +500,7 @@ def load(
             rebuilding.discard()
         raise
     t1 = time.perf_counter()
-    timings["archive_read_s"] = t1 - t0
+    timings["archive_read_s"] = t1 - t0 - timings.get("prepare_wait_s", 0.0)
     try:
         mapped = region.restore_layout(meta["layout"])
     except BaseException:

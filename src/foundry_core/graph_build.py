@@ -53,18 +53,23 @@ def rebuild(
     t0 = time.perf_counter()
     events = [call(cu().cuEventCreate, CU_EVENT_DISABLE_TIMING) for _ in range(desc.get("events", 0))]
     keepalive: list = []
+    graph = exec_ = None
     try:
         graph = _build(desc, modules, kernel_attrs, events, keepalive)
-    except BaseException:
+        t1 = time.perf_counter()
+        exec_ = call(cu().cuGraphInstantiate, graph, INSTANTIATE_FLAGS)
+        t2 = time.perf_counter()
+        if stream is not None:
+            call(cu().cuGraphUpload, exec_, cu().CUstream(init_value=stream))
+        t3 = time.perf_counter()
+    except BaseException:  # nothing of a graph that failed stays behind (a deferred one is retried)
+        if exec_ is not None:
+            cu().cuGraphExecDestroy(exec_)
+        if graph is not None:
+            cu().cuGraphDestroy(graph)
         for event in events:
-            call(cu().cuEventDestroy, event)
+            cu().cuEventDestroy(event)
         raise
-    t1 = time.perf_counter()
-    exec_ = call(cu().cuGraphInstantiate, graph, INSTANTIATE_FLAGS)
-    t2 = time.perf_counter()
-    if stream is not None:
-        call(cu().cuGraphUpload, exec_, cu().CUstream(init_value=stream))
-    t3 = time.perf_counter()
     if timings is not None:
         _add_times(timings, t1 - t0, t2 - t1, t3 - t2)
     return Rebuilt(graph, exec_, events, keepalive)
@@ -78,6 +83,15 @@ def _add_times(timings: dict, build: float, instantiate: float, upload: float) -
 def _build(desc: dict, modules: LoadedModules, kernel_attrs: dict, events: list, keepalive: list):
     driver = cu()
     graph = call(driver.cuGraphCreate, 0)
+    try:
+        return _add_nodes(graph, desc, modules, kernel_attrs, events, keepalive)
+    except BaseException:
+        driver.cuGraphDestroy(graph)  # with the nodes added so far
+        raise
+
+
+def _add_nodes(graph, desc: dict, modules: LoadedModules, kernel_attrs: dict, events: list, keepalive: list):
+    driver = cu()
     handles = []
     ctx = call(driver.cuCtxGetCurrent)
     for node in desc["nodes"]:

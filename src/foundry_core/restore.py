@@ -3,8 +3,8 @@
 Loading the kernels' modules, building each graph and instantiating it depend only on the verified
 archive and the device's context, not on the memory the graphs' pointers name: a kernel node holds
 its parameters as bytes, and nothing is launched. :func:`prepare` therefore runs this work on a
-background thread that an engine starts as soon as its archive is accepted, so that it overlaps the
-engine's own setup (weights, KV cache); :func:`foundry_core.load` with ``prepared=`` then maps the
+background thread that an engine starts once its archive is accepted and its region reserved, so
+that it overlaps the engine's own setup (weights, KV cache); :func:`foundry_core.load` with ``prepared=`` then maps the
 memory, restores its contents and takes the graphs, waiting only for what is not done yet. A graph
 the driver will not build before its memory is mapped (untested on every node kind: copy nodes
 between addresses it has to resolve are the likely case) is left for ``load`` to build after the
@@ -23,7 +23,7 @@ import time
 import warnings
 
 from .archive import Archive, ArchiveError
-from .driver import CudaError
+from .driver import CudaError, call, cu
 from .graph_build import NativeBuilder, builder_choice, rebuild
 from .graph_codec import ENCODING, decode, encode, kernel_ids
 from .graphs import GraphError, Rebuilt
@@ -102,6 +102,8 @@ def finish_rebuild(
         archive, rebuilding.modules, upload_to, rebuilding.graphs, progress, timings, only=names
     )
     rebuilding.builders |= builders
+    order = [e["name"] for e in archive.meta["graphs"]]  # the archive's order, as without deferral
+    rebuilding.graphs = {n: rebuilding.graphs[n] for n in order if n in rebuilding.graphs}
     first = next(iter(rebuilding.deferred.values()))
     logger.info(
         "foundry: %d graphs rebuilt after their memory was mapped (ahead of it: %s)", len(names), first
@@ -193,11 +195,21 @@ def _rebuild_graphs(
     return used
 
 
-def _use_device(device: int) -> None:
-    """Make the device's primary context current on this (new) thread, as torch does for its own."""
-    import torch
+def _context_for(device: int):
+    """The context the thread is to use: the caller's current one when it is the device's (an
+    engine's thread after its device was set), else the device's primary context, retained (torch
+    and the runtime use that one and keep it for the life of the process)."""
+    driver = cu()
+    ctx = call(driver.cuCtxGetCurrent)
+    if ctx is not None and int(ctx) and int(call(driver.cuCtxGetDevice)) == device:
+        return ctx
+    return call(driver.cuDevicePrimaryCtxRetain, call(driver.cuDeviceGet, device))
 
-    torch.cuda.set_device(device)
+
+def _bind_context(ctx) -> None:
+    """Make ``ctx`` current on this (new) thread. Not ``torch.cuda.set_device``: on a new thread,
+    whose current device already reads as 0, torch skips the call and binds no context."""
+    call(cu().cuCtxSetCurrent, ctx)
 
 
 class Prepared:
@@ -210,6 +222,7 @@ class Prepared:
     def __init__(self, path: str | os.PathLike, device: int, archive: Archive | None, verify_args: dict):
         self.path, self.device = os.fspath(path), device
         self.archive = archive
+        self._context = _context_for(device)  # looked up here, on the caller's thread
         self.seconds: float | None = None  # the thread's run time, once it ended
         self._verify_args = verify_args
         self._result: Rebuilding | None = None
@@ -227,10 +240,10 @@ class Prepared:
 
                 try:
                     self.archive = verify(self.path, device=self.device, **self._verify_args)
-                except BaseException as e:  # load() raises it: the archive itself is refused
+                except BaseException as e:  # load() verifies again itself, with its own arguments
                     self._archive_error = e
                     return
-            _use_device(self.device)
+            _bind_context(self._context)
             self._result = rebuild_archive(self.archive, progress=False, ahead=True)
         except BaseException as e:  # load() rebuilds synchronously instead, and says why
             self._error = e
@@ -244,15 +257,16 @@ class Prepared:
     def wait(self) -> None:
         self._thread.join()
 
-    def take(self) -> tuple[Archive, Rebuilding | None, BaseException | None]:
-        """Wait; then the verified archive, and the rebuild (None when it failed, with the error).
-        Raises what verifying the archive raised. Once only: the caller owns what it gets."""
+    def take(self) -> tuple[Archive | None, Rebuilding | None, BaseException | None]:
+        """Wait; then the verified archive (None when the thread's verification refused it: the
+        caller verifies it itself), the rebuild (None when it failed) and why it failed. Once only:
+        the caller owns what it gets."""
         self.wait()
         if self._taken:
             raise RuntimeError("this prepared LOAD was already taken or discarded")
         self._taken = True
         if self._archive_error is not None:
-            raise self._archive_error
+            return None, None, self._archive_error
         result, self._result = self._result, None
         return self.archive, result, self._error
 
@@ -270,6 +284,9 @@ def prepare(
     *,
     device: int = 0,
     archive: Archive | None = None,
+    fingerprint_model: dict | None = None,
+    rank: int = 0,
+    world_size: int = 1,
     expected_digest: str | None = None,
     trusted_root: str | os.PathLike | None = None,
 ) -> Prepared:
@@ -279,12 +296,20 @@ def prepare(
     allocations, code and executable graphs, must not take the region's fixed addresses), before
     the engine's own setup; pass the result to :func:`foundry_core.load` as ``prepared=``. ``archive``:
     what :func:`~foundry_core.verify` returned for ``path``; without it the thread reads and verifies
-    the archive first (checksums, the pinned digest, this machine's fingerprint). The location under
-    ``trusted_root`` is checked here, before the thread starts. Nothing is launched on the GPU.
+    the archive first, as :func:`~foundry_core.verify` does with the same ``fingerprint_model``,
+    ``rank``, ``world_size`` and ``expected_digest`` (give them as ``load`` will get them). The
+    location under ``trusted_root`` is checked here, before the thread starts. Nothing is launched
+    on the GPU.
     """
     if trusted_root is not None:
         check_location(path, trusted_root)
     if archive is not None and not isinstance(archive, Archive):
         raise ArchiveError(f"archive= takes what verify() returned, not {type(archive).__name__}")
-    verify_args = {"expected_digest": expected_digest, "trusted_root": trusted_root}
+    verify_args = {
+        "fingerprint_model": fingerprint_model,
+        "rank": rank,
+        "world_size": world_size,
+        "expected_digest": expected_digest,
+        "trusted_root": trusted_root,
+    }
     return Prepared(path, int(device), archive, verify_args)

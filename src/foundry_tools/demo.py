@@ -276,8 +276,10 @@ def run_load(args) -> dict:
         "graphs": len(restored.graphs),
         "restore_s": restore_s,
         "restore_breakdown": restored.timings,
-        "prepared": prepared is not None,
+        # True only when the thread's rebuild was used (a failed one falls back with a warning).
+        "prepared": bool(restored.timings.get("prepared_ok")),
         "restore_background_s": restored.timings.get("prepared_s"),
+        "deferred_graphs": int(restored.timings.get("deferred_graphs", 0)),
         "builder": restored.builder,
         "load_stream_captures": sum(captures_after.values()),
         "stream_captures_during_load": {k: captures_after[k] - captures_before[k] for k in captures_after},

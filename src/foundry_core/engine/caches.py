@@ -57,6 +57,10 @@ ROOT_ENV = "FOUNDRY_CACHE_ROOT"
 DIR_ENV = "FOUNDRY_CACHES_DIR"
 #: Written into each private root after unpacking: the files that came from the archive.
 CARRIED_LIST = ".foundry-carried.json"
+#: Kinds whose tool writes some of the entries it loads again (Inductor's AOTAutograd entries and
+#: autotune ``.best_config`` files, seen with vLLM 0.26): a rewrite with the same bytes there is
+#: bookkeeping, not a compilation.
+REWRITTEN_ON_LOAD = frozenset({"vllm", "sglang", "inductor"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,9 +228,10 @@ class CacheDirs:
 
     def new_files(self) -> dict[str, int]:
         """Per kind, the files this process wrote (new, or carried from the archive and changed
-        since): what it compiled. ``total`` sums them. A carried file its tool wrote again with the
-        same bytes (Inductor rewrites some of the entries it loads) is no compilation; ``rewritten``
-        counts those apart."""
+        since): what it compiled. ``total`` sums them. In the kinds whose tool rewrites entries it
+        loads (:data:`REWRITTEN_ON_LOAD`), a carried file written again with the same bytes is no
+        compilation; ``rewritten`` counts those apart. Elsewhere identical bytes prove nothing (a
+        build tool that decided to rebuild can make the same ``.so``), so they count."""
         try:
             carried = json.loads((self.root / CARRIED_LIST).read_text())
         except (OSError, ValueError):
@@ -239,7 +244,8 @@ class CacheDirs:
             for rel, stamp in now[k].items():
                 was = before.get(rel)
                 if was is None or was[:2] != stamp:
-                    if was is not None and len(was) > 2 and _crc(self.path(k) / rel) == was[2]:
+                    same = k in REWRITTEN_ON_LOAD and was is not None and len(was) > 2
+                    if same and _crc(self.path(k) / rel) == was[2]:
                         rewritten += 1
                     else:
                         changed += 1
