@@ -1452,33 +1452,28 @@ def _stage(ctx: Ctx, run: CaseRun) -> Path:
     return ctx.base_dir
 
 
-def _staged(run: CaseRun, label: str, mode: str) -> Server:
+def _start_staged(run: CaseRun, archive: Path, label: str, mode: str) -> Server:
+    """A server on the staged base archive, started in ``mode``. Its settings go into the base's
+    own TOML path (the path is part of vLLM's fingerprint), rewritten for this start."""
     ctx = run.ctx
-    return run.server(
+    srv = run.server(
         label, mode=mode, archive_dir=ctx.base_dir, toml=ctx.base_toml, cache_root=ctx.base_cache_root
     )
-
-
-def _staged_toml(ctx: Ctx, archive: Path, mode: str) -> Path:
-    """The base's TOML path with this start's settings (the path is part of vLLM's fingerprint)."""
     write_toml(ctx.base_toml, archive, mode, ctx.opts.region_size)
-    return ctx.base_toml
+    srv.start(write=False)
+    return srv
 
 
 def case_archive_replaced(ctx: Ctx, run: CaseRun) -> None:
     archive = _stage(ctx, run)
     before = archive_state(archive, ctx.engine)
-    load = _staged(run, "load", "auto")
-    _staged_toml(ctx, archive, "auto")
-    load.start(write=False)
+    load = _start_staged(run, archive, "load", "auto")
     checks = run.rec["checks"]
     if not load.wait_ready(ctx.deadline()):
         checks["load_served"] = False
         return
     load.check(ctx.reference, "before the new SAVE")
-    save = _staged(run, "save", "save")
-    _staged_toml(ctx, archive, "save")
-    save.start(write=False)
+    save = _start_staged(run, archive, "save", "save")
     deadline = ctx.deadline()
     probes = 0
     save_ready = save.pump.watch(ENGINE_PATTERNS[ctx.engine]["ready"])
@@ -1491,9 +1486,7 @@ def case_archive_replaced(ctx: Ctx, run: CaseRun) -> None:
     load.check(ctx.reference, "after the new archive was published")
     save.stop()
     after = archive_state(archive, ctx.engine)
-    nxt = _staged(run, "next", "auto")
-    _staged_toml(ctx, archive, "auto")
-    nxt.start(write=False)
+    nxt = _start_staged(run, archive, "next", "auto")
     if nxt.wait_ready(ctx.deadline()):
         nxt.check(ctx.reference)
         ctx.times["load"] = nxt.rec["ready_s"]
@@ -1525,15 +1518,11 @@ def case_damaged_cache(ctx: Ctx, run: CaseRun) -> None:
     archive = _stage(ctx, run)
     run.rec["details"]["flipped"] = flip_byte(archive / f"rank{RANK}.caches")
     run.rec["details"]["state"] = archive_state(archive, ctx.engine)
-    auto = _staged(run, "auto", "auto")
-    _staged_toml(ctx, archive, "auto")
-    auto.start(write=False)
+    auto = _start_staged(run, archive, "auto", "auto")
     served = _serve_and_check(auto, ctx.reference, ctx.deadline())
     auto.stop()
     ctx.gpu_settle()
-    load = _staged(run, "load", "load")
-    _staged_toml(ctx, archive, "load")
-    load.start(write=False)
+    load = _start_staged(run, archive, "load", "load")
     outcome = load.wait_exit_or_ready(ctx.deadline(), "caches_refused_load")
     load.stop()
     lines = (auto.rec.get("facts") or {}).get("lines") or {}
@@ -1599,9 +1588,7 @@ def memory_growth(samples: list[dict[str, Any]], key: str) -> float | None:
 
 def case_sustained_load(ctx: Ctx, run: CaseRun) -> None:
     archive = _stage(ctx, run)
-    srv = _staged(run, "load", "auto")
-    _staged_toml(ctx, archive, "auto")
-    srv.start(write=False)
+    srv = _start_staged(run, archive, "load", "auto")
     checks = run.rec["checks"]
     if not srv.wait_ready(ctx.deadline()):
         checks["served"] = False
