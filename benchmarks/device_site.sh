@@ -3,6 +3,8 @@
 # sent beforehand as tar pieces into /tmp/dw (../shared/tools/device-wheels); the repository's
 # .devwheels/lists/<engine>.list names the engine's wheels (carry .devwheels/lists).
 #   engine_site ENGINE LOG   installs into /tmp/site-ENGINE once per machine; returns 1 on failure
+#   engine_ready ENGINE LOGS T0   the site and the native library for a one-engine run, or exit:
+#                                 2 when the install failed (its log's tail shown), 3 when the build did
 # Each engine gets its own --target site, so the two engines' pins never meet.
 
 unpack_wheels() {
@@ -22,4 +24,10 @@ engine_site() {  # engine log
   # showed SGLang's scheduler compiling 670 modules from source at every start, stock and LOAD.
   python3 -m compileall -q -j 0 "$site" >>"$2" 2>&1
   touch "$site/.done"
+}
+
+engine_ready() {  # engine logdir start-time
+  engine_site "$1" "$2/install.log" || { tail -n 20 "$2/install.log"; exit 2; }
+  echo "wheels ready in $(($(date +%s) - $3)) s"
+  bash benchmarks/build_native.sh || exit 3
 }

@@ -20,9 +20,7 @@ name=${NAME:-cold-$engine-h200}
 mkdir -p "$logs" "$results"
 source benchmarks/device_site.sh
 site=/tmp/site-$engine
-engine_site "$engine" "$logs/install.log" || { tail -n 20 "$logs/install.log"; exit 2; }
-echo "wheels ready in $(($(date +%s) - t0)) s"
-bash benchmarks/build_native.sh || exit 3
+engine_ready "$engine" "$logs" "$t0"  # exits 2 (install) or 3 (native build) on failure
 left=$((limit - $(date +%s) + t0 - 15))
 PYTHONPATH=$site:$PWD/src timeout "$left" python3 benchmarks/cold_start.py --engine "$engine" \
   --out "$results/$name.json" --logs "$logs" --workdir "/tmp/cold-$engine" \

@@ -23,9 +23,7 @@ name=${NAME:-faults-$engine-h200}
 mkdir -p "$logs" "$results"
 source benchmarks/device_site.sh
 site=/tmp/site-$engine
-engine_site "$engine" "$logs/install.log" || { tail -n 20 "$logs/install.log"; exit 2; }
-echo "wheels ready in $(($(date +%s) - t0)) s"
-bash benchmarks/build_native.sh || exit 3
+engine_ready "$engine" "$logs" "$t0"  # exits 2 (install) or 3 (native build) on failure
 left=$((limit - $(date +%s) + t0 - 15))
 [ "$left" -gt 120 ] || { echo "only $left s left after the install: call again (the site is kept)"; exit 4; }
 # SIGTERM at the limit: the benchmark then ends its servers, undoes its mounts and writes the result.
