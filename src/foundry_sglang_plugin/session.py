@@ -149,7 +149,7 @@ class Session:
         import foundry_core as fc
 
         # Where the start's own time goes, in the report (this all runs before SGLang's setup).
-        begin_s = session.report["begin_s"] = {"session_s": time.perf_counter() - t0}
+        begin_s = {"session_s": time.perf_counter() - t0}
         t1 = time.perf_counter()
         # Recording starts before anything touches CUDA (checking the archive reads the device's
         # properties). An auto LOAD keeps images until its archive is accepted: it may still SAVE.

@@ -356,8 +356,11 @@ def unpack(
     compare_fingerprint(archive.fingerprint, fingerprint(device, engine, rank=rank, world_size=world_size))
     carried: dict[str, dict[str, list[int]]] = {k: {} for k in dirs.kinds}
     for kind, rel, member in _members(archive, dirs.kinds):
-        carried[kind][rel] = _write_member(archive, member, dirs.path(kind) / rel)
-    # What came from the archive, with size, time and CRC: a file changed later counts as compiled.
+        carried[kind][rel] = _write_member(
+            archive, member, dirs.path(kind) / rel, crc=kind in REWRITTEN_ON_LOAD
+        )
+    # What came from the archive, with size and time (and CRC where a rewrite may be bookkeeping):
+    # a file changed later counts as compiled.
     (dirs.root / CARRIED_LIST).write_text(json.dumps(carried, sort_keys=True))
     return {"digest": archive.digest, "kinds": archive.meta.get("kinds") or {}}
 
@@ -413,9 +416,10 @@ def _members(archive: Any, kinds: Iterable[str]) -> Iterable[tuple[str, str, str
             yield parts[1], parts[2], member
 
 
-def _write_member(archive: Any, member: str, dest: Path) -> list[int]:
-    """One carried file into place with its recorded mode and time; returns ``[size, mtime_ns,
-    crc32]`` (the CRC costs ~15 ms for 50 MB and tells a rewrite with the same bytes from a rebuild)."""
+def _write_member(archive: Any, member: str, dest: Path, *, crc: bool = False) -> list[int]:
+    """One carried file into place with its recorded mode and time; returns ``[size, mtime_ns]``,
+    with ``crc32`` appended when ``crc`` (it costs ~15 ms for 50 MB: only for the kinds where a
+    rewrite with the same bytes is told from a rebuild, :data:`REWRITTEN_ON_LOAD`)."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     # Written beside and renamed into place: a tool that looks meanwhile sees all or nothing.
     fd, tmp = tempfile.mkstemp(prefix=".foundry-", dir=dest.parent)
@@ -433,7 +437,7 @@ def _write_member(archive: Any, member: str, dest: Path) -> list[int]:
         Path(tmp).unlink(missing_ok=True)
         raise
     st = dest.stat()
-    return [st.st_size, st.st_mtime_ns, zlib.crc32(data)]
+    return [st.st_size, st.st_mtime_ns, zlib.crc32(data)] if crc else [st.st_size, st.st_mtime_ns]
 
 
 def _crc(path: Path) -> int | None:
