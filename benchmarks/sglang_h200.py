@@ -552,6 +552,10 @@ def assemble(meta: dict[str, Any], runs: dict[str, dict[str, Any]], errors: list
         restore_critical_s=rep_load.get("restore_s"),
         restore_background_s=rep_load.get("prepared_s"),
         restore_prepared_ready=rep_load.get("prepared_ready"),
+        # Graphs built ahead with their memory nodes re-pointed after the mapping, and graphs the
+        # driver would not build ahead (built on the critical path instead).
+        restore_graphs_retargeted=rep_load.get("graphs_retargeted"),
+        restore_graphs_deferred=rep_load.get("graphs_deferred"),
         ready_s_stock=stock.get("ready_s"),
         ready_s_save=save.get("ready_s"),
         ready_s_load=load.get("ready_s"),

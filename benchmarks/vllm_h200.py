@@ -311,6 +311,10 @@ def assemble(meta: dict, runs: dict) -> dict:
         restore_critical_s=load_report.get("restore_s"),
         restore_background_s=load_report.get("prepared_s"),
         restore_prepared_ready=load_report.get("prepared_ready"),
+        # Graphs built ahead with their memory nodes re-pointed after the mapping, and graphs the
+        # driver would not build ahead (built on the critical path instead).
+        restore_graphs_retargeted=load_report.get("graphs_retargeted"),
+        restore_graphs_deferred=load_report.get("graphs_deferred"),
         ready_s_stock=stock.get("ready_s"),
         ready_s_save=save.get("ready_s"),
         ready_s_load=load.get("ready_s"),

@@ -8,8 +8,13 @@
  * data (one cuGraphAddDependencies_v2 call per edge, never a batch: some drivers apply the first
  * edge's data to a whole batch), then cuGraphInstantiateWithFlags (torch's flags) and cuGraphUpload.
  *
+ * Ahead of the memory (foundry_graph_build_ahead), memset and memcpy nodes are built against a stand-in
+ * allocation, because the driver resolves their addresses when they are added, and
+ * foundry_graph_retarget points them at their own addresses once those are mapped.
+ *
  * Driver entry points are resolved once (driver.c). Every function here is reentrant:
- * errors go to the caller's buffer.
+ * errors go to the caller's buffer. One file (over 600 lines) because validating, building and
+ * re-pointing read the same encoding with the same reader and must agree on every byte of it.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -60,6 +65,10 @@ static struct {
   CUresult (*instantiate)(CUgraphExec *, CUgraph, unsigned long long);
   CUresult (*upload)(CUgraphExec, CUstream);
   CUresult (*exec_destroy)(CUgraphExec);
+  CUresult (*set_memset)(CUgraphNode, const foundry_memset_node_params *);
+  CUresult (*set_memcpy)(CUgraphNode, const foundry_memcpy3d *);
+  CUresult (*exec_set_memset)(CUgraphExec, CUgraphNode, const foundry_memset_node_params *, CUcontext);
+  CUresult (*exec_set_memcpy)(CUgraphExec, CUgraphNode, const foundry_memcpy3d *, CUcontext);
 } cu;
 
 static pthread_once_t driver_once = PTHREAD_ONCE_INIT;
@@ -84,6 +93,10 @@ static void load_driver(void) {
       {(void **)&cu.instantiate, "cuGraphInstantiateWithFlags"},
       {(void **)&cu.upload, "cuGraphUpload"},
       {(void **)&cu.exec_destroy, "cuGraphExecDestroy"},
+      {(void **)&cu.set_memset, "cuGraphMemsetNodeSetParams"},
+      {(void **)&cu.set_memcpy, "cuGraphMemcpyNodeSetParams"},
+      {(void **)&cu.exec_set_memset, "cuGraphExecMemsetNodeSetParams"},
+      {(void **)&cu.exec_set_memcpy, "cuGraphExecMemcpyNodeSetParams"},
   };
   driver_ok =
       foundry_cuda_resolve(symbols, sizeof symbols / sizeof *symbols, driver_error, sizeof driver_error) == 0;
@@ -307,6 +320,130 @@ EXPORT int foundry_graph_validate(const uint8_t *data, size_t len, size_t n_func
   return 0;
 }
 
+/* ---- memory nodes ---- */
+
+static void read_memset(const uint8_t *q, foundry_memset_node_params *mp) {
+  memset(mp, 0, sizeof *mp);
+  mp->dst = ld64(q);
+  mp->pitch = (size_t)ld64(q + 8);
+  mp->value = ld32(q + 16);
+  mp->elementSize = ld32(q + 20);
+  mp->width = (size_t)ld64(q + 24);
+  mp->height = (size_t)ld64(q + 32);
+}
+
+static void read_memcpy(const uint8_t *q, foundry_memcpy3d *c) {
+  memset(c, 0, sizeof *c);
+  c->srcMemoryType = (int)ld32(q);
+  c->dstMemoryType = (int)ld32(q + 4);
+  c->srcDevice = ld64(q + 8);
+  c->dstDevice = ld64(q + 16);
+  c->srcXInBytes = (size_t)ld64(q + 24);
+  c->srcY = (size_t)ld64(q + 32);
+  c->srcZ = (size_t)ld64(q + 40);
+  c->dstXInBytes = (size_t)ld64(q + 48);
+  c->dstY = (size_t)ld64(q + 56);
+  c->dstZ = (size_t)ld64(q + 64);
+  c->srcPitch = (size_t)ld64(q + 72);
+  c->srcHeight = (size_t)ld64(q + 80);
+  c->dstPitch = (size_t)ld64(q + 88);
+  c->dstHeight = (size_t)ld64(q + 96);
+  c->WidthInBytes = (size_t)ld64(q + 104);
+  c->Height = (size_t)ld64(q + 112);
+  c->Depth = (size_t)ld64(q + 120);
+}
+
+/* Bytes a memset writes from its destination on; SIZE_MAX where that overflows. */
+static size_t memset_span(const foundry_memset_node_params *mp) {
+  size_t row, rows, span;
+  if (!mp->height || !mp->width) return 0;
+  if (__builtin_mul_overflow(mp->width, (size_t)mp->elementSize, &row) ||
+      __builtin_mul_overflow(mp->height - 1, mp->pitch, &rows) || __builtin_add_overflow(rows, row, &span))
+    return SIZE_MAX;
+  return span;
+}
+
+/* A copy the driver lets an executable graph re-point: one row, no array, no y/z offsets. */
+static int memcpy_is_1d(const foundry_memcpy3d *c) {
+  return c->Height <= 1 && c->Depth <= 1 && !c->srcY && !c->srcZ && !c->dstY && !c->dstZ;
+}
+
+/* Stand-in bytes a 1-D copy needs: its source in the lower half, its destination in the upper. */
+static size_t memcpy_span(const foundry_memcpy3d *c) {
+  size_t src, dst, half;
+  if (__builtin_add_overflow(c->srcXInBytes, c->WidthInBytes, &src) ||
+      __builtin_add_overflow(c->dstXInBytes, c->WidthInBytes, &dst))
+    return SIZE_MAX;
+  half = src > dst ? src : dst;
+  return half > SIZE_MAX / 2 ? SIZE_MAX : 2 * half;
+}
+
+/* Steps over one node of a validated encoding; returns where its fixed part starts and its type. */
+static const uint8_t *step_node(reader *r, const parsed *ps, uint8_t *type) {
+  const uint8_t *p = take(r, NODE_HEADER_BYTES), *q = r->data + r->pos;
+  uint8_t n_attrs = p[1];
+  *type = p[0];
+  switch (*type) {
+    case FGB_NODE_KERNEL: {
+      const uint8_t *k = take(r, KERNEL_FIXED_BYTES);
+      take(r, (size_t)n_attrs * ATTR_BYTES);
+      take(r, ld32(ps->kernels + (size_t)ld32(k) * KERNEL_ENTRY_BYTES + 12));
+      break;
+    }
+    case FGB_NODE_MEMSET:
+      take(r, MEMSET_BYTES);
+      break;
+    case FGB_NODE_MEMCPY:
+      take(r, MEMCPY_BYTES);
+      break;
+    case FGB_NODE_EVENT_RECORD:
+    case FGB_NODE_EVENT_WAIT:
+    case FGB_NODE_GRAPH:
+      take(r, 4);
+      break;
+    default: /* empty: nothing follows the header */
+      break;
+  }
+  return q;
+}
+
+/* counts: [memory nodes in the top graph, memory nodes in child graphs, 2-D or 3-D copies in the top
+ * graph, stand-in bytes the top graph's memory nodes need] (foundry_graph_build_ahead). */
+EXPORT int foundry_graph_memory_nodes(const uint8_t *data, size_t len, uint64_t *counts, char *err,
+                                      size_t errlen) {
+  parsed ps;
+  if (validate(data, len, SIZE_MAX, SIZE_MAX, &ps, err, errlen) != 0) return -1;
+  memset(counts, 0, 4 * sizeof *counts);
+  for (uint32_t g = 0; g < ps.n_graphs; g++) {
+    reader r = {data, len, ps.graph_off[g]};
+    uint32_t n_nodes = ld32(take(&r, 8));
+    for (uint32_t i = 0; i < n_nodes; i++) {
+      uint8_t type;
+      const uint8_t *q = step_node(&r, &ps, &type);
+      if (type != FGB_NODE_MEMSET && type != FGB_NODE_MEMCPY) continue;
+      if (g) {
+        counts[1]++;
+        continue;
+      }
+      counts[0]++;
+      size_t need;
+      if (type == FGB_NODE_MEMSET) {
+        foundry_memset_node_params mp;
+        read_memset(q, &mp);
+        need = memset_span(&mp);
+      } else {
+        foundry_memcpy3d c;
+        read_memcpy(q, &c);
+        if (!memcpy_is_1d(&c)) counts[2]++;
+        need = memcpy_span(&c);
+      }
+      if (need > counts[3]) counts[3] = need;
+    }
+  }
+  free(ps.graph_off);
+  return 0;
+}
+
 /* ---- building ---- */
 
 typedef struct {
@@ -318,6 +455,12 @@ typedef struct {
   CUcontext ctx;
   uint8_t *scratch; /* parameter bytes, 16-byte aligned */
   void **argv;
+  /* Ahead of the memory (foundry_graph_build_ahead): memset and memcpy nodes point into the stand-in
+   * [standin, standin + standin_bytes) instead of their own addresses, and are listed in moved[]. */
+  CUdeviceptr standin;
+  size_t standin_bytes;
+  CUgraphNode *moved;
+  size_t n_moved, cap_moved;
 } builder;
 
 static const char *err_name(CUresult rc) {
@@ -330,6 +473,42 @@ static const char *type_name(uint8_t type) {
   static const char *names[] = {"?",          "kernel", "memset", "memcpy", "event_record",
                                 "event_wait", "empty",  "graph"};
   return type <= FGB_NODE_GRAPH ? names[type] : "?";
+}
+
+/* Ahead of the memory: point a memset into the stand-in (foundry_graph_build_ahead). */
+static int stand_in_memset(builder *b, uint32_t g, uint32_t i, foundry_memset_node_params *mp, char *err,
+                           size_t errlen) {
+  size_t span = memset_span(mp);
+  if (g) {
+    snprintf(err, errlen, "graph %u node %u (memset): in a child graph, not built ahead", g, i);
+    return -1;
+  }
+  if (span > b->standin_bytes) {
+    snprintf(err, errlen, "graph 0 node %u (memset): %zu bytes, the stand-in has %zu", i, span,
+             b->standin_bytes);
+    return -1;
+  }
+  mp->dst = b->standin;
+  return 0;
+}
+
+/* Ahead of the memory: point a 1-D copy into the stand-in, source below its middle, destination above. */
+static int stand_in_memcpy(builder *b, uint32_t g, uint32_t i, foundry_memcpy3d *c, char *err,
+                           size_t errlen) {
+  size_t span = memcpy_span(c);
+  if (g || !memcpy_is_1d(c)) {
+    snprintf(err, errlen, "graph %u node %u (memcpy): %s, not built ahead", g, i,
+             g ? "in a child graph" : "not one-dimensional");
+    return -1;
+  }
+  if (span > b->standin_bytes) {
+    snprintf(err, errlen, "graph 0 node %u (memcpy): needs %zu bytes, the stand-in has %zu", i, span,
+             b->standin_bytes);
+    return -1;
+  }
+  c->srcDevice = b->standin;
+  c->dstDevice = b->standin + b->standin_bytes / 2;
+  return 0;
 }
 
 static int build_graph(builder *b, uint32_t g, CUgraph *out, char *err, size_t errlen) {
@@ -400,40 +579,17 @@ static int build_graph(builder *b, uint32_t g, CUgraph *out, char *err, size_t e
         break;
       }
       case FGB_NODE_MEMSET: {
-        q = take(&r, MEMSET_BYTES);
         foundry_memset_node_params mp;
-        memset(&mp, 0, sizeof mp);
-        mp.dst = ld64(q);
-        mp.pitch = (size_t)ld64(q + 8);
-        mp.value = ld32(q + 16);
-        mp.elementSize = ld32(q + 20);
-        mp.width = (size_t)ld64(q + 24);
-        mp.height = (size_t)ld64(q + 32);
+        read_memset(take(&r, MEMSET_BYTES), &mp);
+        if (b->standin_bytes && stand_in_memset(b, g, i, &mp, err, errlen) != 0) goto fail_quiet;
         what = "cuGraphAddMemsetNode";
         rc = cu.add_memset(&nodes[i], graph, NULL, 0, &mp, b->ctx);
         break;
       }
       case FGB_NODE_MEMCPY: {
-        q = take(&r, MEMCPY_BYTES);
         foundry_memcpy3d c;
-        memset(&c, 0, sizeof c);
-        c.srcMemoryType = (int)ld32(q);
-        c.dstMemoryType = (int)ld32(q + 4);
-        c.srcDevice = ld64(q + 8);
-        c.dstDevice = ld64(q + 16);
-        c.srcXInBytes = (size_t)ld64(q + 24);
-        c.srcY = (size_t)ld64(q + 32);
-        c.srcZ = (size_t)ld64(q + 40);
-        c.dstXInBytes = (size_t)ld64(q + 48);
-        c.dstY = (size_t)ld64(q + 56);
-        c.dstZ = (size_t)ld64(q + 64);
-        c.srcPitch = (size_t)ld64(q + 72);
-        c.srcHeight = (size_t)ld64(q + 80);
-        c.dstPitch = (size_t)ld64(q + 88);
-        c.dstHeight = (size_t)ld64(q + 96);
-        c.WidthInBytes = (size_t)ld64(q + 104);
-        c.Height = (size_t)ld64(q + 112);
-        c.Depth = (size_t)ld64(q + 120);
+        read_memcpy(take(&r, MEMCPY_BYTES), &c);
+        if (b->standin_bytes && stand_in_memcpy(b, g, i, &c, err, errlen) != 0) goto fail_quiet;
         what = "cuGraphAddMemcpyNode";
         rc = cu.add_memcpy(&nodes[i], graph, NULL, 0, &c, b->ctx);
         break;
@@ -469,6 +625,14 @@ static int build_graph(builder *b, uint32_t g, CUgraph *out, char *err, size_t e
       snprintf(err, errlen, "graph %u node %u (%s): %s failed: %s", g, i, type_name(type), what,
                err_name(rc));
       goto fail_quiet;
+    }
+    if (b->standin_bytes && (type == FGB_NODE_MEMSET || type == FGB_NODE_MEMCPY)) {
+      if (b->n_moved == b->cap_moved) {
+        snprintf(err, errlen, "graph %u node %u: more memory nodes than the %zu expected", g, i,
+                 b->cap_moved);
+        goto fail_quiet;
+      }
+      b->moved[b->n_moved++] = nodes[i];
     }
   }
   const uint8_t *edges = take(&r, (size_t)n_edges * EDGE_BYTES);
@@ -508,16 +672,10 @@ static double now(void) {
  * priority instead of the priority they were captured with. Keep equal to graphs.INSTANTIATE_FLAGS. */
 #define FOUNDRY_INSTANTIATE_FLAGS (1ULL | 8ULL)
 
-/* Builds the graph an FGB1 encoding describes in the current context. funcs[i] is the CUfunction of
- * function index i, events[i] the CUevent of slot i. With BUILD_INSTANTIATE, also instantiates it
- * (FOUNDRY_INSTANTIATE_FLAGS) into *out_exec, and with BUILD_UPLOAD uploads that to `stream`. times receives
- * the seconds spent building, instantiating and uploading. Returns 0, or -1 with a message in err and nothing
- * left allocated. */
-EXPORT int foundry_graph_build(const uint8_t *data, size_t len, void *const *funcs, size_t n_funcs,
-                               void *const *events, size_t n_events, void *stream, int flags,
-                               void **out_graph, void **out_exec, double *times, char *err, size_t errlen) {
-  builder b;
-  memset(&b, 0, sizeof b);
+/* Builds (and with BUILD_INSTANTIATE instantiates, with BUILD_UPLOAD uploads) the graph b describes;
+ * b->data, b->len, b->funcs, b->events and the stand-in fields are set by the caller. */
+static int build(builder *b, size_t n_funcs, size_t n_events, void *stream, int flags, void **out_graph,
+                 void **out_exec, double *times, char *err, size_t errlen) {
   double t0 = now(), t1, t2, t3;
   if (times) times[0] = times[1] = times[2] = 0.0;
   *out_graph = NULL;
@@ -531,41 +689,37 @@ EXPORT int foundry_graph_build(const uint8_t *data, size_t len, void *const *fun
     snprintf(err, errlen, "%s", driver_error);
     return -1;
   }
-  if (validate(data, len, n_funcs, n_events, &b.ps, err, errlen) != 0) return -1;
+  if (validate(b->data, b->len, n_funcs, n_events, &b->ps, err, errlen) != 0) return -1;
   for (size_t i = 0; i < n_funcs; i++) {
-    if (!funcs[i]) {
+    if (!b->funcs[i]) {
       snprintf(err, errlen, "function %zu has no CUfunction handle", i);
-      free(b.ps.graph_off);
+      free(b->ps.graph_off);
       return -1;
     }
   }
-  for (uint32_t i = 0; i < b.ps.n_events; i++) {
-    if (!events[i]) {
+  for (uint32_t i = 0; i < b->ps.n_events; i++) {
+    if (!b->events[i]) {
       snprintf(err, errlen, "event slot %u has no CUevent handle", i);
-      free(b.ps.graph_off);
+      free(b->ps.graph_off);
       return -1;
     }
   }
-  b.data = data;
-  b.len = len;
-  b.funcs = funcs;
-  b.events = events;
-  b.scratch = aligned_alloc(16, ((size_t)b.ps.max_param_bytes + 16) & ~(size_t)15);
-  b.argv = malloc(((size_t)b.ps.max_params + 1) * sizeof *b.argv);
+  b->scratch = aligned_alloc(16, ((size_t)b->ps.max_param_bytes + 16) & ~(size_t)15);
+  b->argv = malloc(((size_t)b->ps.max_params + 1) * sizeof *b->argv);
   CUgraph graph = NULL;
   CUgraphExec exec = NULL;
   CUresult rc;
   int status = -1;
-  if (!b.scratch || !b.argv) {
+  if (!b->scratch || !b->argv) {
     snprintf(err, errlen, "out of host memory");
     goto done;
   }
-  rc = cu.ctx_current(&b.ctx);
-  if (rc != CUDA_SUCCESS || !b.ctx) {
+  rc = cu.ctx_current(&b->ctx);
+  if (rc != CUDA_SUCCESS || !b->ctx) {
     snprintf(err, errlen, "no current CUDA context (cuCtxGetCurrent: %s)", err_name(rc));
     goto done;
   }
-  if (build_graph(&b, 0, &graph, err, errlen) != 0) goto done;
+  if (build_graph(b, 0, &graph, err, errlen) != 0) goto done;
   t1 = now();
   if (times) times[0] = t1 - t0;
   if (flags & BUILD_INSTANTIATE) {
@@ -593,8 +747,129 @@ EXPORT int foundry_graph_build(const uint8_t *data, size_t len, void *const *fun
   if (out_exec) *out_exec = exec;
   status = 0;
 done:
-  free(b.scratch);
-  free(b.argv);
-  free(b.ps.graph_off);
+  free(b->scratch);
+  free(b->argv);
+  free(b->ps.graph_off);
   return status;
+}
+
+/* Builds the graph an FGB1 encoding describes in the current context. funcs[i] is the CUfunction of
+ * function index i, events[i] the CUevent of slot i. With BUILD_INSTANTIATE, also instantiates it
+ * (FOUNDRY_INSTANTIATE_FLAGS) into *out_exec, and with BUILD_UPLOAD uploads that to `stream`. times receives
+ * the seconds spent building, instantiating and uploading. Returns 0, or -1 with a message in err and nothing
+ * left allocated. */
+EXPORT int foundry_graph_build(const uint8_t *data, size_t len, void *const *funcs, size_t n_funcs,
+                               void *const *events, size_t n_events, void *stream, int flags,
+                               void **out_graph, void **out_exec, double *times, char *err, size_t errlen) {
+  builder b;
+  memset(&b, 0, sizeof b);
+  b.data = data;
+  b.len = len;
+  b.funcs = funcs;
+  b.events = events;
+  return build(&b, n_funcs, n_events, stream, flags, out_graph, out_exec, times, err, errlen);
+}
+
+/* Builds and instantiates the graph before the memory its memset and memcpy nodes name is mapped: the
+ * driver refuses such a node whose addresses it cannot resolve yet (cuGraphAddMemsetNode:
+ * CUDA_ERROR_INVALID_VALUE), while kernel nodes hold their pointers as opaque bytes. Each memory node of
+ * the top graph is built against the stand-in [standin, standin + standin_bytes), device memory of the
+ * same kind as the region's (foundry_graph_memory_nodes says how much it needs), and listed in moved[]
+ * (room for cap_moved, *n_moved used); foundry_graph_retarget points them at their own addresses once
+ * those are mapped. A memory node in a child graph, a copy of more than one row, or one larger than the
+ * stand-in fails the build with a message (the caller builds that graph after the mapping instead). */
+EXPORT int foundry_graph_build_ahead(const uint8_t *data, size_t len, void *const *funcs, size_t n_funcs,
+                                     void *const *events, size_t n_events, uint64_t standin,
+                                     uint64_t standin_bytes, void **moved, size_t cap_moved, size_t *n_moved,
+                                     void **out_graph, void **out_exec, double *times, char *err,
+                                     size_t errlen) {
+  builder b;
+  memset(&b, 0, sizeof b);
+  b.data = data;
+  b.len = len;
+  b.funcs = funcs;
+  b.events = events;
+  b.standin = (CUdeviceptr)standin;
+  b.standin_bytes = (size_t)standin_bytes; /* non-zero: memory nodes are moved */
+  b.moved = (CUgraphNode *)moved;
+  b.cap_moved = cap_moved;
+  *n_moved = 0;
+  *out_graph = NULL;
+  *out_exec = NULL;
+  if (!standin || !standin_bytes) {
+    snprintf(err, errlen, "building ahead needs a stand-in allocation");
+    return -1;
+  }
+  int rc = build(&b, n_funcs, n_events, NULL, BUILD_INSTANTIATE, out_graph, out_exec, times, err, errlen);
+  *n_moved = rc == 0 ? b.n_moved : 0;
+  return rc;
+}
+
+/* Points the memory nodes foundry_graph_build_ahead moved (moved[0..n_moved), in the order it listed
+ * them) at their own addresses, now mapped: in the executable graph (what replays) and in the graph
+ * it was instantiated from (what a read-back or a later instantiation sees). Returns 0, or -1 with a
+ * message naming the node; the executable graph is then not to be replayed (the caller rebuilds it). */
+EXPORT int foundry_graph_retarget(const uint8_t *data, size_t len, void *exec, void *const *moved,
+                                  size_t n_moved, char *err, size_t errlen) {
+  parsed ps;
+  CUcontext ctx = NULL;
+  CUresult rc;
+  size_t k = 0;
+  pthread_once(&driver_once, load_driver);
+  if (!driver_ok) {
+    snprintf(err, errlen, "%s", driver_error);
+    return -1;
+  }
+  if (validate(data, len, SIZE_MAX, SIZE_MAX, &ps, err, errlen) != 0) return -1;
+  rc = cu.ctx_current(&ctx);
+  if (rc != CUDA_SUCCESS || !ctx) {
+    snprintf(err, errlen, "no current CUDA context (cuCtxGetCurrent: %s)", err_name(rc));
+    free(ps.graph_off);
+    return -1;
+  }
+  reader r = {data, len, ps.graph_off[0]};
+  uint32_t n_nodes = ld32(take(&r, 8));
+  for (uint32_t i = 0; i < n_nodes; i++) {
+    uint8_t type;
+    const uint8_t *q = step_node(&r, &ps, &type);
+    if (type != FGB_NODE_MEMSET && type != FGB_NODE_MEMCPY) continue;
+    if (k == n_moved) {
+      snprintf(err, errlen, "node %u: more memory nodes than the %zu moved", i, n_moved);
+      goto fail;
+    }
+    CUgraphNode node = (CUgraphNode)moved[k++];
+    const char *what;
+    if (type == FGB_NODE_MEMSET) {
+      foundry_memset_node_params mp;
+      read_memset(q, &mp);
+      what = "cuGraphExecMemsetNodeSetParams";
+      rc = cu.exec_set_memset((CUgraphExec)exec, node, &mp, ctx);
+      if (rc == CUDA_SUCCESS) {
+        what = "cuGraphMemsetNodeSetParams";
+        rc = cu.set_memset(node, &mp);
+      }
+    } else {
+      foundry_memcpy3d c;
+      read_memcpy(q, &c);
+      what = "cuGraphExecMemcpyNodeSetParams";
+      rc = cu.exec_set_memcpy((CUgraphExec)exec, node, &c, ctx);
+      if (rc == CUDA_SUCCESS) {
+        what = "cuGraphMemcpyNodeSetParams";
+        rc = cu.set_memcpy(node, &c);
+      }
+    }
+    if (rc != CUDA_SUCCESS) {
+      snprintf(err, errlen, "node %u (%s): %s failed: %s", i, type_name(type), what, err_name(rc));
+      goto fail;
+    }
+  }
+  if (k != n_moved) {
+    snprintf(err, errlen, "%zu memory nodes were moved, the encoding has %zu", n_moved, k);
+    goto fail;
+  }
+  free(ps.graph_off);
+  return 0;
+fail:
+  free(ps.graph_off);
+  return -1;
 }

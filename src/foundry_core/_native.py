@@ -92,6 +92,29 @@ SIGNATURES = {
             c_size_t,
         ],
     ),
+    "foundry_graph_memory_nodes": (c_int, [c_void_p, c_size_t, POINTER(c_uint64), c_char_p, c_size_t]),
+    "foundry_graph_build_ahead": (
+        c_int,
+        [
+            c_void_p,
+            c_size_t,
+            c_void_p,
+            c_size_t,
+            c_void_p,
+            c_size_t,
+            c_uint64,
+            c_uint64,
+            c_void_p,
+            c_size_t,
+            POINTER(c_size_t),
+            POINTER(c_void_p),
+            POINTER(c_void_p),
+            POINTER(c_double),
+            c_char_p,
+            c_size_t,
+        ],
+    ),
+    "foundry_graph_retarget": (c_int, [c_void_p, c_size_t, c_void_p, c_void_p, c_size_t, c_char_p, c_size_t]),
 }
 
 

@@ -520,15 +520,8 @@ def load(
             timings.update(rebuilding.timings)
         else:  # the thread's own times, apart: they were not spent on this path
             timings.update({f"background_{k}": v for k, v in rebuilding.timings.items()})
-            if upload_to is not None:
-                for rebuilt, _rng, _nodes in rebuilding.graphs.values():
-                    call(cu().cuGraphUpload, rebuilt.exec, cu().CUstream(init_value=upload_to))
-            # Graphs the driver would not build before their memory was mapped: built now.
-            if finish_rebuild(archive, rebuilding, upload_to=upload_to, progress=progress):
-                timings.update(
-                    deferred_graphs=rebuilding.timings["deferred_graphs"],
-                    deferred_s=rebuilding.timings["deferred_s"],
-                )
+            # Memory nodes re-pointed, graphs the driver would not build ahead built: on this path.
+            timings.update(finish_rebuild(archive, rebuilding, upload_to=upload_to, progress=progress))
         graphs = {
             name: RestoredGraph(name, rebuilt, region.device, rng, nodes)
             for name, (rebuilt, rng, nodes) in rebuilding.graphs.items()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import os
 import time
+from typing import NamedTuple
 
 from cuda.bindings import driver as _drv
 
@@ -221,3 +222,97 @@ class NativeBuilder:
         return Rebuilt(
             driver.CUgraph(init_value=graph.value), driver.CUgraphExec(init_value=exec_.value), events, []
         )
+
+    def memory_nodes(self, data: bytes) -> MemoryNodes:
+        """What building ``data`` ahead of its memory takes (native/graphbuild.c)."""
+        counts = (ctypes.c_uint64 * 4)()
+        err = ctypes.create_string_buffer(512)
+        buf = ctypes.c_char_p(data)
+        if self._so.foundry_graph_memory_nodes(
+            ctypes.cast(buf, ctypes.c_void_p), len(data), counts, err, len(err)
+        ):
+            raise GraphError(f"native graph builder: {err.value.decode(errors='replace')}")
+        return MemoryNodes(*(int(c) for c in counts))
+
+    def rebuild_ahead(
+        self, data: bytes, standin: int, standin_bytes: int, n_memory: int, timings: dict | None = None
+    ) -> tuple[Rebuilt, Moved]:
+        """Build and instantiate the graph ``data`` encodes before its memory is mapped, its
+        ``n_memory`` memory nodes pointing into the stand-in; :func:`retarget` finishes it."""
+        n_events = encoded_events(data) if len(data) >= _HEADER.size else 0
+        events = [call(cu().cuEventCreate, CU_EVENT_DISABLE_TIMING) for _ in range(n_events)]
+        handles = (ctypes.c_void_p * max(n_events, 1))(*[int(e) for e in events])
+        moved = (ctypes.c_void_p * max(n_memory, 1))()
+        n_moved = ctypes.c_size_t()
+        graph, exec_ = ctypes.c_void_p(), ctypes.c_void_p()
+        times = (ctypes.c_double * 3)()
+        err = ctypes.create_string_buffer(1024)
+        buf = ctypes.c_char_p(data)
+        rc = self._so.foundry_graph_build_ahead(
+            ctypes.cast(buf, ctypes.c_void_p),
+            len(data),
+            self._funcs,
+            self.n_funcs,
+            handles,
+            n_events,
+            standin,
+            standin_bytes,
+            moved,
+            n_memory,
+            ctypes.byref(n_moved),
+            ctypes.byref(graph),
+            ctypes.byref(exec_),
+            times,
+            err,
+            len(err),
+        )
+        if rc != 0:
+            for event in events:
+                call(cu().cuEventDestroy, event)
+            raise GraphError(f"native graph builder: {err.value.decode(errors='replace')}")
+        if timings is not None:
+            _add_times(timings, times[0], times[1], times[2])
+        driver = cu()
+        rebuilt = Rebuilt(
+            driver.CUgraph(init_value=graph.value), driver.CUgraphExec(init_value=exec_.value), events, []
+        )
+        return rebuilt, Moved(data, moved, n_moved.value)
+
+
+class MemoryNodes(NamedTuple):
+    """A graph encoding's memset and memcpy nodes, as building it ahead of its memory sees them."""
+
+    top: int  # in the top graph: built against the stand-in, re-pointed later
+    in_children: int  # in child graphs: the graph is built after the mapping instead
+    not_1d: int  # copies of more than one row in the top graph: likewise
+    standin_bytes: int  # the stand-in the top graph's memory nodes need
+
+
+class Moved(NamedTuple):
+    """The memory nodes of a graph built ahead, to be pointed at their own addresses."""
+
+    data: bytes
+    nodes: ctypes.Array
+    count: int
+
+
+def retarget(rebuilt: Rebuilt, moved: Moved) -> None:
+    """Point the memory nodes of a graph built ahead at their own addresses (mapped by now), in its
+    executable and in the graph it was instantiated from. Raises :class:`GraphError`; the graph is
+    then not to be replayed."""
+    so = _native.graph_lib()
+    if so is None:
+        raise GraphError("the native library has no graph builder (rebuild it)")
+    err = ctypes.create_string_buffer(1024)
+    buf = ctypes.c_char_p(moved.data)
+    rc = so.foundry_graph_retarget(
+        ctypes.cast(buf, ctypes.c_void_p),
+        len(moved.data),
+        int(rebuilt.exec),
+        moved.nodes,
+        moved.count,
+        err,
+        len(err),
+    )
+    if rc != 0:
+        raise GraphError(f"re-pointing memory nodes: {err.value.decode(errors='replace')}")

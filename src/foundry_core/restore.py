@@ -4,13 +4,16 @@ Loading the kernels' modules, building each graph and instantiating it depend on
 archive and the device's context, not on the memory the graphs' pointers name: a kernel node holds
 its parameters as bytes, and nothing is launched. :func:`prepare` therefore runs this work on a
 background thread that an engine starts once its archive is accepted and its region reserved, so
-that it overlaps the engine's own setup (weights, KV cache); :func:`foundry_core.load` with ``prepared=`` then maps the
-memory, restores its contents and takes the graphs, waiting only for what is not done yet. A graph
-the driver will not build before its memory is mapped (untested on every node kind: copy nodes
-between addresses it has to resolve are the likely case) is left for ``load`` to build after the
-mapping; if the background rebuild failed as a whole for any reason other than the archive itself,
-``load`` rebuilds everything synchronously, as it does without ``prepared``. The graphs a LOAD hands
-back are the same either way.
+that it overlaps the engine's own setup (weights, KV cache); :func:`foundry_core.load` with
+``prepared=`` then maps the memory, restores its contents and takes the graphs, waiting only for what
+is not done yet. The driver does resolve the addresses of memset and memcpy nodes when they are added
+(measured: ``cuGraphAddMemsetNode`` refuses an unmapped destination), so ahead of the memory those
+nodes are built against a stand-in allocation (:mod:`.standin`) and re-pointed at their own addresses
+by :func:`finish_rebuild`, after the mapping. A graph that cannot be built that way (a memory node in
+a child graph, a copy of several rows, the Python builder) is built by :func:`finish_rebuild` after
+the mapping; if the background rebuild failed as a whole for any reason other than the archive
+itself, ``load`` rebuilds everything synchronously, as it does without ``prepared``. The graphs a
+LOAD hands back are the same either way.
 """
 
 from __future__ import annotations
@@ -24,11 +27,13 @@ import warnings
 
 from .archive import Archive, ArchiveError
 from .driver import CudaError, call, cu
-from .graph_build import NativeBuilder, builder_choice, rebuild
+from .graph_build import Moved, NativeBuilder, builder_choice, rebuild, retarget
 from .graph_codec import ENCODING, decode, encode, kernel_ids
 from .graphs import GraphError, Rebuilt
 from .modules import LoadedModules
 from .progress import Progress
+from .standin import MAX_BYTES as STANDIN_MAX_BYTES
+from .standin import StandIn
 from .trust import check_location
 
 logger = logging.getLogger("foundry.restore")
@@ -45,12 +50,21 @@ class Rebuilding:
     # Ahead of the memory (prepare): graphs the driver would not build yet, with why; rebuilt by
     # finish_rebuild once the memory is mapped.
     deferred: dict[str, BaseException] = dataclasses.field(default_factory=dict)
+    # Ahead of the memory: graphs whose memory nodes point into the stand-in until finish_rebuild.
+    moved: dict[str, Moved] = dataclasses.field(default_factory=dict)
+    standin: StandIn | None = None
 
     def discard(self) -> None:
         for rebuilt, _rng, _nodes in self.graphs.values():
             rebuilt.destroy()
+        self.graphs, self.moved = {}, {}
+        self._free_standin()
         self.modules.unload()
-        self.graphs = {}
+
+    def _free_standin(self) -> None:
+        if self.standin is not None:
+            self.standin.free()
+            self.standin = None
 
 
 def rebuild_archive(
@@ -58,68 +72,89 @@ def rebuild_archive(
 ) -> Rebuilding:
     """Load every module of ``archive`` and rebuild every graph; on failure nothing stays loaded.
 
-    ``ahead``: the graphs' memory is not mapped yet (:func:`prepare`). A graph the driver refuses
-    to build or instantiate then (a copy node between addresses it cannot resolve yet, say) is left
-    in ``deferred`` for :func:`finish_rebuild` instead of failing the rest.
+    ``ahead``: the graphs' memory is not mapped yet (:func:`prepare`). Memory nodes are then built
+    against a stand-in and listed in ``moved``; a graph the driver refuses to build or instantiate
+    even so is left in ``deferred``; :func:`finish_rebuild` completes both once the memory is mapped.
 
     Adds to the timings: modules_s, graph_read_s (reading, and decoding or encoding where the stored
-    form is not the one the builder takes), graph_build_s, graph_instantiate_s, graph_upload_s.
+    form is not the one the builder takes), graph_build_s, graph_instantiate_s, graph_upload_s, and
+    ahead of the memory standin_bytes.
     """
     meta = archive.meta
     timings: dict[str, float] = {}
-    modules = LoadedModules()
-    graphs: dict[str, tuple[Rebuilt, dict | None, int]] = {}
+    rebuilding = Rebuilding(LoadedModules(), {}, set(), timings)
     t0 = time.perf_counter()
     try:
         with Progress("foundry: loading modules", len(meta["images"]), progress) as bar:
             for digest in meta["images"]:
-                modules.load(digest, archive.read_bytes(f"modules/{digest}.cubin"))
+                rebuilding.modules.load(digest, archive.read_bytes(f"modules/{digest}.cubin"))
                 bar.advance()
         for image, name, attrs in meta["kernels"]:
-            modules.function(image, name, attrs)
+            rebuilding.modules.function(image, name, attrs)
         timings["modules_s"] = time.perf_counter() - t0
-        deferred: dict[str, BaseException] | None = {} if ahead else None
-        builders = _rebuild_graphs(archive, modules, upload_to, graphs, progress, timings, deferred=deferred)
+        rebuilding.builders = _rebuild_graphs(archive, rebuilding, upload_to, progress, timings, ahead=ahead)
     except BaseException:
-        for rebuilt, _rng, _nodes in graphs.values():  # those rebuilt before the failure
-            rebuilt.destroy()
-        modules.unload()
+        rebuilding.discard()  # the graphs rebuilt before the failure, the stand-in, the modules
         raise
-    return Rebuilding(modules, graphs, builders, timings, deferred or {})
+    return rebuilding
 
 
 def finish_rebuild(
     archive: Archive, rebuilding: Rebuilding, *, upload_to: int | None = None, progress: bool | None = None
-) -> int:
-    """Rebuild the graphs :func:`rebuild_archive` deferred (their memory is mapped now), with the
-    modules it loaded; returns how many. Raises as a rebuild at this point always did."""
-    names = set(rebuilding.deferred)
-    if not names:
-        return 0
-    timings: dict[str, float] = {}
+) -> dict[str, float]:
+    """Complete a rebuild made ahead of the memory, now mapped: re-point the memory nodes of the
+    graphs built against the stand-in (and free it), upload the graphs to ``upload_to`` unless it
+    is None, and build the graphs the driver would not build ahead. Raises as a rebuild at this point
+    always did. Returns its timings (the part of the restore on the caller's path): retarget_s,
+    retargeted_graphs, deferred_graphs, deferred_s, graph_build_s, graph_instantiate_s, graph_upload_s."""
+    timings = {"graph_build_s": 0.0, "graph_instantiate_s": 0.0, "graph_upload_s": 0.0}
     t0 = time.perf_counter()
-    builders = _rebuild_graphs(
-        archive, rebuilding.modules, upload_to, rebuilding.graphs, progress, timings, only=names
-    )
-    rebuilding.builders |= builders
-    order = [e["name"] for e in archive.meta["graphs"]]  # the archive's order, as without deferral
-    rebuilding.graphs = {n: rebuilding.graphs[n] for n in order if n in rebuilding.graphs}
-    first = next(iter(rebuilding.deferred.values()))
-    logger.info(
-        "foundry: %d graphs rebuilt after their memory was mapped (ahead of it: %s)", len(names), first
-    )
-    rebuilding.deferred = {}
-    rebuilding.timings.update(deferred_graphs=float(len(names)), deferred_s=time.perf_counter() - t0)
-    return len(names)
+    refused = 0
+    for name, moved in rebuilding.moved.items():
+        rebuilt = rebuilding.graphs[name][0]
+        try:
+            retarget(rebuilt, moved)
+        except GraphError as e:  # rebuilt from scratch below, now that its memory is mapped
+            rebuilt.destroy()
+            del rebuilding.graphs[name]
+            rebuilding.deferred[name] = e
+            refused += 1
+    timings["retargeted_graphs"] = float(len(rebuilding.moved) - refused)
+    rebuilding.moved = {}
+    rebuilding._free_standin()
+    t1 = time.perf_counter()
+    timings["retarget_s"] = t1 - t0
+    if upload_to is not None:
+        stream = cu().CUstream(init_value=upload_to)
+        for rebuilt, _rng, _nodes in rebuilding.graphs.values():
+            call(cu().cuGraphUpload, rebuilt.exec, stream)
+        timings["graph_upload_s"] = time.perf_counter() - t1
+    names = set(rebuilding.deferred)
+    if names:
+        t2 = time.perf_counter()
+        split: dict[str, float] = {}
+        builders = _rebuild_graphs(archive, rebuilding, upload_to, progress, split, only=names)
+        rebuilding.builders |= builders
+        order = [e["name"] for e in archive.meta["graphs"]]  # the archive's order, as without deferral
+        rebuilding.graphs = {n: rebuilding.graphs[n] for n in order if n in rebuilding.graphs}
+        first = next(iter(rebuilding.deferred.values()))
+        logger.info(
+            "foundry: %d graphs rebuilt after their memory was mapped (ahead of it: %s)", len(names), first
+        )
+        rebuilding.deferred = {}
+        for key in ("graph_build_s", "graph_instantiate_s", "graph_upload_s"):
+            timings[key] += split.get(key, 0.0)
+        timings.update(deferred_graphs=float(len(names)), deferred_s=time.perf_counter() - t2)
+    return timings
 
 
-def _rebuild_graphs(
-    archive, modules, stream, graphs, progress, timings, *, only=None, deferred=None
-) -> set[str]:
-    """Rebuild the graphs of the archive (those named in ``only``, or all) into ``graphs``; returns
-    the builders used ("native", "python"). With ``deferred`` (ahead of the memory), a graph the
-    driver refuses is recorded there, and the others go on with the same builder."""
+def _rebuild_graphs(archive, rebuilding, stream, progress, timings, *, only=None, ahead=False) -> set[str]:
+    """Rebuild the graphs of the archive (those named in ``only``, or all) into ``rebuilding.graphs``;
+    returns the builders used ("native", "python"). ``ahead`` (of the memory): memory nodes are built
+    against a stand-in (native builder) and a graph the driver refuses is recorded in
+    ``rebuilding.deferred``, the others go on with the same builder."""
     meta = archive.meta
+    modules, graphs = rebuilding.modules, rebuilding.graphs
     kernel_attrs = {(image, name): attrs for image, name, attrs in meta["kernels"]}
     choice = builder_choice()
     native = None
@@ -138,13 +173,16 @@ def _rebuild_graphs(
     read_s = 0.0
     used: set[str] = set()
     entries = [e for e in meta["graphs"] if only is None or e["name"] in only]
+    preread: dict[str, bytes] = {}  # encodings read by _plan_standin, taken by the loop below
+    memory = _plan_standin(archive, rebuilding, native, entries, timings, preread) if ahead and native else {}
     with Progress("foundry: rebuilding graphs", len(entries), progress) as bar:
         for entry in entries:
             r0 = time.perf_counter()
             encoding = entry.get("encoding")
             data = desc = None
             if encoding == ENCODING:
-                data, rng = archive.read_bytes(entry["file"]), entry.get("rng_state")
+                data = preread.pop(entry["name"], None) or archive.read_bytes(entry["file"])
+                rng = entry.get("rng_state")
             elif encoding is None:
                 desc = archive.read_json(entry["file"])
                 rng = desc["rng"]
@@ -159,11 +197,20 @@ def _rebuild_graphs(
                         ids = ids or kernel_ids(meta["kernels"])
                         data = encode({k: v for k, v in desc.items() if k != "rng"}, ids)
                     read_s += time.perf_counter() - r0
-                    rebuilt = native.rebuild(data, stream, split)
+                    n_memory = memory.get(entry["name"], 0)
+                    if n_memory and rebuilding.standin is not None:
+                        standin = rebuilding.standin
+                        rebuilt, moved = native.rebuild_ahead(
+                            data, standin.base, standin.size, n_memory, split
+                        )
+                        if moved.count:
+                            rebuilding.moved[entry["name"]] = moved
+                    else:
+                        rebuilt = native.rebuild(data, stream, split)
                     used.add("native")
                 except GraphError as e:
-                    if deferred is not None:  # ahead of the memory: retried once it is mapped
-                        deferred[entry["name"]] = e
+                    if ahead:  # retried once the memory is mapped
+                        rebuilding.deferred[entry["name"]] = e
                         bar.advance()
                         continue
                     if choice == "native":
@@ -181,9 +228,9 @@ def _rebuild_graphs(
                 try:
                     rebuilt = rebuild(desc, modules, kernel_attrs, stream, split)
                 except (GraphError, CudaError) as e:
-                    if deferred is None:
+                    if not ahead:
                         raise
-                    deferred[entry["name"]] = e  # ahead of the memory: retried once it is mapped
+                    rebuilding.deferred[entry["name"]] = e  # retried once the memory is mapped
                     bar.advance()
                     continue
                 used.add("python")
@@ -193,6 +240,32 @@ def _rebuild_graphs(
     for key in ("build_s", "instantiate_s", "upload_s"):
         timings[f"graph_{key}"] = split.get(key, 0.0)
     return used
+
+
+def _plan_standin(archive, rebuilding, native, entries, timings, preread) -> dict[str, int]:
+    """Ahead of the memory: how many memory nodes each graph's top level has (graphs that have some
+    are built against the stand-in), and the stand-in itself, as large as the largest need up to
+    :data:`.standin.MAX_BYTES` (a graph that needs more fails its build ahead and is deferred). The
+    encodings it reads are left in ``preread``."""
+    memory: dict[str, int] = {}
+    need = 0
+    for entry in entries:
+        if entry.get("encoding") != ENCODING:
+            continue  # a JSON description: built after the mapping if it has memory nodes
+        data = preread[entry["name"]] = archive.read_bytes(entry["file"])
+        nodes = native.memory_nodes(data)
+        if nodes.top:
+            memory[entry["name"]] = nodes.top
+            if not nodes.in_children and not nodes.not_1d and nodes.standin_bytes <= STANDIN_MAX_BYTES:
+                need = max(need, nodes.standin_bytes)
+    if memory:
+        try:
+            rebuilding.standin = StandIn(max(need, 1))
+        except CudaError as e:  # the graphs with memory nodes are then built after the mapping
+            logger.info("foundry: no stand-in memory for building ahead (%s)", e)
+            return {}
+        timings["standin_bytes"] = float(rebuilding.standin.size)
+    return memory
 
 
 def _context_for(device: int):

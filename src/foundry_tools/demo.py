@@ -280,6 +280,7 @@ def run_load(args) -> dict:
         "prepared": bool(restored.timings.get("prepared_ok")),
         "restore_background_s": restored.timings.get("prepared_s"),
         "deferred_graphs": int(restored.timings.get("deferred_graphs", 0)),
+        "retargeted_graphs": int(restored.timings.get("retargeted_graphs", 0)),
         "builder": restored.builder,
         "load_stream_captures": sum(captures_after.values()),
         "stream_captures_during_load": {k: captures_after[k] - captures_before[k] for k in captures_after},

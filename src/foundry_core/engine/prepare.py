@@ -43,7 +43,8 @@ def start(path: Any, *, cfg: Any, rank: int, device: int, archive: Any, log: log
 def report(timings: dict[str, Any]) -> dict[str, Any]:
     """What a start report says about the rebuild ahead: whether it succeeded (if not, everything
     was rebuilt at the graph phase, with a warning), whether it was ready when the graph phase came,
-    how long that phase waited for it, and how long it ran in the background."""
+    how long that phase waited for it, how long it ran in the background, how many graphs had their
+    memory nodes re-pointed after the mapping and how many were built only then."""
     if "prepared_s" not in timings:
         return {"prepared": False}
     return {
@@ -52,4 +53,6 @@ def report(timings: dict[str, Any]) -> dict[str, Any]:
         "prepared_ready": bool(timings.get("prepared_ready")),
         "prepare_wait_s": round(float(timings.get("prepare_wait_s", 0.0)), 4),
         "prepared_s": round(float(timings["prepared_s"]), 4),
+        "graphs_retargeted": int(timings.get("retargeted_graphs", 0)),
+        "graphs_deferred": int(timings.get("deferred_graphs", 0)),
     }

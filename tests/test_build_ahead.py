@@ -1,0 +1,284 @@
+"""Building graphs ahead of their memory, on the CPU: the native scan of an encoding's memset and
+memcpy nodes (what a stand-in must hold), the builder's refusals without a driver, and the restore
+flow around it (stand-in sized and freed, memory nodes re-pointed after the mapping, a graph whose
+re-pointing fails rebuilt from scratch). The driver's part runs on the GPU: tests/gpu."""
+
+from __future__ import annotations
+
+import ctypes.util
+
+import pytest
+
+import foundry_core as fc
+from foundry_core import _native, graph_build, graph_codec, restore, standin
+from foundry_core.graphs import GraphError
+
+KERNELS = [["img-a", "k_add", {}]]
+IDS = graph_codec.kernel_ids(KERNELS)
+
+
+def _native_or_skip():
+    if _native.graph_lib() is None:
+        pytest.skip("the native library is not installed (pip install -e .)")
+
+
+def _kernel():
+    return {
+        "type": "kernel",
+        "image": "img-a",
+        "name": "k_add",
+        "grid": [1, 1, 1],
+        "block": [32, 1, 1],
+        "smem": 0,
+        "layout": [[0, 8]],
+        "params": "AAAAAAAAAAA=",
+        "attrs": {},
+    }
+
+
+def _memset(width, element_size=4, pitch=0, height=1):
+    return {
+        "type": "memset",
+        "dst": 0x600000001000,
+        "pitch": pitch,
+        "value": 0,
+        "element_size": element_size,
+        "width": width,
+        "height": height,
+    }
+
+
+def _memcpy(width, src_x=0, dst_x=0, height=1):
+    return {
+        "type": "memcpy",
+        "src": 0x600000002000,
+        "dst": 0x600000003000,
+        "src_xy": [src_x, 0, 0],
+        "dst_xy": [dst_x, 0, 0],
+        "src_pitch": [width + src_x if height > 1 else 0, height if height > 1 else 0],
+        "dst_pitch": [width + dst_x if height > 1 else 0, height if height > 1 else 0],
+        "extent": [width, height, 1],
+        "kinds": [2, 2],
+    }
+
+
+def _chain(nodes):
+    return [[i, i + 1, 0, 0, 0] for i in range(len(nodes) - 1)]
+
+
+def _encode(nodes):
+    return graph_codec.encode({"nodes": nodes, "edges": _chain(nodes), "events": 0}, IDS)
+
+
+def _scan(nodes):
+    so = _native.graph_lib()
+    return graph_build.NativeBuilder(so, [1]).memory_nodes(_encode(nodes))
+
+
+def test_the_scan_counts_memory_nodes_and_the_stand_in_they_need():
+    _native_or_skip()
+    child = {"nodes": [_memset(64)], "edges": []}
+    nodes = [
+        _kernel(),
+        _memset(256),  # 1,024 bytes
+        _memcpy(4096, dst_x=16),  # source 4,096 and destination 4,112 bytes: 2 x 4,112 of stand-in
+        _memset(100, element_size=1, pitch=512, height=4),  # 3 rows of 512, then 100: 1,636 bytes
+        _memcpy(64, height=2),  # two rows: the driver re-points one-row copies only
+        {"type": "graph", "graph": child},
+    ]
+    assert _scan(nodes) == graph_build.MemoryNodes(top=4, in_children=1, not_1d=1, standin_bytes=8224)
+    assert _scan([_kernel(), {"type": "empty"}]) == (0, 0, 0, 0)
+
+
+def test_a_span_that_overflows_needs_more_than_any_stand_in():
+    _native_or_skip()
+    huge = _scan([_memset(1 << 62, element_size=8)])
+    assert huge.top == 1 and huge.standin_bytes == 2**64 - 1 > standin.MAX_BYTES
+
+
+def test_the_scan_refuses_a_damaged_encoding():
+    _native_or_skip()
+    data = _encode([_memset(16)])
+    with pytest.raises(GraphError, match="truncated"):
+        graph_build.NativeBuilder(_native.graph_lib(), [1]).memory_nodes(data[:-3])
+
+
+@pytest.mark.skipif(ctypes.util.find_library("cuda") is not None, reason="a CUDA driver is installed here")
+def test_without_a_driver_building_ahead_and_re_pointing_fail_with_the_reason():
+    _native_or_skip()
+    so = _native.graph_lib()
+    data = _encode([_kernel(), _memset(16)])
+    with pytest.raises(GraphError, match="libcuda"):
+        graph_build.NativeBuilder(so, [1]).rebuild_ahead(data, 0x7F0000000000, 2 << 20, 1)
+    moved = graph_build.Moved(data, (ctypes.c_void_p * 1)(), 1)
+
+    class _Exec:
+        exec = 0
+
+    with pytest.raises(GraphError, match="libcuda"):
+        graph_build.retarget(_Exec(), moved)
+
+
+# --- the restore flow around it, with a stand-in driver ----------------------------------------------
+
+
+class _Built:
+    def __init__(self, name, ahead):
+        self.name, self.ahead, self.destroyed = name, ahead, False
+        self.exec = 1
+
+    def destroy(self):
+        self.destroyed = True
+
+
+class _Archive:
+    """Graphs stored in FGB1 whose bytes name the graph; memory[name] = (top nodes, stand-in bytes)."""
+
+    def __init__(self, memory):
+        self.memory = memory
+        self.meta = {
+            "images": [],
+            "kernels": [],
+            "graphs": [
+                {"name": n, "file": f"graphs/{n}.fgb", "nodes": 3, "encoding": graph_codec.ENCODING}
+                for n in memory
+            ],
+        }
+        self.reads = []
+
+    def read_bytes(self, rel):
+        self.reads.append(rel)
+        return rel.removeprefix("graphs/").removesuffix(".fgb").encode()
+
+
+class _StandIn:
+    made: list = []
+
+    def __init__(self, nbytes):
+        self.base, self.size, self.freed = 0x7F0000000000, nbytes, False
+        _StandIn.made.append(self)
+
+    def free(self):
+        self.freed = True
+
+
+class _Driver:
+    """What the builder does: refuses memory nodes before the mapping unless they are built against a
+    stand-in large enough; re-points them (or refuses to, for the names in refuse_retarget)."""
+
+    def __init__(self, archive):
+        self.archive, self.mapped, self.refuse_retarget = archive, False, set()
+        self.built, self.retargeted = [], []
+
+    def create(self, modules, kernels):
+        return self
+
+    def memory_nodes(self, data):
+        top, need = self.archive.memory[data.decode()]
+        return graph_build.MemoryNodes(top, 0, 0, need)
+
+    def rebuild(self, data, stream, split):
+        name = data.decode()
+        if self.archive.memory[name][0] and not self.mapped:
+            raise GraphError(
+                f"graph 0 node 1 (memset) of {name}: cuGraphAddMemsetNode failed: CUDA_ERROR_INVALID_VALUE"
+            )
+        self.built.append(name)
+        split["build_s"] = split.get("build_s", 0.0) + 0.5
+        return _Built(name, ahead=False)
+
+    def rebuild_ahead(self, data, base, size, n_memory, split):
+        name = data.decode()
+        top, need = self.archive.memory[name]
+        assert n_memory == top and base == _StandIn.made[-1].base
+        if need > size:
+            raise GraphError(f"graph 0 node 1 (memset): {need} bytes, the stand-in has {size}")
+        self.built.append(name)
+        return _Built(name, ahead=True), graph_build.Moved(data, None, top)
+
+    def retarget(self, rebuilt, moved):
+        assert self.mapped and not _StandIn.made[-1].freed
+        if rebuilt.name in self.refuse_retarget:
+            raise GraphError(
+                "re-pointing memory nodes: node 1 (memset): cuGraphExecMemsetNodeSetParams failed"
+            )
+        self.retargeted.append(rebuilt.name)
+
+
+@pytest.fixture
+def driver(monkeypatch):
+    archive = _Archive(
+        {
+            "decode/bs=1": (0, 0),  # kernels only
+            "decode/bs=8": (2, 4096),
+            "decode/bs=16": (1, 8192),
+            "decode/bs=512": (1, standin.MAX_BYTES + 1),  # more than a stand-in may take
+        }
+    )
+    d = _Driver(archive)
+    _StandIn.made = []
+    monkeypatch.setattr(restore, "builder_choice", lambda: "auto")
+    monkeypatch.setattr(restore.NativeBuilder, "create", d.create)
+    monkeypatch.setattr(restore, "StandIn", _StandIn)
+    monkeypatch.setattr(restore, "retarget", d.retarget)
+    return d
+
+
+def test_memory_nodes_are_built_against_a_stand_in_and_re_pointed_after_the_mapping(driver):
+    archive = driver.archive
+    ahead = restore.rebuild_archive(archive, progress=False, ahead=True)
+    (made,) = _StandIn.made
+    assert made.size == 8192 and ahead.timings["standin_bytes"] == 8192.0  # the largest need it may meet
+    assert list(ahead.graphs) == ["decode/bs=1", "decode/bs=8", "decode/bs=16"]
+    assert [ahead.graphs[n][0].ahead for n in ahead.graphs] == [False, True, True]
+    assert set(ahead.moved) == {"decode/bs=8", "decode/bs=16"} and list(ahead.deferred) == ["decode/bs=512"]
+    assert len(archive.reads) == 4  # each encoding read once: the scan's reads are reused
+
+    driver.mapped = True
+    timings = restore.finish_rebuild(archive, ahead, progress=False)
+    assert driver.retargeted == ["decode/bs=8", "decode/bs=16"] and made.freed and ahead.standin is None
+    assert list(ahead.graphs) == [
+        "decode/bs=1",
+        "decode/bs=8",
+        "decode/bs=16",
+        "decode/bs=512",
+    ]  # archive order
+    assert timings["retargeted_graphs"] == 2.0 and timings["deferred_graphs"] == 1.0
+    assert timings["graph_build_s"] == 0.5  # the deferred graph's build, on the caller's path
+    assert not ahead.moved and not ahead.deferred
+
+
+def test_a_graph_the_driver_will_not_re_point_is_rebuilt_from_scratch(driver):
+    archive = driver.archive
+    ahead = restore.rebuild_archive(archive, progress=False, ahead=True)
+    first = ahead.graphs["decode/bs=16"][0]
+    driver.mapped, driver.refuse_retarget = True, {"decode/bs=16"}
+    timings = restore.finish_rebuild(archive, ahead, progress=False)
+    assert first.destroyed and not ahead.graphs["decode/bs=16"][0].ahead
+    assert timings["retargeted_graphs"] == 1.0 and timings["deferred_graphs"] == 2.0
+    assert _StandIn.made[0].freed
+
+
+def test_without_stand_in_memory_the_graphs_with_memory_nodes_wait_for_the_mapping(driver, monkeypatch):
+    def no_memory(nbytes):
+        raise fc.CudaError("cuMemCreate", 2)
+
+    monkeypatch.setattr(restore, "StandIn", no_memory)
+    ahead = restore.rebuild_archive(driver.archive, progress=False, ahead=True)
+    assert list(ahead.graphs) == ["decode/bs=1"] and len(ahead.deferred) == 3 and ahead.standin is None
+    driver.mapped = True
+    timings = restore.finish_rebuild(driver.archive, ahead, progress=False)
+    assert timings["deferred_graphs"] == 3.0 and len(ahead.graphs) == 4
+
+
+def test_discarding_a_rebuild_ahead_frees_its_stand_in(driver):
+    ahead = restore.rebuild_archive(driver.archive, progress=False, ahead=True)
+    built = [rebuilt for rebuilt, _rng, _nodes in ahead.graphs.values()]
+    ahead.discard()
+    assert _StandIn.made[0].freed and all(b.destroyed for b in built) and not ahead.moved
+
+
+def test_not_ahead_of_the_memory_no_stand_in_is_made(driver):
+    driver.mapped = True
+    done = restore.rebuild_archive(driver.archive, progress=False)
+    assert not _StandIn.made and len(done.graphs) == 4 and not done.moved
