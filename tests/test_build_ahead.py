@@ -6,6 +6,13 @@ re-pointing fails rebuilt from scratch). The driver's part runs on the GPU: test
 from __future__ import annotations
 
 import ctypes.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +22,7 @@ from foundry_core.graphs import GraphError
 
 KERNELS = [["img-a", "k_add", {}]]
 IDS = graph_codec.kernel_ids(KERNELS)
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _native_or_skip():
@@ -117,6 +125,125 @@ def test_without_a_driver_building_ahead_and_re_pointing_fail_with_the_reason():
 
     with pytest.raises(GraphError, match="libcuda"):
         graph_build.retarget(_Exec(), moved)
+
+
+# --- the native builder against a stand-in libcuda (tests/helpers_native/fake_libcuda.c) ---------------
+
+# In a fresh process whose libcuda.so.1 is the stand-in: a plain build of the encoding, the build
+# ahead against a stand-in at STANDIN, re-pointing before and after the graph's memory is mapped.
+_DRIVER_SCRIPT = textwrap.dedent(
+    """
+    import ctypes, json, sys
+    from foundry_core import _native, graph_build
+    from foundry_core.graphs import GraphError
+
+    fake = ctypes.CDLL("libcuda.so.1")
+    fake.fake_log.restype = ctypes.c_char_p
+    fake.fake_map.argtypes = [ctypes.c_ulonglong, ctypes.c_ulonglong]
+    data = bytes.fromhex(sys.argv[1])
+    standin, standin_bytes, n_memory = (int(a) for a in sys.argv[2:5])
+    builder = graph_build.NativeBuilder(_native.graph_lib(), [0x1111])
+    out = {}
+    try:
+        builder.rebuild(data, None)
+        out["plain"] = "built"
+    except GraphError as e:
+        out["plain"] = str(e)
+    fake.fake_map(standin, standin_bytes)
+    try:
+        rebuilt, moved = builder.rebuild_ahead(data, standin, standin_bytes, n_memory)
+    except GraphError as e:
+        out["ahead"] = str(e)
+    else:
+        out["ahead"] = "built"
+        out["exec"] = int(rebuilt.exec)
+        out["moved"] = [moved.nodes[i] for i in range(moved.count)]
+        try:
+            graph_build.retarget(rebuilt, moved)
+            out["early"] = "re-pointed"
+        except GraphError as e:
+            out["early"] = str(e)
+        fake.fake_map(0x600000000000, 1 << 20)  # the graph's own memory, mapped by the region
+        graph_build.retarget(rebuilt, moved)
+    out["log"] = fake.fake_log().decode().splitlines()
+    print(json.dumps(out))
+    """
+)
+STANDIN = 0x7F0000000000
+
+
+def _with_fake_driver(tmp_path, nodes, standin_bytes=1 << 20, n_memory=None):
+    _native_or_skip()
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler to build the stand-in libcuda")
+    lib = tmp_path / "libcuda.so.1"
+    src = ROOT / "tests" / "helpers_native" / "fake_libcuda.c"
+    subprocess.run(
+        [
+            cc,
+            "-shared",
+            "-fPIC",
+            "-O1",
+            "-fvisibility=hidden",
+            f"-I{ROOT / 'native'}",
+            str(src),
+            "-o",
+            str(lib),
+        ],
+        check=True,
+    )
+    if n_memory is None:
+        n_memory = sum(n["type"] in ("memset", "memcpy") for n in nodes)
+    args = [_encode(nodes).hex(), str(STANDIN), str(standin_bytes), str(n_memory)]
+    env = {**os.environ, "LD_LIBRARY_PATH": str(tmp_path)}  # searched before the system's libcuda
+    proc = subprocess.run(
+        [sys.executable, "-c", _DRIVER_SCRIPT, *args], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+def test_memory_nodes_are_built_on_the_stand_in_and_re_pointed_in_the_executable_and_the_graph(tmp_path):
+    nodes = [_kernel(), _memset(256), _kernel(), _memcpy(4096, dst_x=16)]
+    out = _with_fake_driver(tmp_path, nodes)
+    # Without the stand-in the driver refuses the first memset, as the H200's did at 4dd1cfd.
+    assert "node 1 (memset): cuGraphAddMemsetNode failed: CUDA_ERROR_INVALID_VALUE" in out["plain"]
+    assert out["ahead"] == "built" and len(out["moved"]) == 2
+    half = STANDIN + (1 << 19)
+    memset_node, memcpy_node = (f"{n:#x}" for n in out["moved"])
+    log = out["log"]
+    assert f"add memset {memset_node} dst={STANDIN:x} width=256" in log
+    assert f"add memcpy {memcpy_node} src={STANDIN:x} dst={half:x} width=4096" in log
+    # Re-pointing before the graph's memory is mapped is refused, and says which node.
+    assert "node 1 (memset): cuGraphExecMemsetNodeSetParams failed: CUDA_ERROR_INVALID_VALUE" in out["early"]
+    exec_ = f"{out['exec']:#x}"
+    after = log[log.index(next(line for line in log if line.startswith("instantiate"))) + 1 :]
+    assert after == [
+        f"exec {exec_} set memset {memset_node} dst=600000001000 width=256",
+        f"set memset {memset_node} dst=600000001000 width=256",
+        f"exec {exec_} set memcpy {memcpy_node} src=600000002000 dst=600000003000",
+        f"set memcpy {memcpy_node} src=600000002000 dst=600000003000",
+    ]
+
+
+@pytest.mark.parametrize(
+    "nodes,standin_bytes,refusal",
+    [
+        ([_kernel(), _memset(1024)], 1024, "node 1 (memset): 4096 bytes, the stand-in has 1024"),
+        ([_memcpy(64, height=2)], 1 << 20, "node 0 (memcpy): not one-dimensional, not built ahead"),
+        (
+            [_kernel(), {"type": "graph", "graph": {"nodes": [_memset(8)], "edges": []}}],
+            1 << 20,
+            "graph 1 node 0 (memset): in a child graph, not built ahead",
+        ),
+    ],
+    ids=["larger-than-the-stand-in", "several-rows", "in-a-child-graph"],
+)
+def test_what_cannot_be_built_ahead_is_refused_with_the_node_named(tmp_path, nodes, standin_bytes, refusal):
+    out = _with_fake_driver(tmp_path, nodes, standin_bytes, n_memory=1)
+    assert refusal in out["ahead"], out
+    assert not [line for line in out["log"] if line.startswith("instantiate")]
 
 
 # --- the restore flow around it, with a stand-in driver ----------------------------------------------
