@@ -3,6 +3,8 @@
 # and the GPU tests (pytest -m gpu).
 #   2 GPUs or more: GPU 0 runs the bench, GPU 1 the soak and then the GPU tests, side by side.
 #   1 GPU: the bench, then the GPU tests, one after the other (the soak only with SOAK=1, after them).
+#   On one H200 the bench (about 6 min) and the GPU tests (about 3 min) do not both fit one 600 s
+#   call: CORE_PARTS=bench, then CORE_PARTS=tests, in two calls (default: both).
 # Usage on the device, from the repository root: FOUNDRY_COMMIT=<hash> bash benchmarks/run_h200_core.sh
 # Everything it produces goes to $OUT (results JSON, PNG, logs).
 set -u
@@ -43,8 +45,9 @@ if [ "$n_gpus" -ge 2 ]; then
   (soak 1; gpu_tests 1) &
   wait
 else
-  bench 0
-  gpu_tests 0
+  parts=${CORE_PARTS:-bench tests}
+  case " $parts " in *" bench "*) bench 0 ;; esac
+  case " $parts " in *" tests "*) gpu_tests 0 ;; esac
   [ "${SOAK:-0}" = 1 ] && soak 0
 fi
 for f in bench.log soak.log pytest-gpu.log; do [ -f "$out/$f" ] && tail -n 25 "$out/$f"; done
