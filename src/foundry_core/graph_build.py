@@ -190,38 +190,8 @@ class NativeBuilder:
 
     def rebuild(self, data: bytes, stream: int | None, timings: dict | None = None) -> Rebuilt:
         """Build and instantiate the graph ``data`` encodes; upload it to ``stream`` unless None."""
-        n_events = encoded_events(data) if len(data) >= _HEADER.size else 0
-        events = [call(cu().cuEventCreate, CU_EVENT_DISABLE_TIMING) for _ in range(n_events)]
-        handles = (ctypes.c_void_p * max(n_events, 1))(*[int(e) for e in events])
-        graph, exec_ = ctypes.c_void_p(), ctypes.c_void_p()
-        times = (ctypes.c_double * 3)()
-        err = ctypes.create_string_buffer(1024)
-        buf = ctypes.c_char_p(data)
-        rc = self._so.foundry_graph_build(
-            ctypes.cast(buf, ctypes.c_void_p),
-            len(data),
-            self._funcs,
-            self.n_funcs,
-            handles,
-            n_events,
-            stream or 0,
-            _BUILD_INSTANTIATE | (_BUILD_UPLOAD if stream is not None else 0),
-            ctypes.byref(graph),
-            ctypes.byref(exec_),
-            times,
-            err,
-            len(err),
-        )
-        if rc != 0:
-            for event in events:
-                call(cu().cuEventDestroy, event)
-            raise GraphError(f"native graph builder: {err.value.decode(errors='replace')}")
-        if timings is not None:
-            _add_times(timings, times[0], times[1], times[2])
-        driver = cu()
-        return Rebuilt(
-            driver.CUgraph(init_value=graph.value), driver.CUgraphExec(init_value=exec_.value), events, []
-        )
+        flags = _BUILD_INSTANTIATE | (_BUILD_UPLOAD if stream is not None else 0)
+        return self._build(self._so.foundry_graph_build, data, (stream or 0, flags), timings)
 
     def memory_nodes(self, data: bytes) -> MemoryNodes:
         """What building ``data`` ahead of its memory takes (native/graphbuild.c)."""
@@ -239,27 +209,30 @@ class NativeBuilder:
     ) -> tuple[Rebuilt, Moved]:
         """Build and instantiate the graph ``data`` encodes before its memory is mapped, its
         ``n_memory`` memory nodes pointing into the stand-in; :func:`retarget` finishes it."""
+        moved = (ctypes.c_void_p * max(n_memory, 1))()
+        n_moved = ctypes.c_size_t()
+        extra = (standin, standin_bytes, moved, n_memory, ctypes.byref(n_moved))
+        rebuilt = self._build(self._so.foundry_graph_build_ahead, data, extra, timings)
+        return rebuilt, Moved(data, moved, n_moved.value)
+
+    def _build(self, fn, data: bytes, extra: tuple, timings: dict | None) -> Rebuilt:
+        """One native build call: the encoding, the functions and fresh events, ``extra`` (what the
+        call takes besides), then the graph, its executable, the times and the error buffer."""
         n_events = encoded_events(data) if len(data) >= _HEADER.size else 0
         events = [call(cu().cuEventCreate, CU_EVENT_DISABLE_TIMING) for _ in range(n_events)]
         handles = (ctypes.c_void_p * max(n_events, 1))(*[int(e) for e in events])
-        moved = (ctypes.c_void_p * max(n_memory, 1))()
-        n_moved = ctypes.c_size_t()
         graph, exec_ = ctypes.c_void_p(), ctypes.c_void_p()
         times = (ctypes.c_double * 3)()
         err = ctypes.create_string_buffer(1024)
         buf = ctypes.c_char_p(data)
-        rc = self._so.foundry_graph_build_ahead(
+        rc = fn(
             ctypes.cast(buf, ctypes.c_void_p),
             len(data),
             self._funcs,
             self.n_funcs,
             handles,
             n_events,
-            standin,
-            standin_bytes,
-            moved,
-            n_memory,
-            ctypes.byref(n_moved),
+            *extra,
             ctypes.byref(graph),
             ctypes.byref(exec_),
             times,
@@ -273,10 +246,9 @@ class NativeBuilder:
         if timings is not None:
             _add_times(timings, times[0], times[1], times[2])
         driver = cu()
-        rebuilt = Rebuilt(
+        return Rebuilt(
             driver.CUgraph(init_value=graph.value), driver.CUgraphExec(init_value=exec_.value), events, []
         )
-        return rebuilt, Moved(data, moved, n_moved.value)
 
 
 class MemoryNodes(NamedTuple):
