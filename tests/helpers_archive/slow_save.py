@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import signal
 import sys
 import time
 
@@ -50,6 +51,9 @@ def _slow(fn, seconds: float):
 
 
 def main() -> None:
+    # A background job of a non-interactive shell starts with SIGINT ignored, and Python then keeps
+    # it ignored; the interrupted-SAVE test needs the KeyboardInterrupt a terminal's Ctrl-C gives.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     ap = argparse.ArgumentParser()
     ap.add_argument("path")
     ap.add_argument("tag")
