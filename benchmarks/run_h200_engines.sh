@@ -58,6 +58,13 @@ run_engine() {  # engine gpu seconds
   for d in "$work"/steps-*; do [ -d "$d" ] && cp -r "$d" "$logs/$1-steps/"; done
 }
 
+# The GPUs' SM clock, power and temperature every 200 ms through the runs: a restored graph's
+# device time differed from stock's by 5 % in one vLLM run (2026-12-02) with the same kernels; this
+# says whether the clock did. Stopped with the call.
+nvidia-smi --query-gpu=timestamp,index,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu \
+  --format=csv -lms 200 >"$logs/gpu-clocks.csv" 2>/dev/null &
+clocks=$!
+
 if [ "${ENGINES_PARALLEL:-0}" = 1 ] && [ "$n_gpus" -ge "$n_engines" ]; then
   gpu=0
   for e in $engines; do
@@ -77,5 +84,6 @@ else
     n_engines=$((n_engines - 1))
   done
 fi
+kill "$clocks" 2>/dev/null
 for e in $engines; do tail -n 40 "$logs/$e-driver.log"; done
 tar -czf "$out/engine-logs.tar.gz" -C "$logs" .
