@@ -62,7 +62,7 @@ run_engine() {  # engine gpu seconds
 # device time differed from stock's by 5 % in one vLLM run (2026-12-02) with the same kernels; this
 # says whether the clock did. Stopped with the call.
 nvidia-smi --query-gpu=timestamp,index,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu \
-  --format=csv -lms 200 >"$logs/gpu-clocks.csv" 2>/dev/null &
+  --format=csv -lms 200 >"$logs/gpu-clocks-${engines// /-}.csv" 2>/dev/null &
 clocks=$!
 
 if [ "${ENGINES_PARALLEL:-0}" = 1 ] && [ "$n_gpus" -ge "$n_engines" ]; then
