@@ -53,6 +53,7 @@ static struct {
   CUresult (*add_kernel)(CUgraphNode *, CUgraph, const CUgraphNode *, size_t,
                          const foundry_kernel_node_params *);
   CUresult (*set_attr)(CUgraphNode, int, const foundry_launch_attr_value *);
+  CUresult (*get_attr)(CUgraphNode, int, foundry_launch_attr_value *);
   CUresult (*add_memset)(CUgraphNode *, CUgraph, const CUgraphNode *, size_t,
                          const foundry_memset_node_params *, CUcontext);
   CUresult (*add_memcpy)(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, const foundry_memcpy3d *,
@@ -83,6 +84,7 @@ static void load_driver(void) {
       {(void **)&cu.graph_destroy, "cuGraphDestroy"},
       {(void **)&cu.add_kernel, "cuGraphAddKernelNode_v2"},
       {(void **)&cu.set_attr, "cuGraphKernelNodeSetAttribute"},
+      {(void **)&cu.get_attr, "cuGraphKernelNodeGetAttribute"},
       {(void **)&cu.add_memset, "cuGraphAddMemsetNode"},
       {(void **)&cu.add_memcpy, "cuGraphAddMemcpyNode"},
       {(void **)&cu.add_event_record, "cuGraphAddEventRecordNode"},
@@ -872,4 +874,44 @@ EXPORT int foundry_graph_retarget(const uint8_t *data, size_t len, void *exec, v
 fail:
   free(ps.graph_off);
   return -1;
+}
+
+/* ---- reading a captured graph (SAVE) ---- */
+
+/* The launch attributes of kernel node `node`, ids[0..n) (n <= 32), for the SAVE's walk: one call per
+ * node instead of one Python driver call (and value object) per attribute. values receives three words
+ * per attribute in the order the builder writes them back: a dimension's x, y, z; a domain map's
+ * default and remote; otherwise the 32-bit value (its C type's bits, signed or not). Returns the mask
+ * of the attributes the driver answered for, or -1 with the reason in err (no driver). */
+EXPORT int64_t foundry_graph_node_attrs(void *node, const int32_t *ids, size_t n, uint32_t *values, char *err,
+                                        size_t errlen) {
+  int64_t mask = 0;
+  pthread_once(&driver_once, load_driver);
+  if (!driver_ok) {
+    snprintf(err, errlen, "%s", driver_error);
+    return -1;
+  }
+  if (n > 32) {
+    snprintf(err, errlen, "%zu attributes asked for, at most 32", n);
+    return -1;
+  }
+  for (size_t a = 0; a < n; a++) {
+    foundry_launch_attr_value v;
+    uint32_t *out = values + 3 * a;
+    memset(&v, 0, sizeof v);
+    out[0] = out[1] = out[2] = 0;
+    if (cu.get_attr((CUgraphNode)node, (int)ids[a], &v) != CUDA_SUCCESS) continue;
+    mask |= (int64_t)1 << a;
+    if (ids[a] == FOUNDRY_ATTR_CLUSTER_DIMENSION || ids[a] == FOUNDRY_ATTR_PREFERRED_CLUSTER_DIMENSION) {
+      out[0] = v.dim.x;
+      out[1] = v.dim.y;
+      out[2] = v.dim.z;
+    } else if (ids[a] == FOUNDRY_ATTR_MEM_SYNC_DOMAIN_MAP) {
+      out[0] = v.map.default_;
+      out[1] = v.map.remote;
+    } else {
+      out[0] = v.u; /* int and unsigned members share these four bytes */
+    }
+  }
+  return mask;
 }

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import foundry_core as fc
-from foundry_core import _native, graph_build, graph_codec, restore, standin
+from foundry_core import _native, graph_build, graph_codec, graphs, restore, standin
 from foundry_core.graphs import GraphError
 
 KERNELS = [["img-a", "k_add", {}]]
@@ -172,7 +172,9 @@ _DRIVER_SCRIPT = textwrap.dedent(
 STANDIN = 0x7F0000000000
 
 
-def _with_fake_driver(tmp_path, nodes, standin_bytes=1 << 20, n_memory=None):
+def _in_fake_driver_process(tmp_path, script, *args):
+    """Run ``script`` in a fresh Python whose libcuda.so.1 is the stand-in; its last line of output,
+    as JSON."""
     _native_or_skip()
     cc = shutil.which("gcc") or shutil.which("cc")
     if cc is None:
@@ -193,15 +195,19 @@ def _with_fake_driver(tmp_path, nodes, standin_bytes=1 << 20, n_memory=None):
         ],
         check=True,
     )
-    if n_memory is None:
-        n_memory = sum(n["type"] in ("memset", "memcpy") for n in nodes)
-    args = [_encode(nodes).hex(), str(STANDIN), str(standin_bytes), str(n_memory)]
     env = {**os.environ, "LD_LIBRARY_PATH": str(tmp_path)}  # searched before the system's libcuda
     proc = subprocess.run(
-        [sys.executable, "-c", _DRIVER_SCRIPT, *args], capture_output=True, text=True, env=env, timeout=120
+        [sys.executable, "-c", script, *args], capture_output=True, text=True, env=env, timeout=120
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.splitlines()[-1])
+
+
+def _with_fake_driver(tmp_path, nodes, standin_bytes=1 << 20, n_memory=None):
+    if n_memory is None:
+        n_memory = sum(n["type"] in ("memset", "memcpy") for n in nodes)
+    args = [_encode(nodes).hex(), str(STANDIN), str(standin_bytes), str(n_memory)]
+    return _in_fake_driver_process(tmp_path, _DRIVER_SCRIPT, *args)
 
 
 def test_memory_nodes_are_built_on_the_stand_in_and_re_pointed_in_the_executable_and_the_graph(tmp_path):
@@ -244,6 +250,84 @@ def test_what_cannot_be_built_ahead_is_refused_with_the_node_named(tmp_path, nod
     out = _with_fake_driver(tmp_path, nodes, standin_bytes, n_memory=1)
     assert refusal in out["ahead"], out
     assert not [line for line in out["log"] if line.startswith("instantiate")]
+
+
+# --- a SAVE's reading of launch attributes, native (graphs._read_attrs) -------------------------------
+
+# Builds a graph whose kernel nodes carry the attributes given (the stand-in driver keeps them per
+# node), then reads each node's back natively.
+_ATTRS_SCRIPT = textwrap.dedent(
+    """
+    import ctypes, json, sys
+    from foundry_core import _native, graph_build, graphs
+
+    fake = ctypes.CDLL("libcuda.so.1")
+    fake.fake_attr_node.restype = ctypes.c_void_p
+    builder = graph_build.NativeBuilder(_native.graph_lib(), [0x1111])
+    builder.rebuild(bytes.fromhex(sys.argv[1]), None)
+    read = []
+    for k in range(int(sys.argv[2])):
+        read.append(graphs._read_attrs_native(fake.fake_attr_node(k)))
+    print(json.dumps(read))
+    """
+)
+
+
+def test_launch_attributes_read_natively_are_those_the_builder_set(tmp_path):
+    written = [
+        {
+            "priority": -3,
+            "cluster_dim": [2, 1, 1],
+            "mem_sync_domain_map": [0, 1],
+            "preferred_carveout": 4294967295,
+        },
+        {"cooperative": 1, "mem_sync_domain": 1, "cluster_scheduling": 2, "preferred_cluster_dim": [4, 2, 1]},
+    ]
+    nodes = []
+    for attrs in written:
+        node = _kernel()
+        node["attrs"] = attrs
+        nodes.append(node)
+    read = _in_fake_driver_process(tmp_path, _ATTRS_SCRIPT, _encode(nodes).hex(), str(len(written)))
+    assert read == written  # priority -3 signed, the carveout 0xFFFFFFFF unsigned, dims and maps whole
+
+
+def test_native_attribute_reading_is_kept_only_once_it_agreed_on_a_node_with_attributes(monkeypatch):
+    answers = iter([({}, {}), ({"priority": -1}, {"priority": -1}), ({"priority": 2}, None)])
+    calls = []
+
+    def native(node):
+        got, _ = answers_now[0]
+        calls.append("native")
+        return got
+
+    def python(node):
+        calls.append("python")
+        return answers_now[0][1]
+
+    monkeypatch.setattr(graphs, "_read_attrs_native", native)
+    monkeypatch.setattr(graphs, "_read_attrs_python", python)
+    monkeypatch.setattr(graphs, "_native_attrs_ok", None)
+    answers_now = [next(answers)]
+    assert graphs._read_attrs(1) == {} and graphs._native_attrs_ok is None  # nothing set: not yet known
+    answers_now = [next(answers)]
+    assert graphs._read_attrs(2) == {"priority": -1} and graphs._native_attrs_ok is True
+    answers_now = [next(answers)]
+    calls.clear()
+    assert graphs._read_attrs(3) == {"priority": 2} and calls == ["native"]  # native alone from now on
+
+
+def test_native_attribute_reading_that_disagrees_is_turned_off_with_a_warning(monkeypatch):
+    monkeypatch.setattr(graphs, "_read_attrs_native", lambda node: {"priority": 4294967295})
+    monkeypatch.setattr(graphs, "_read_attrs_python", lambda node: {"priority": -1})
+    monkeypatch.setattr(graphs, "_native_attrs_ok", None)
+    with pytest.warns(UserWarning, match="reading them the Python way"):
+        assert graphs._read_attrs(1) == {"priority": -1}
+    assert graphs._native_attrs_ok is False
+    monkeypatch.setattr(
+        graphs, "_read_attrs_native", lambda node: pytest.fail("read natively after a disagreement")
+    )
+    assert graphs._read_attrs(2) == {"priority": -1}
 
 
 # --- the restore flow around it, with a stand-in driver ----------------------------------------------

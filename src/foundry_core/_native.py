@@ -10,7 +10,18 @@ import ctypes
 import functools
 import glob
 import os
-from ctypes import POINTER, c_char_p, c_double, c_int, c_int32, c_size_t, c_uint64, c_void_p
+from ctypes import (
+    POINTER,
+    c_char_p,
+    c_double,
+    c_int,
+    c_int32,
+    c_int64,
+    c_size_t,
+    c_uint32,
+    c_uint64,
+    c_void_p,
+)
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -115,6 +126,10 @@ SIGNATURES = {
         ],
     ),
     "foundry_graph_retarget": (c_int, [c_void_p, c_size_t, c_void_p, c_void_p, c_size_t, c_char_p, c_size_t]),
+    "foundry_graph_node_attrs": (
+        c_int64,
+        [c_void_p, POINTER(c_int32), c_size_t, POINTER(c_uint32), c_char_p, c_size_t],
+    ),
 }
 
 

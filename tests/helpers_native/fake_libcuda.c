@@ -76,9 +76,45 @@ EXPORT CUresult cuGraphAddKernelNode_v2(CUgraphNode *n, CUgraph g, const CUgraph
   return CUDA_SUCCESS;
 }
 
+/* Launch attributes set on kernel nodes, answered back by cuGraphKernelNodeGetAttribute; an
+ * attribute never set is refused (as the driver refuses the ones it does not know). */
+static struct {
+  CUgraphNode node;
+  int id;
+  foundry_launch_attr_value v;
+} attrs[256];
+static int n_attrs;
+
 EXPORT CUresult cuGraphKernelNodeSetAttribute(CUgraphNode n, int id, const foundry_launch_attr_value *v) {
-  (void)n, (void)id, (void)v;
+  if (n_attrs < 256) {
+    attrs[n_attrs].node = n;
+    attrs[n_attrs].id = id;
+    attrs[n_attrs].v = *v;
+    n_attrs++;
+  }
   return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphKernelNodeGetAttribute(CUgraphNode n, int id, foundry_launch_attr_value *v) {
+  for (int i = n_attrs - 1; i >= 0; i--)
+    if (attrs[i].node == n && attrs[i].id == id) {
+      *v = attrs[i].v;
+      return CUDA_SUCCESS;
+    }
+  return INVALID_VALUE;
+}
+
+/* The handle the builder got for its k-th kernel node with attributes (for the tests to read). */
+EXPORT void *fake_attr_node(int k) {
+  CUgraphNode seen[256];
+  int n_seen = 0;
+  for (int i = 0; i < n_attrs; i++) {
+    int known = 0;
+    for (int j = 0; j < n_seen; j++)
+      known |= seen[j] == attrs[i].node;
+    if (!known) seen[n_seen++] = attrs[i].node;
+  }
+  return k < n_seen ? (void *)seen[k] : NULL;
 }
 
 EXPORT CUresult cuGraphAddMemsetNode(CUgraphNode *n, CUgraph g, const CUgraphNode *d, size_t nd,
