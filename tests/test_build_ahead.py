@@ -1,7 +1,9 @@
 """Building graphs ahead of their memory, on the CPU: the native scan of an encoding's memset and
 memcpy nodes (what a stand-in must hold), the builder's refusals without a driver, and the restore
 flow around it (stand-in sized and freed, memory nodes re-pointed after the mapping, a graph whose
-re-pointing fails rebuilt from scratch). The driver's part runs on the GPU: tests/gpu."""
+re-pointing fails rebuilt from scratch); and the SAVE walk's native reading of launch attributes.
+The native parts run in a subprocess against a stand-in libcuda.so.1 (tests/helpers_native); the
+real driver's part runs on the GPU: tests/gpu."""
 
 from __future__ import annotations
 
