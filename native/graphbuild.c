@@ -915,3 +915,12 @@ EXPORT int64_t foundry_graph_node_attrs(void *node, const int32_t *ids, size_t n
   }
   return mask;
 }
+
+/* A kernel node's parameter block, as the SAVE stores it: parameter i copied from where
+ * kernel_params[i] points (cuGraphKernelNodeGetParams' kernelParams) to its offset in out, layout
+ * being n x {offset, size} (cuFuncGetParamInfo). One call per node instead of two per parameter. */
+EXPORT void foundry_graph_pack_params(void *const *kernel_params, const uint32_t *layout, size_t n,
+                                      uint8_t *out) {
+  for (size_t i = 0; i < n; i++)
+    memcpy(out + layout[2 * i], kernel_params[i], layout[2 * i + 1]);
+}

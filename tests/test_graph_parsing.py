@@ -26,6 +26,18 @@ def test_kernel_params_from_pointer_array():
     assert data == (0x1122334455667788).to_bytes(8, "little") + (-5).to_bytes(4, "little", signed=True)
 
 
+def test_kernel_params_native_and_python_copies_agree(monkeypatch):
+    """Padding between parameters stays zero, and the native packer gives the Python loop's bytes."""
+    values = [ctypes.c_uint64(0xA1A2A3A4A5A6A7A8), ctypes.c_int32(-7), ctypes.c_uint64(3), ctypes.c_uint8(9)]
+    argv = (ctypes.c_void_p * 4)(*[ctypes.addressof(v) for v in values])
+    layout = [(0, 8), (8, 4), (16, 8), (24, 1)]  # 4 bytes of padding after the int32
+    p = _params(kernel_params=ctypes.addressof(argv))
+    native = graphs._kernel_param_bytes(p, layout, "k", graphs._packed_layout(layout))
+    monkeypatch.setattr(graphs._native, "graph_lib", lambda: None)
+    assert graphs._kernel_param_bytes(p, layout, "k") == native
+    assert len(native) == 25 and native[12:16] == bytes(4) and native[24] == 9
+
+
 def test_kernel_params_from_packed_extra_buffer():
     packed = ctypes.create_string_buffer(bytes(range(24)), 24)
     size = ctypes.c_size_t(24)

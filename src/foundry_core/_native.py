@@ -126,6 +126,7 @@ SIGNATURES = {
         ],
     ),
     "foundry_graph_retarget": (c_int, [c_void_p, c_size_t, c_void_p, c_void_p, c_size_t, c_char_p, c_size_t]),
+    "foundry_graph_pack_params": (None, [c_void_p, POINTER(c_uint32), c_size_t, c_void_p]),
     "foundry_graph_node_attrs": (
         c_int64,
         [c_void_p, POINTER(c_int32), c_size_t, POINTER(c_uint32), c_char_p, c_size_t],

@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import bisect
 import ctypes
+import itertools
 import struct
 import warnings
 from collections.abc import Callable
@@ -111,13 +112,25 @@ def _param_layout(func) -> list[tuple[int, int]]:
         layout.append((int(offset), int(size)))
 
 
-def _kernel_param_bytes(p, layout: list[tuple[int, int]], name: str) -> bytes:
-    """The kernel's argument block, laid out at the offsets the function declares."""
+def _packed_layout(layout: list[tuple[int, int]]):
+    """``layout`` as the native packer takes it: n x {offset, size} 32-bit words."""
+    return (ctypes.c_uint32 * max(2 * len(layout), 1))(*itertools.chain.from_iterable(layout))
+
+
+def _kernel_param_bytes(p, layout: list[tuple[int, int]], name: str, packed=None) -> bytes:
+    """The kernel's argument block, laid out at the offsets the function declares. ``packed``: the
+    layout from :func:`_packed_layout`, made once per function by a caller that has many nodes."""
     total = max((o + s for o, s in layout), default=0)
     buf = bytearray(total)
     kp, extra = int(p.kernelParams or 0), int(p.extra or 0)
     if kp:
-        # kernelParams: one pointer per parameter.
+        # kernelParams: one pointer per parameter, copied in one native call where the library is
+        # there (about 2 µs a node instead of about 15 µs for a dozen parameters in Python).
+        so = _native.graph_lib()
+        if so is not None:
+            out = ctypes.create_string_buffer(max(total, 1))
+            so.foundry_graph_pack_params(kp, packed or _packed_layout(layout), len(layout), out)
+            return out.raw[:total]
         for i, (offset, size) in enumerate(layout):
             arg = ctypes.c_void_p.from_address(kp + 8 * i).value
             buf[offset : offset + size] = ctypes.string_at(arg, size)
@@ -311,19 +324,21 @@ def _serialize(graph, recorded, auditor, kernels, events, path: str) -> dict:
             info = auditor.functions.get(int(func))
             if info is None:
                 name = call(driver.cuFuncGetName, func).decode()
+                layout = _param_layout(func)
                 info = auditor.functions[int(func)] = [
                     name,
                     collectives.kind_of(name),
-                    _param_layout(func),
+                    layout,
                     None,
+                    _packed_layout(layout),
                 ]
-            name, kind, layout, image = info
+            name, kind, layout, image, packed = info
             if kind is not None:
                 why = collectives.refusal(kind, name)
                 if why is not None:
                     raise GraphError(f"{label}: {why}")
                 auditor.collectives[kind] = auditor.collectives.get(kind, 0) + 1
-            params = _kernel_param_bytes(p, layout, name)
+            params = _kernel_param_bytes(p, layout, name, packed)
             auditor.check_block(
                 params,
                 lambda off, name=name, label=label: f"{label} (kernel {_short(name)}) parameter byte {off}",
