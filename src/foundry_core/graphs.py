@@ -129,7 +129,8 @@ def _kernel_param_bytes(p, layout: list[tuple[int, int]], name: str, packed=None
         so = _native.graph_lib()
         if so is not None:
             out = ctypes.create_string_buffer(max(total, 1))
-            so.foundry_graph_pack_params(kp, packed or _packed_layout(layout), len(layout), out)
+            layout_words = packed if packed is not None else _packed_layout(layout)
+            so.foundry_graph_pack_params(kp, layout_words, len(layout), out)
             return out.raw[:total]
         for i, (offset, size) in enumerate(layout):
             arg = ctypes.c_void_p.from_address(kp + 8 * i).value
