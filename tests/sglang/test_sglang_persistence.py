@@ -168,6 +168,43 @@ def test_pool_sizing_saved_then_restored_without_profiling(parse, cfg):
     assert restored == profiled
 
 
+def test_hybrid_state_pool_sizing_is_recorded_at_save_and_imposed_at_load(parse, cfg, monkeypatch):
+    """A hybrid (Mamba / linear-attention) model's state pool: the size SGLang's memory profiling
+    resolves into its schedule config at SAVE is recorded, and LOAD puts it back into that config
+    without profiling (SGLang's real config bags)."""
+    from sglang.srt.model_executor.pool_configurator import MemoryPoolConfig
+    from sglang.srt.runtime_context import get_context, get_schedule, publish
+
+    ctx = get_context()
+    for attr in ("_server_args", "_config_bags", "_publish_role"):  # published below; put back after
+        monkeypatch.setattr(ctx, attr, getattr(ctx, attr, None), raising=False)
+    profiled = MemoryPoolConfig(max_total_num_tokens=65536, max_running_requests=48, mem_fraction_static=0.3)
+
+    def profile():  # what SGLang's resolution does for a hybrid model: sizes the state pool too
+        get_context().override("test.profiling", max_mamba_cache_size=2048)
+        return profiled
+
+    sa = parse(*BASE_ARGV)
+    publish(sa, role="test")
+    saver = Session(sa, cfg, "save", rank=0, gpu_id=0)
+    saver.pool_config(profile, MemoryPoolConfig)
+    assert saver.slots["max_mamba_cache_size"] == 2048
+    _complete(sa, cfg, 0)
+    side = archive.read_sidecar(cfg, 0)
+    side["slots"] = saver.slots
+    archive.write_sidecar(cfg, 0, side)
+
+    publish(sa, role="test")  # a new process: its schedule holds no resolved size yet
+    assert get_schedule().max_mamba_cache_size is None
+    loader = Session(sa, cfg, "load", rank=0, gpu_id=0)
+
+    def must_not_profile():
+        raise AssertionError("LOAD profiled GPU memory")
+
+    assert loader.pool_config(must_not_profile, MemoryPoolConfig) == profiled
+    assert get_schedule().max_mamba_cache_size == 2048
+
+
 def test_save_without_pool_sizing_refuses(parse, cfg):
     session = Session(parse(*BASE_ARGV), cfg, "save", rank=0, gpu_id=0)
     with pytest.raises(FoundrySessionError, match="memory-pool sizing was not recorded"):
