@@ -28,7 +28,7 @@ MODES = ("greedy", "sampling")
 #: Where the run records keep each mode's outputs (cold_start.request_phase).
 OUTPUTS = {"greedy": "outputs", "sampling": "outputs_sampled"}
 #: A plugin's refusal at startup, as both plugins word it (foundry_core.engine.refusal).
-REFUSAL = re.compile(r"Foundry (?:refuses|cannot)[^\n]*")
+REFUSAL = re.compile(r"Foundry cannot run this [^\n]*")
 
 
 def _outputs(doc: dict[str, Any], run: str, mode: str) -> dict[str, Any] | None:

@@ -104,7 +104,7 @@ def walk(monkeypatch):
     def run(names, kernels=None, functions=None, asked=None):
         monkeypatch.setattr(graphs, "cu", _Graph(names, asked).driver)
         monkeypatch.setattr(graphs, "_param_layout", lambda func: [])
-        monkeypatch.setattr(graphs, "_kernel_param_bytes", lambda p, layout, name, packed=None: b"")
+        monkeypatch.setattr(graphs, "_kernel_param_bytes", lambda p, layout, name, layout_words=None: b"")
         monkeypatch.setattr(graphs, "_read_attrs", lambda node: {})
         monkeypatch.setattr(graphs, "function_attributes", lambda func: {"handle": func})
         recorded = types.SimpleNamespace(match=lambda func, name: "img")

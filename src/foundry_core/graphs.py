@@ -117,11 +117,10 @@ def _packed_layout(layout: list[tuple[int, int]]):
     return (ctypes.c_uint32 * max(2 * len(layout), 1))(*itertools.chain.from_iterable(layout))
 
 
-def _kernel_param_bytes(p, layout: list[tuple[int, int]], name: str, packed=None) -> bytes:
-    """The kernel's argument block, laid out at the offsets the function declares. ``packed``: the
-    layout from :func:`_packed_layout`, made once per function by a caller that has many nodes."""
+def _kernel_param_bytes(p, layout: list[tuple[int, int]], name: str, layout_words=None) -> bytes:
+    """The kernel's argument block, laid out at the offsets the function declares. ``layout_words``:
+    the layout from :func:`_packed_layout`, made once per function by a caller that has many nodes."""
     total = max((o + s for o, s in layout), default=0)
-    buf = bytearray(total)
     kp, extra = int(p.kernelParams or 0), int(p.extra or 0)
     if kp:
         # kernelParams: one pointer per parameter, copied in one native call where the library is
@@ -129,13 +128,15 @@ def _kernel_param_bytes(p, layout: list[tuple[int, int]], name: str, packed=None
         so = _native.graph_lib()
         if so is not None:
             out = ctypes.create_string_buffer(max(total, 1))
-            layout_words = packed if packed is not None else _packed_layout(layout)
-            so.foundry_graph_pack_params(kp, layout_words, len(layout), out)
+            words = layout_words if layout_words is not None else _packed_layout(layout)
+            so.foundry_graph_pack_params(kp, words, len(layout), out)
             return out.raw[:total]
+        buf = bytearray(total)
         for i, (offset, size) in enumerate(layout):
             arg = ctypes.c_void_p.from_address(kp + 8 * i).value
             buf[offset : offset + size] = ctypes.string_at(arg, size)
-    elif extra:
+        return bytes(buf)
+    if extra:
         # extra: (key, value) pairs; cuBLAS launches this way with one packed buffer.
         packed, packed_size, j = None, None, 0
         while True:
@@ -152,12 +153,12 @@ def _kernel_param_bytes(p, layout: list[tuple[int, int]], name: str, packed=None
             raise GraphError(f"kernel {name}: launch 'extra' carries no parameter buffer")
         if packed_size < total:
             raise GraphError(f"kernel {name}: parameter buffer of {packed_size} bytes, layout needs {total}")
-        buf[:] = ctypes.string_at(packed, total)
-    elif total:
+        return ctypes.string_at(packed, total)
+    if total:
         raise GraphError(
             f"kernel {name}: node has {len(layout)} parameters but neither kernelParams nor extra"
         )
-    return bytes(buf)
+    return b""
 
 
 class _Auditor:
@@ -333,13 +334,13 @@ def _serialize(graph, recorded, auditor, kernels, events, path: str) -> dict:
                     None,
                     _packed_layout(layout),
                 ]
-            name, kind, layout, image, packed = info
+            name, kind, layout, image, layout_words = info
             if kind is not None:
                 why = collectives.refusal(kind, name)
                 if why is not None:
                     raise GraphError(f"{label}: {why}")
                 auditor.collectives[kind] = auditor.collectives.get(kind, 0) + 1
-            params = _kernel_param_bytes(p, layout, name, packed)
+            params = _kernel_param_bytes(p, layout, name, layout_words)
             auditor.check_block(
                 params,
                 lambda off, name=name, label=label: f"{label} (kernel {_short(name)}) parameter byte {off}",
