@@ -43,7 +43,11 @@ def test_save_load_bit_exact(tmp_path, variant, preset, sizes, extra):
     split = result["restore_breakdown"]
     if not extra:  # every graph built and instantiated ahead, its memory nodes re-pointed after the mapping
         assert split.get("deferred_graphs", 0.0) == 0.0, split
-        assert split["background_graph_instantiate_s"] > 0 and split["retargeted_graphs"] > 0, split
+        assert split["background_graph_instantiate_s"] > 0, split
+        # the embedded models' graphs hold memset nodes, re-pointed after the mapping; the Hugging
+        # Face model's decode graphs hold none, so there nothing needs re-pointing
+        if variant != "hf-qwen3":
+            assert split["retargeted_graphs"] > 0, split
     assert result["graphs"] == len(sizes)
     assert result["load_stream_captures"] == 0, result
     assert result["load_warmup_forwards"] == 0, result
