@@ -18,6 +18,8 @@ def _result(tmp_path):
         "restore_breakdown": {"archive_read_s": 0.1, "memory_s": 0.0, "modules_s": 0.1, "graphs_s": 0.3},
         "replay_us_native": {"1": 100.0, "8": 200.0},
         "replay_us_restored": {"1": 101.0, "8": 198.0},
+        "replay_host_us_native": {"1": 20.0, "8": 21.0},
+        "replay_host_us_restored": {"1": 26.5, "8": 21.5},
         "archive": str(archive),
         "bit_exact_all": True,
         "load_stream_captures": 0,
@@ -31,6 +33,8 @@ def test_summary_figures(tmp_path):
     assert s["replay_ratio_max"] == pytest.approx(1.01)
     assert s["us_per_node"] == pytest.approx(1250.0)
     assert s["archive_bytes"] == 1002
+    # the launch cost on the CPU, restored graph against its native twin
+    assert s["replay_host_us_extra"] == {"1": pytest.approx(6.5), "8": pytest.approx(0.5)}
 
 
 def test_plot_written(tmp_path):

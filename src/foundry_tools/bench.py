@@ -42,6 +42,10 @@ def summarize(result: dict) -> dict:
     native, restored = result["replay_us_native"], result["replay_us_restored"]
     ratios = {bs: restored[bs] / native[bs] for bs in native if bs in restored and native[bs] > 0}
     restore_s = result["restore_s"]
+    host_native, host_restored = (
+        result.get("replay_host_us_native", {}),
+        result.get("replay_host_us_restored", {}),
+    )
     return {
         "graphs": result["graphs"],
         "nodes": result["nodes"],
@@ -65,6 +69,12 @@ def summarize(result: dict) -> dict:
         "builder": result.get("builder"),
         "replay_method": result.get("replay_method"),
         "replay_us_native_save_process": result.get("replay_us_native_save_process", {}),
+        # launch cost on the CPU (idle GPU before each call), restored minus native twin, per size
+        "replay_host_us_native": host_native,
+        "replay_host_us_restored": host_restored,
+        "replay_host_us_extra": {
+            bs: host_restored[bs] - host_native[bs] for bs in host_native if bs in host_restored
+        },
         "scaling": result.get("scaling", []),
     }
 
@@ -159,4 +169,9 @@ def print_table(summary: dict) -> None:
         f"  replay restored/native   {summary['replay_ratio_min']:.4f} .. {summary['replay_ratio_max']:.4f} "
         "(median of each batch size)"
     )
+    for bs, extra in sorted(summary.get("replay_host_us_extra", {}).items(), key=lambda kv: int(kv[0])):
+        print(
+            f"  launch on the CPU, bs {bs:<4} restored {summary['replay_host_us_restored'][bs]:6.2f} us, "
+            f"native {summary['replay_host_us_native'][bs]:6.2f} us ({extra:+.2f} us)"
+        )
     print(f"  bit-exact                {summary['bit_exact_all']}")

@@ -120,6 +120,39 @@ def _time_interleaved(workload, native, restored, n: int) -> tuple[dict[str, flo
     return out_native, out_restored
 
 
+HOST_SIZES = 3  # batch sizes whose launch cost is timed (smallest, middle, largest)
+
+
+def _time_host_interleaved(workload, native, restored, n: int) -> tuple[dict[str, float], dict[str, float]]:
+    """Median host time of one replay call, in microseconds, for two graph sets, alternately.
+
+    The GPU is idle and the launch queue empty before each call (synchronized), so what is timed is
+    the launch itself on the CPU, as a serving loop pays it; device time is what
+    :func:`_time_interleaved` measures. A few batch sizes only: each timed call waits for the last.
+    """
+    import statistics
+
+    import torch
+
+    sizes = list(workload.spec.batch_sizes)
+    picked = sorted({sizes[0], sizes[len(sizes) // 2], sizes[-1]})[:HOST_SIZES]
+    out_native, out_restored = {}, {}
+    for bs in picked:
+        workload.set_inputs(bs)
+        times: dict[str, list] = {"native": [], "restored": []}
+        for i in range(n):
+            order = (("native", native), ("restored", restored))
+            for kind, fn in order if i % 2 == 0 else order[::-1]:
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                fn(bs)
+                times[kind].append(time.perf_counter() - t0)
+        torch.cuda.synchronize()
+        out_native[str(bs)] = 1e6 * statistics.median(times["native"])
+        out_restored[str(bs)] = 1e6 * statistics.median(times["restored"])
+    return out_native, out_restored
+
+
 def _warmup(workload, region, spec, label: str = "") -> None:
     """Compile and run every batch size twice on a side stream, as a SAVE does before capturing."""
     import torch
@@ -263,14 +296,14 @@ def run_load(args) -> dict:
     fc.stop_recording()  # counted: the replays timed below run without CUPTI attached, as a server's do
     warmup_forwards = workload.forward_calls
     state_digest = _state_digest(workload)
-    replay_us, native_us = {}, {}
+    replay_us, native_us, host_us, native_host_us = {}, {}, {}, {}
     if args.replays:
         # Replay parity, fairly: native twins captured in this same process, timed alternately with
-        # the restored graphs on the same inputs (see _time_interleaved).
+        # the restored graphs on the same inputs (see _time_interleaved), then their launch cost.
         twins, _ = _warmup_and_capture(workload, region, spec, "twin-")
-        native_us, replay_us = _time_interleaved(
-            workload, lambda bs: twins[f"bs{bs}"].replay(), replay, args.replays
-        )
+        native_replay = lambda bs: twins[f"bs{bs}"].replay()  # noqa: E731
+        native_us, replay_us = _time_interleaved(workload, native_replay, replay, args.replays)
+        native_host_us, host_us = _time_host_interleaved(workload, native_replay, replay, args.replays)
     return {
         "phase": "load",
         "graphs": len(restored.graphs),
@@ -291,6 +324,8 @@ def run_load(args) -> dict:
         "state_digest": state_digest,
         "replay_us": replay_us,
         "replay_us_native_twins": native_us,
+        "replay_host_us": host_us,
+        "replay_host_us_native_twins": native_host_us,
         "nodes": nodes,
     }
 
@@ -406,6 +441,8 @@ def orchestrate(args) -> dict:
         "replay_us_native": load.get("replay_us_native_twins") or save["replay_us"],
         "replay_us_restored": load["replay_us"],
         "replay_us_native_save_process": save["replay_us"],
+        "replay_host_us_native": load.get("replay_host_us_native_twins", {}),
+        "replay_host_us_restored": load.get("replay_host_us", {}),
         "replay_method": (
             "native twins captured in the LOAD process after restore; native and restored replays "
             "alternate, median per batch size"
