@@ -57,7 +57,7 @@ def test_the_caller_gets_what_the_thread_rebuilt(tmp_path, monkeypatch, no_devic
     assert prepared.done and prepared.seconds is not None
     assert got_archive is archive and rebuilding is made and error is None
     # No progress bar from a background thread; ahead of the memory (graphs may be deferred).
-    assert seen == [(archive, {"progress": False, "ahead": True})]
+    assert [(a, kw["progress"], kw["ahead"]) for a, kw in seen] == [(archive, False, True)]
     with pytest.raises(RuntimeError, match="already taken"):
         prepared.take()
     prepared.discard()  # the caller owns it now: nothing is unloaded behind its back
@@ -247,7 +247,11 @@ def test_the_start_report_says_whether_the_rebuild_was_ready():
         "prepared_s": 0.3123,
         "graphs_retargeted": 0,
         "graphs_deferred": 0,
+        "graphs_after_return": 0,
     }
+    # handed over while graphs were still being built: the thread's time is not known yet
+    running = engine_prepare.report({"tail_graphs": 3.0, "prepared_ready": 0.0, "prepared_ok": 1.0})
+    assert running["prepared"] and running["prepared_s"] is None and running["graphs_after_return"] == 3
 
 
 # --- graphs the driver will not build before their memory is mapped -------------------------------
@@ -306,3 +310,102 @@ def test_ahead_of_the_memory_a_refused_graph_is_deferred_and_built_once_the_memo
     built.clear()
     with pytest.raises(fc.CudaError, match="cuGraphAddMemcpyNode"):
         restore.rebuild_archive(archive, progress=False)
+
+
+# --- a LOAD that does not wait for the whole rebuild ------------------------------------------------
+
+
+def _gated_rebuild(monkeypatch, gates, built, fail=None):
+    """The Python builder, replaced: a graph named in ``gates`` waits for its event; ``fail`` maps a
+    name to the exception its first build raises."""
+    fail = dict(fail or {})
+
+    def fake_rebuild(desc, modules, kernel_attrs, stream, split):
+        name = desc["name"]
+        if name in gates:
+            assert gates[name].wait(5)
+        if name in fail:
+            raise fail.pop(name)
+        built.append(name)
+        return _Built(name)
+
+    monkeypatch.setattr(restore, "builder_choice", lambda: "python")
+    monkeypatch.setattr(restore, "rebuild", fake_rebuild)
+
+
+def _wait_for(cond):
+    for _ in range(500):
+        if cond():
+            return
+        threading.Event().wait(0.01)
+    raise AssertionError("timed out")
+
+
+NAMES = ["decode/bs=1", "decode/bs=8", "decode/bs=16"]
+
+
+def test_a_load_takes_the_graphs_built_and_waits_at_replay_only_for_the_others(monkeypatch, no_device):
+    gate, built = threading.Event(), []
+    _gated_rebuild(monkeypatch, {"decode/bs=8": gate}, built)
+    archive = _Archive(NAMES)
+    prepared = restore.Prepared("/archive", 0, archive, {})
+    assert prepared.building() is archive  # modules loaded, graphs still being built
+    _wait_for(lambda: built == ["decode/bs=1"])
+    timings: dict[str, float] = {}
+    tail = prepared.hand_over(NAMES, timings)
+    assert tail is not None and tail.rebuilding.handed
+    assert tail.pending["decode/bs=1"].done and tail.pending["decode/bs=1"].rebuilt.name == "decode/bs=1"
+    assert not tail.pending["decode/bs=8"].done and not tail.pending["decode/bs=16"].done
+    gate.set()
+    assert tail.pending["decode/bs=16"].take().name == "decode/bs=16"  # waits for that graph
+    prepared.wait()
+    assert built == NAMES and not tail.rebuilding.graphs  # every graph handed over, none left to discard
+    assert timings["tail_s"] > 0 and timings["prepared_s"] == prepared.seconds
+    prepared.discard()  # nothing of what was handed over is destroyed
+    assert not any(p.rebuilt.destroyed for p in tail.pending.values())
+    with pytest.raises(RuntimeError, match="already taken"):
+        prepared.take()
+
+
+def test_a_rebuild_that_ended_before_the_hand_over_is_taken_whole(monkeypatch, no_device):
+    built: list[str] = []
+    _gated_rebuild(monkeypatch, {}, built)
+    prepared = restore.Prepared("/archive", 0, _Archive(NAMES), {})
+    prepared.wait()
+    assert prepared.building() is None and prepared.hand_over(NAMES, {}) is None
+    _archive_, rebuilding, error = prepared.take()
+    assert error is None and list(rebuilding.graphs) == NAMES
+
+
+def test_after_the_hand_over_a_refused_graph_is_built_once_the_memory_is_mapped(monkeypatch, no_device):
+    gate, built = threading.Event(), []
+    refused = fc.CudaError("cuGraphAddMemcpyNode", 1)
+    _gated_rebuild(monkeypatch, {"decode/bs=16": gate}, built, fail={"decode/bs=8": refused})
+    prepared = restore.Prepared("/archive", 0, _Archive(NAMES), {})
+    prepared.building()
+    _wait_for(lambda: built == ["decode/bs=1"])
+    timings: dict[str, float] = {}
+    tail = prepared.hand_over(NAMES, timings)
+    gate.set()
+    prepared.wait()
+    assert built == ["decode/bs=1", "decode/bs=16", "decode/bs=8"]  # the refused one last, after the mapping
+    assert all(p.done and p.error is None for p in tail.pending.values())
+    assert timings["deferred_graphs"] == 1.0
+
+
+def test_a_thread_that_fails_after_the_hand_over_keeps_what_it_handed_over(monkeypatch, no_device):
+    gate, built, unloaded = threading.Event(), [], []
+    monkeypatch.setattr(restore.LoadedModules, "unload", lambda self: unloaded.append(self))
+    _gated_rebuild(monkeypatch, {"decode/bs=8": gate}, built, fail={"decode/bs=8": RuntimeError("lost")})
+    prepared = restore.Prepared("/archive", 0, _Archive(NAMES), {})
+    prepared.building()
+    _wait_for(lambda: built == ["decode/bs=1"])
+    tail = prepared.hand_over(NAMES, {})
+    gate.set()
+    prepared.wait()
+    first = tail.pending["decode/bs=1"]
+    assert first.rebuilt is not None and not first.rebuilt.destroyed  # handed over before the failure
+    failed = tail.pending["decode/bs=8"]
+    assert failed.done and isinstance(failed.error, RuntimeError)
+    assert failed.take().name == "decode/bs=8"  # built at its first replay instead, memory mapped
+    assert not unloaded  # the modules are the LOAD's: not unloaded with the failed rebuild

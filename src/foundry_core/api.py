@@ -369,9 +369,15 @@ def _current_stream_getter():
 class RestoredGraph:
     """A graph rebuilt from an archive; replays on the current torch stream like ``torch.cuda.CUDAGraph``."""
 
-    def __init__(self, name: str, rebuilt: Rebuilt, device: int, rng: dict | None, nodes: int):
+    def __init__(
+        self, name: str, rebuilt: Rebuilt | None, device: int, rng: dict | None, nodes: int, pending=None
+    ):
         self.name, self.device, self.nodes = name, device, nodes
         self._rebuilt = rebuilt
+        # Still being rebuilt in the background when load() returned (restore.Pending): the first
+        # replay waits for this graph; waited_s says how long it did.
+        self._pending = pending
+        self.waited_s = 0.0
         self._rng = rng
         self._current_stream = _current_stream_getter()
         if rng:
@@ -379,6 +385,10 @@ class RestoredGraph:
             self._offset = tensor_at(rng["offset_ptr"], (1,), (1,), "int64", device)
 
     def replay(self) -> None:
+        if self._rebuilt is None:
+            t0 = time.perf_counter()
+            self._rebuilt = self._pending.take()
+            self.waited_s = time.perf_counter() - t0
         if self._rng:
             # What torch's own replay does before launching: publish seed and offset, then advance.
             gen = _torch().cuda.default_generators[self.device]
@@ -387,6 +397,11 @@ class RestoredGraph:
             self._offset.fill_(offset)
             gen.set_offset(offset + self._rng["increment"])
         self._rebuilt.launch(self._current_stream(self.device))
+
+    def _destroy(self) -> None:
+        rebuilt = self._rebuilt or (self._pending.rebuilt if self._pending is not None else None)
+        if rebuilt is not None:
+            rebuilt.destroy()
 
     def __repr__(self) -> str:
         return f"RestoredGraph({self.name!r}, nodes={self.nodes})"
@@ -404,6 +419,7 @@ class Restored:
         self.slots: dict = slots
         self.timings: dict[str, float] = timings
         self.builder = "none"  # which graph builder(s) rebuilt the graphs: native, python, native+python
+        self._background = None  # the prepared rebuild still finishing graphs after load() returned
         self._mapped, self._modules = mapped, modules
 
     @property
@@ -412,9 +428,11 @@ class Restored:
 
     def unload(self) -> None:
         """Destroy the graphs, unload their modules and unmap the memory they owned."""
+        if self._background is not None:  # graphs still being rebuilt when load() returned
+            self._background.wait()
         _torch().cuda.synchronize(self.region.device)
         for g in self.graphs.values():
-            g._rebuilt.destroy()
+            g._destroy()
         self._modules.unload()
         self.region.unmap(self._mapped)
         self.graphs, self.tensors, self._mapped = {}, {}, []
@@ -445,39 +463,41 @@ def load(
     fingerprint, the pinned digest and the location are still checked here.
 
     ``prepared``: what :func:`prepare` started for this ``path`` before the engine's setup. Its
-    modules and graphs are taken instead of being rebuilt here (waiting for the rest when it is not
-    done); if its rebuild failed, they are rebuilt here as without it, with a warning. It holds the
+    modules and graphs are taken instead of being rebuilt here; if its rebuild failed, they are
+    rebuilt here as without it, with a warning. When it is still building graphs once the memory is
+    mapped, ``load`` returns without waiting for them: the thread finishes each one as it is built,
+    and the first replay of a graph not finished yet waits for that graph (``RestoredGraph.waited_s``;
+    ``timings["tail_graphs"]`` counts them, ``timings["tail_s"]`` is how long the thread took after
+    the hand-over). It holds the
     archive it was given or verified (used instead of ``archive``; if its verification refused the
     archive, the archive is read and verified here as without it). Every check above still runs,
     and a refused archive unloads what the background rebuild made.
 
-    ``upload``: also upload each executable graph to the device now (cuGraphUpload). Off by
+    ``upload``: also upload each executable graph finished by the time ``load`` returns to the
+    device now (cuGraphUpload). Off by
     default, which leaves the graphs as torch leaves a captured one after instantiating it: the
     first replay of each does the upload (about 2.5 ms for a 1,700-node graph on an H200).
     """
     torch = _torch()
     timings = {}
     t0 = time.perf_counter()
-    rebuilding = None
+    rebuilding = tail = None
+    building = None  # the prepared rebuild, still building graphs: it may finish them after we return
     if prepared is not None:
         if os.path.realpath(prepared.path) != os.path.realpath(path):
             prepared.discard()
             raise ArchiveError(f"prepared= was started for {prepared.path}, not for {path}")
         ready = prepared.done
-        # An archive the thread could not verify is verified below with this call's own arguments
-        # (and refused there if it is bad); a rebuild that failed is done again below.
-        verified, rebuilding, failed = prepared.take()
-        archive = verified or archive
+        tail_archive = None if ready else prepared.building()
+        if tail_archive is not None and all(
+            e.get("encoding") == ENCODING for e in tail_archive.meta["graphs"]
+        ):
+            building, archive = prepared, tail_archive
+            timings.update(prepared_ready=0.0, prepared_ok=1.0)
+        else:
+            rebuilding = _take_prepared(prepared, timings, ready)
+            archive = prepared.archive if timings["prepared_verified"] else archive
         timings["prepare_wait_s"] = time.perf_counter() - t0
-        timings["prepared_s"] = prepared.seconds or 0.0
-        timings["prepared_ready"] = float(ready)
-        timings["prepared_ok"] = float(failed is None)  # 0: everything is rebuilt below instead
-        if failed is not None and verified is not None:
-            warnings.warn(
-                f"foundry: the background rebuild failed ({type(failed).__name__}: {failed}); "
-                "rebuilding the graphs now",
-                stacklevel=2,
-            )
     try:
         if trusted_root is not None:
             check_location(path, trusted_root)
@@ -496,16 +516,14 @@ def load(
                 f"archive was saved for cuda:{meta['device']}, the region is on cuda:{region.device}"
             )
     except BaseException:
-        if rebuilding is not None:
-            rebuilding.discard()
+        _drop(rebuilding, building)
         raise
     t1 = time.perf_counter()
     timings["archive_read_s"] = t1 - t0 - timings.get("prepare_wait_s", 0.0)
     try:
         mapped = region.restore_layout(meta["layout"])
     except BaseException:
-        if rebuilding is not None:
-            rebuilding.discard()
+        _drop(rebuilding, building)
         raise
     try:
         saved = meta["layout"]["segments"]
@@ -515,22 +533,43 @@ def load(
         t2 = time.perf_counter()
         timings["memory_s"] = t2 - t1
         upload_to = torch.cuda.current_stream(region.device).cuda_stream if upload else None
-        if rebuilding is None:
-            rebuilding = rebuild_archive(archive, upload_to=upload_to, progress=progress)
-            timings.update(rebuilding.timings)
-        else:  # the thread's own times, apart: they were not spent on this path
-            timings.update({f"background_{k}": v for k, v in rebuilding.timings.items()})
-            # Memory nodes re-pointed, graphs the driver would not build ahead built: on this path.
-            timings.update(finish_rebuild(archive, rebuilding, upload_to=upload_to, progress=progress))
-        graphs = {
-            name: RestoredGraph(name, rebuilt, region.device, rng, nodes)
-            for name, (rebuilt, rng, nodes) in rebuilding.graphs.items()
-        }
+        if building is not None:
+            # The memory is mapped: the thread finishes each graph as it builds it from now on, and
+            # the graphs it has not built yet are waited for at their first replay, not here.
+            tail = building.hand_over([e["name"] for e in meta["graphs"]], timings)
+            if tail is None:  # it ended meanwhile: take its rebuild whole
+                rebuilding = _take_prepared(building, timings, False)
+                building = None
+        if tail is not None:
+            graphs = {
+                e["name"]: RestoredGraph(
+                    e["name"],
+                    tail.pending[e["name"]].rebuilt,
+                    region.device,
+                    e.get("rng_state"),
+                    e["nodes"],
+                    pending=tail.pending[e["name"]],
+                )
+                for e in meta["graphs"]
+            }
+            timings["tail_graphs"] = float(sum(g._rebuilt is None for g in graphs.values()))
+            rebuilding = tail.rebuilding
+        else:
+            if rebuilding is None:
+                rebuilding = rebuild_archive(archive, upload_to=upload_to, progress=progress)
+                timings.update(rebuilding.timings)
+            else:  # the thread's own times, apart: they were not spent on this path
+                timings.update({f"background_{k}": v for k, v in rebuilding.timings.items()})
+                # Memory nodes re-pointed, graphs the driver would not build ahead built: on this path.
+                timings.update(finish_rebuild(archive, rebuilding, upload_to=upload_to, progress=progress))
+            graphs = {
+                name: RestoredGraph(name, rebuilt, region.device, rng, nodes)
+                for name, (rebuilt, rng, nodes) in rebuilding.graphs.items()
+            }
         torch.cuda.synchronize(region.device)
         timings["graphs_s"] = time.perf_counter() - t2 - timings.get("modules_s", 0.0)
     except BaseException:
-        if rebuilding is not None:
-            rebuilding.discard()
+        _drop(rebuilding, building, tail)
         region.unmap(mapped)
         raise
     tensors = {
@@ -540,4 +579,36 @@ def load(
     timings["total_s"] = time.perf_counter() - t0
     restored = Restored(archive, region, graphs, tensors, meta["slots"], mapped, rebuilding.modules, timings)
     restored.builder = "+".join(sorted(rebuilding.builders)) or "none"
+    restored._background = building
     return restored
+
+
+def _take_prepared(prepared: Prepared, timings: dict[str, float], ready: bool):
+    """Wait for a prepared rebuild and take it whole; None when it failed (the caller rebuilds, with
+    a warning). An archive the thread could not verify is verified by the caller with its own
+    arguments (and refused there if it is bad): ``timings["prepared_verified"]`` says which."""
+    verified, rebuilding, failed = prepared.take()
+    timings["prepared_s"] = prepared.seconds or 0.0
+    timings["prepared_ready"] = float(ready)
+    timings["prepared_ok"] = float(failed is None)  # 0: everything is rebuilt by the caller instead
+    timings["prepared_verified"] = float(verified is not None)
+    if failed is not None and verified is not None:
+        warnings.warn(
+            f"foundry: the background rebuild failed ({type(failed).__name__}: {failed}); "
+            "rebuilding the graphs now",
+            stacklevel=3,
+        )
+    return rebuilding
+
+
+def _drop(rebuilding, building: Prepared | None, tail=None) -> None:
+    """A refused or failed LOAD: unload what the background rebuild made (waiting for it)."""
+    if building is not None:
+        building.discard()
+        if tail is not None:  # what it handed over, then the modules, which were handed over too
+            for pending in tail.pending.values():
+                if pending.rebuilt is not None:
+                    pending.rebuilt.destroy()
+            tail.rebuilding.modules.unload()
+    elif rebuilding is not None:
+        rebuilding.discard()

@@ -24,6 +24,7 @@ import os
 import threading
 import time
 import warnings
+from collections.abc import Callable
 
 from .archive import Archive, ArchiveError
 from .driver import CudaError, call, cu
@@ -53,13 +54,19 @@ class Rebuilding:
     # Ahead of the memory: graphs whose memory nodes point into the stand-in until finish_rebuild.
     moved: dict[str, Moved] = dataclasses.field(default_factory=dict)
     standin: StandIn | None = None
+    # Called with a graph's name each time one is built (the background thread's hand-over, Tail).
+    on_built: Callable[[str], None] | None = None
+    # Handed over to a LOAD that returned before the rebuild ended: the graphs it took are out of
+    # ``graphs``, and the modules are the LOAD's (its Restored unloads them), not this rebuild's.
+    handed: bool = False
 
     def discard(self) -> None:
         for rebuilt, _rng, _nodes in self.graphs.values():
             rebuilt.destroy()
         self.graphs, self.moved = {}, {}
         self._free_standin()
-        self.modules.unload()
+        if not self.handed:
+            self.modules.unload()
 
     def _free_standin(self) -> None:
         if self.standin is not None:
@@ -68,7 +75,12 @@ class Rebuilding:
 
 
 def rebuild_archive(
-    archive: Archive, *, upload_to: int | None = None, progress: bool | None = None, ahead: bool = False
+    archive: Archive,
+    *,
+    upload_to: int | None = None,
+    progress: bool | None = None,
+    ahead: bool = False,
+    started: Callable[[Rebuilding], None] | None = None,
 ) -> Rebuilding:
     """Load every module of ``archive`` and rebuild every graph; on failure nothing stays loaded.
 
@@ -78,12 +90,15 @@ def rebuild_archive(
 
     Adds to the timings: modules_s, graph_read_s (reading, and decoding or encoding where the stored
     form is not the one the builder takes), graph_build_s, graph_instantiate_s, graph_upload_s, and
-    ahead of the memory standin_bytes.
+    ahead of the memory standin_bytes. ``started`` is called with the rebuild once the modules are
+    loaded, before the first graph is built; from then on a failure leaves the rebuild to the caller
+    to discard (it may have handed some of it over already).
     """
     meta = archive.meta
     timings: dict[str, float] = {}
     rebuilding = Rebuilding(LoadedModules(), {}, set(), timings)
     t0 = time.perf_counter()
+    given = False
     try:
         with Progress("foundry: loading modules", len(meta["images"]), progress) as bar:
             for digest in meta["images"]:
@@ -92,9 +107,13 @@ def rebuild_archive(
         for image, name, attrs in meta["kernels"]:
             rebuilding.modules.function(image, name, attrs)
         timings["modules_s"] = time.perf_counter() - t0
+        if started is not None:
+            started(rebuilding)
+            given = True
         rebuilding.builders = _rebuild_graphs(archive, rebuilding, upload_to, progress, timings, ahead=ahead)
     except BaseException:
-        rebuilding.discard()  # the graphs rebuilt before the failure, the stand-in, the modules
+        if not given:
+            rebuilding.discard()  # the graphs rebuilt before the failure, the stand-in, the modules
         raise
     return rebuilding
 
@@ -235,6 +254,8 @@ def _rebuild_graphs(archive, rebuilding, stream, progress, timings, *, only=None
                     continue
                 used.add("python")
             graphs[entry["name"]] = (rebuilt, rng, entry["nodes"])
+            if rebuilding.on_built is not None:
+                rebuilding.on_built(entry["name"])
             bar.advance()
     timings["graph_read_s"] = read_s
     for key in ("build_s", "instantiate_s", "upload_s"):
@@ -266,6 +287,109 @@ def _plan_standin(archive, rebuilding, native, entries, timings, preread) -> dic
             return {}
         timings["standin_bytes"] = float(rebuilding.standin.size)
     return memory
+
+
+class Pending:
+    """A graph that a :class:`Tail` completes after ``load`` returned; its first replay waits for it."""
+
+    def __init__(self, tail: Tail, name: str):
+        self._tail, self.name = tail, name
+        self._ready = threading.Event()
+        self.rebuilt: Rebuilt | None = None
+        self.error: BaseException | None = None
+
+    @property
+    def done(self) -> bool:
+        return self._ready.is_set()
+
+    def publish(self, rebuilt: Rebuilt) -> None:
+        self.rebuilt = rebuilt
+        self._ready.set()
+
+    def fail(self, error: BaseException) -> None:
+        self.error = error
+        self._ready.set()
+
+    def take(self) -> Rebuilt:
+        """Wait for the graph; one the background rebuild could not finish is built here, now (its
+        memory is mapped), and raises as a rebuild does when even that fails."""
+        self._ready.wait()
+        if self.rebuilt is None:
+            logger.warning(
+                "foundry: graph %r rebuilt at its first replay (in the background: %s)", self.name, self.error
+            )
+            self.rebuilt = self._tail.build_now(self.name)
+        return self.rebuilt
+
+
+class Tail:
+    """The graphs a prepared rebuild had not finished when ``load`` had mapped the memory.
+
+    So that ``load`` need not wait for them, the background thread completes each one as it is built
+    (re-points its memory nodes, which are mapped now) and publishes it to its :class:`Pending`, in
+    the archive's order; the graphs the driver would not build ahead are built last, the same way.
+    A replay of a graph that is not published yet waits for that graph alone. Every method but
+    :meth:`build_now` runs under the :class:`Prepared`'s lock.
+    """
+
+    def __init__(self, archive: Archive, rebuilding: Rebuilding, names: list[str], timings: dict[str, float]):
+        self.archive, self.rebuilding, self.timings = archive, rebuilding, timings
+        self.pending = {name: Pending(self, name) for name in names}
+        self._t0 = time.perf_counter()
+        self._retargeted = 0
+
+    def finish(self, name: str) -> None:
+        """Re-point graph ``name``, built, and hand it over (a refused one is built again at the end)."""
+        pending = self.pending.get(name)
+        if pending is None or pending.done or name not in self.rebuilding.graphs:
+            return
+        rebuilt = self.rebuilding.graphs[name][0]
+        moved = self.rebuilding.moved.pop(name, None)
+        if moved is not None:
+            try:
+                retarget(rebuilt, moved)
+            except GraphError as e:
+                rebuilt.destroy()
+                del self.rebuilding.graphs[name]
+                self.rebuilding.deferred[name] = e
+                return
+            self._retargeted += 1
+        del self.rebuilding.graphs[name]  # the LOAD's now, no longer the rebuild's to discard
+        pending.publish(rebuilt)
+
+    def finish_rest(self) -> None:
+        """Once the thread built every graph it could: hand over the rest, then build the graphs the
+        driver would not build ahead (the memory is mapped now) and hand those over."""
+        for name in list(self.rebuilding.graphs):
+            self.finish(name)
+        self.rebuilding._free_standin()
+        deferred = set(self.rebuilding.deferred)
+        if deferred:
+            self.rebuilding.deferred = {}
+            error = None
+            try:
+                _rebuild_graphs(self.archive, self.rebuilding, None, False, {}, only=deferred)
+            except BaseException as e:  # those not built are built at their first replay
+                error = e
+            for name in list(self.rebuilding.graphs):
+                self.finish(name)
+            if error is not None:
+                self.fail_rest(error)
+            self.timings["deferred_graphs"] = float(len(deferred))
+        self.timings.update({f"background_{k}": v for k, v in self.rebuilding.timings.items()})
+        self.timings["retargeted_graphs"] = float(self._retargeted)
+        self.timings["tail_s"] = time.perf_counter() - self._t0
+
+    def fail_rest(self, error: BaseException) -> None:
+        """The thread failed: every graph not handed over is built at its first replay instead."""
+        for pending in self.pending.values():
+            if not pending.done:
+                pending.fail(error)
+
+    def build_now(self, name: str) -> Rebuilt:
+        one = Rebuilding(self.rebuilding.modules, {}, set(), {})
+        _rebuild_graphs(self.archive, one, None, False, {}, only={name})
+        return one.graphs[name][0]
 
 
 def _context_for(device: int):
@@ -302,6 +426,12 @@ class Prepared:
         self._error: BaseException | None = None
         self._archive_error: BaseException | None = None
         self._taken = False
+        # The hand-over to a LOAD that does not wait for the whole rebuild (hand_over, Tail).
+        self._lock = threading.RLock()  # the thread re-enters it: finish_rest builds, on_built finishes
+        self._building = threading.Event()  # set once the modules are loaded, or the thread ended
+        self._rebuilding: Rebuilding | None = None
+        self._tail: Tail | None = None
+        self._ended = False
         self._thread = threading.Thread(target=self._run, name="foundry-prepare", daemon=True)
         self._thread.start()
 
@@ -317,11 +447,53 @@ class Prepared:
                     self._archive_error = e
                     return
             _bind_context(self._context)
-            self._result = rebuild_archive(self.archive, progress=False, ahead=True)
+            self._result = rebuild_archive(self.archive, progress=False, ahead=True, started=self._started)
         except BaseException as e:  # load() rebuilds synchronously instead, and says why
             self._error = e
         finally:
             self.seconds = time.perf_counter() - t0
+            with self._lock:
+                self._ended = True
+                if self._error is not None and self._rebuilding is not None:
+                    if self._tail is not None:  # what was handed over stays; the rest is built at replay
+                        self._tail.fail_rest(self._error)
+                    self._rebuilding.discard()
+                elif self._tail is not None:
+                    self._tail.timings["prepared_s"] = self.seconds
+                    self._tail.finish_rest()
+                    self._result = None  # the LOAD's now
+            self._building.set()
+
+    def _started(self, rebuilding: Rebuilding) -> None:
+        rebuilding.on_built = self._built
+        self._rebuilding = rebuilding
+        self._building.set()
+
+    def _built(self, name: str) -> None:
+        with self._lock:
+            if self._tail is not None:
+                self._tail.finish(name)
+
+    def building(self) -> Archive | None:
+        """Wait until the thread has verified the archive and loaded its modules, or ended; then the
+        verified archive while graphs are still being built (a LOAD may :meth:`hand_over`), else
+        None (:meth:`take` it whole)."""
+        self._building.wait()
+        with self._lock:
+            return None if self._ended or self._rebuilding is None else self.archive
+
+    def hand_over(self, names: list[str], timings: dict[str, float]) -> Tail | None:
+        """The memory is mapped: from now on the thread finishes each graph as it builds it, and
+        ``load`` returns without waiting. None when the thread ended meanwhile (:meth:`take` it)."""
+        with self._lock:
+            if self._ended or self._rebuilding is None:
+                return None
+            self._taken = True
+            self._rebuilding.handed = True
+            tail = self._tail = Tail(self.archive, self._rebuilding, names, timings)
+            for name in list(self._rebuilding.graphs):  # built before the memory was mapped
+                tail.finish(name)
+            return tail
 
     @property
     def done(self) -> bool:

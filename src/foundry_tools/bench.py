@@ -54,6 +54,8 @@ def summarize(result: dict) -> dict:
         "restore_critical_s": restore_s,
         "restore_background_s": result.get("restore_background_s"),
         "prepared": result.get("prepared", False),
+        "tail_graphs": result.get("tail_graphs", 0),
+        "first_replay_wait_s": result.get("first_replay_wait_s", 0.0),
         "restore_breakdown": result["restore_breakdown"],
         "speedup": result["capture_s"] / restore_s if restore_s else None,
         "replay_us_native": native,
@@ -143,6 +145,11 @@ def print_table(summary: dict) -> None:
     if summary.get("restore_background_s") is not None:
         print(
             f"    ahead, on a thread     {summary['restore_background_s']:8.3f} s   (not on the critical path)"
+        )
+    if summary.get("tail_graphs"):
+        print(
+            f"    finished after load()  {summary['tail_graphs']:8d} graphs (first replays waited "
+            f"{summary['first_replay_wait_s']:.3f} s in all)"
         )
     if "retargeted_graphs" in b:
         deferred = int(b.get("deferred_graphs", 0))

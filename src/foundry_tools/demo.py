@@ -314,6 +314,9 @@ def run_load(args) -> dict:
         "restore_background_s": restored.timings.get("prepared_s"),
         "deferred_graphs": int(restored.timings.get("deferred_graphs", 0)),
         "retargeted_graphs": int(restored.timings.get("retargeted_graphs", 0)),
+        # graphs still being built when load() returned, and how long their first replays waited
+        "tail_graphs": int(restored.timings.get("tail_graphs", 0)),
+        "first_replay_wait_s": sum(g.waited_s for g in restored.graphs.values()),
         "builder": restored.builder,
         "load_stream_captures": sum(captures_after.values()),
         "stream_captures_during_load": {k: captures_after[k] - captures_before[k] for k in captures_after},
@@ -422,6 +425,8 @@ def orchestrate(args) -> dict:
         "restore_critical_s": load["restore_s"],
         "restore_background_s": load.get("restore_background_s"),
         "prepared": load.get("prepared", False),
+        "tail_graphs": load.get("tail_graphs", 0),
+        "first_replay_wait_s": load.get("first_replay_wait_s", 0.0),
         "restore_breakdown": load["restore_breakdown"],
         "speedup": save["capture_s"] / load["restore_s"] if load["restore_s"] else None,
         "load_stream_captures": load["load_stream_captures"],

@@ -44,15 +44,18 @@ def report(timings: dict[str, Any]) -> dict[str, Any]:
     """What a start report says about the rebuild ahead: whether it succeeded (if not, everything
     was rebuilt at the graph phase, with a warning), whether it was ready when the graph phase came,
     how long that phase waited for it, how long it ran in the background, how many graphs had their
-    memory nodes re-pointed after the mapping and how many were built only then."""
-    if "prepared_s" not in timings:
+    memory nodes re-pointed after the mapping and how many were built only then, and how many it was
+    still building when the graph phase ended (each waited for at its first replay)."""
+    if "prepared_s" not in timings and "tail_graphs" not in timings:
         return {"prepared": False}
+    running = timings.get("prepared_s") is None  # still finishing graphs when this is reported
     return {
         "prepared": True,
         "prepared_ok": bool(timings.get("prepared_ok")),
         "prepared_ready": bool(timings.get("prepared_ready")),
         "prepare_wait_s": round(float(timings.get("prepare_wait_s", 0.0)), 4),
-        "prepared_s": round(float(timings["prepared_s"]), 4),
+        "prepared_s": None if running else round(float(timings["prepared_s"]), 4),
         "graphs_retargeted": int(timings.get("retargeted_graphs", 0)),
         "graphs_deferred": int(timings.get("deferred_graphs", 0)),
+        "graphs_after_return": int(timings.get("tail_graphs", 0)),
     }
