@@ -77,6 +77,9 @@ def summarize(result: dict) -> dict:
         "replay_host_us_extra": {
             bs: host_restored[bs] - host_native[bs] for bs in host_native if bs in host_restored
         },
+        # the same with both executable graphs launched by one bare cuGraphLaunch (no Python around)
+        "launch_host_us_native": result.get("launch_host_us_native", {}),
+        "launch_host_us_restored": result.get("launch_host_us_restored", {}),
         "scaling": result.get("scaling", []),
     }
 
@@ -181,4 +184,10 @@ def print_table(summary: dict) -> None:
             f"  launch on the CPU, bs {bs:<4} restored {summary['replay_host_us_restored'][bs]:6.2f} us, "
             f"native {summary['replay_host_us_native'][bs]:6.2f} us ({extra:+.2f} us)"
         )
+        raw_r = summary.get("launch_host_us_restored", {}).get(bs)
+        raw_n = summary.get("launch_host_us_native", {}).get(bs)
+        if raw_r is not None and raw_n is not None:
+            print(
+                f"    bare cuGraphLaunch    restored {raw_r:6.2f} us, native {raw_n:6.2f} us ({raw_r - raw_n:+.2f} us)"
+            )
     print(f"  bit-exact                {summary['bit_exact_all']}")

@@ -153,6 +153,33 @@ def _time_host_interleaved(workload, native, restored, n: int) -> tuple[dict[str
     return out_native, out_restored
 
 
+def _raw_launchers(twins, restored):
+    """``bs -> launch`` of each native twin's and each restored graph's executable graph through the
+    same bare ``cuGraphLaunch`` on the current stream; None where torch does not expose a captured
+    graph's executable graph."""
+    import torch
+
+    from foundry_core.driver import cu
+
+    driver = cu()
+    if not hasattr(torch.cuda.CUDAGraph, "raw_cuda_graph_exec"):
+        return None
+
+    def launcher(exec_of):
+        def launch(bs):
+            stream = driver.CUstream(init_value=torch.cuda.current_stream().cuda_stream)
+            (err,) = driver.cuGraphLaunch(exec_of(bs), stream)
+            if int(err):
+                raise RuntimeError(f"cuGraphLaunch: {err}")
+
+        return launch
+
+    native = {k: driver.CUgraphExec(init_value=int(g.raw_cuda_graph_exec())) for k, g in twins.items()}
+    return launcher(lambda bs: native[f"bs{bs}"]), launcher(
+        lambda bs: restored.graphs[f"bs{bs}"]._rebuilt.exec
+    )
+
+
 def _warmup(workload, region, spec, label: str = "") -> None:
     """Compile and run every batch size twice on a side stream, as a SAVE does before capturing."""
     import torch
@@ -296,7 +323,7 @@ def run_load(args) -> dict:
     fc.stop_recording()  # counted: the replays timed below run without CUPTI attached, as a server's do
     warmup_forwards = workload.forward_calls
     state_digest = _state_digest(workload)
-    replay_us, native_us, host_us, native_host_us = {}, {}, {}, {}
+    replay_us, native_us, host_us, native_host_us, raw_native_us, raw_restored_us = {}, {}, {}, {}, {}, {}
     if args.replays:
         # Replay parity, fairly: native twins captured in this same process, timed alternately with
         # the restored graphs on the same inputs (see _time_interleaved), then their launch cost.
@@ -304,6 +331,11 @@ def run_load(args) -> dict:
         native_replay = lambda bs: twins[f"bs{bs}"].replay()  # noqa: E731
         native_us, replay_us = _time_interleaved(workload, native_replay, replay, args.replays)
         native_host_us, host_us = _time_host_interleaved(workload, native_replay, replay, args.replays)
+        # The same, both executable graphs launched by one bare driver call: what is left of the
+        # difference is the executable graph's own launch cost, not the Python around it.
+        raw = _raw_launchers(twins, restored)
+        if raw is not None:
+            raw_native_us, raw_restored_us = _time_host_interleaved(workload, *raw, args.replays)
     return {
         "phase": "load",
         "graphs": len(restored.graphs),
@@ -329,6 +361,8 @@ def run_load(args) -> dict:
         "replay_us_native_twins": native_us,
         "replay_host_us": host_us,
         "replay_host_us_native_twins": native_host_us,
+        "launch_host_us": raw_restored_us,
+        "launch_host_us_native_twins": raw_native_us,
         "nodes": nodes,
     }
 
@@ -448,6 +482,8 @@ def orchestrate(args) -> dict:
         "replay_us_native_save_process": save["replay_us"],
         "replay_host_us_native": load.get("replay_host_us_native_twins", {}),
         "replay_host_us_restored": load.get("replay_host_us", {}),
+        "launch_host_us_native": load.get("launch_host_us_native_twins", {}),
+        "launch_host_us_restored": load.get("launch_host_us", {}),
         "replay_method": (
             "native twins captured in the LOAD process after restore; native and restored replays "
             "alternate, median per batch size"
@@ -465,10 +501,23 @@ def print_summary(result: dict) -> None:
     print(f"foundry demo: {result['variant']} ({result['preset']}), {result['graphs']} decode graphs")
     print(f"  SAVE  warmup + capture   {result['capture_s']:8.3f} s")
     print(f"  LOAD  restore            {result['restore_s']:8.3f} s   ({result['speedup']:.1f}x faster)")
+    if result.get("tail_graphs"):
+        print(
+            f"  LOAD  finished after it  {result['tail_graphs']:8d} graphs "
+            f"(first replays waited {result['first_replay_wait_s']:.3f} s)"
+        )
     print(f"  LOAD  stream captures    {result['load_stream_captures']:8d}")
     print(f"  LOAD  warmup forwards    {result['load_warmup_forwards']:8d}")
     exact = sum(result["bit_exact"].values())
     print(f"  bit-exact batch sizes    {exact:8d} / {len(result['bit_exact'])}")
+    for bs, host in sorted(result.get("replay_host_us_restored", {}).items(), key=lambda kv: int(kv[0])):
+        native = result["replay_host_us_native"].get(bs, float("nan"))
+        raw = result.get("launch_host_us_restored", {}).get(bs, float("nan"))
+        raw_native = result.get("launch_host_us_native", {}).get(bs, float("nan"))
+        print(
+            f"  replay on the CPU, bs {bs:<4} restored {host:6.2f} us, native {native:6.2f} us; "
+            f"bare launch {raw:6.2f} / {raw_native:6.2f} us"
+        )
     print("  result: " + ("OK, restored graphs are bit-exact" if ok else "FAILED"))
 
 
