@@ -285,23 +285,20 @@ class Session:
     def restore(self) -> None:
         if self.restored is not None:
             return
-        import foundry_core as fc
-
-        t0 = time.perf_counter()
-        self.restored = fc.load(
-            str(self.path),
-            region=self.region,
-            fingerprint_model=self.fingerprint,
-            rank=self.rank,
-            world_size=self.world_size,
-            expected_digest=self.cfg.digest_for_rank(self.rank),
-            trusted_root=self.cfg.archive_dir,  # the archive must resolve inside the configured directory
-            archive=self._verified,  # read and checked by check_archive; None: fc.load reads it
-            prepared=self._prepared,  # rebuilt since enter_region; None: fc.load rebuilds here
-        )
-        self._verified = self._prepared = None
         from foundry_core.engine import prepare
 
+        t0 = time.perf_counter()
+        self.restored = prepare.load(
+            str(self.path),
+            cfg=self.cfg,
+            rank=self.rank,
+            world_size=self.world_size,
+            region=self.region,
+            fingerprint=self.fingerprint,
+            archive=self._verified,  # read and checked by check_archive
+            prepared=self._prepared,  # rebuilt since enter_region
+        )
+        self._verified = self._prepared = None
         self.report["archive_digest"] = self.restored.digest
         self.report["fc_load_s"] = round(time.perf_counter() - t0, 4)
         self.report["fc_load_timings"] = timings = dict(getattr(self.restored, "timings", {}) or {})

@@ -335,19 +335,18 @@ class FoundrySession:
         self.report["saved"] = True
 
     def restore(self, adapter: Any) -> int:
-        import foundry_core as fc
+        from foundry_core.engine import prepare
 
         t0 = time.perf_counter()
-        restored = fc.load(
+        restored = prepare.load(
             archive.core_archive_dir(self.cfg, self.rank),
-            region=self.region,
-            fingerprint_model=self.fingerprint,
+            cfg=self.cfg,
             rank=self.rank,
             world_size=self.world_size,
-            expected_digest=self.cfg.digest_for_rank(self.rank),
-            trusted_root=self.cfg.archive_dir,  # the archive must resolve inside the configured directory
-            archive=self.verified,  # read and checked by check_core_archive; None: fc.load reads it
-            prepared=self.prepared,  # rebuilt since open(); None: fc.load rebuilds here
+            region=self.region,
+            fingerprint=self.fingerprint,
+            archive=self.verified,  # read and checked by check_core_archive
+            prepared=self.prepared,  # rebuilt since open()
         )
         self.verified = self.prepared = None
         sizing = (self.manifest or {}).get("sizing", {})

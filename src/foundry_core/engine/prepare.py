@@ -40,6 +40,36 @@ def start(path: Any, *, cfg: Any, rank: int, device: int, archive: Any, log: log
         return None
 
 
+def load(
+    path: Any,
+    *,
+    cfg: Any,
+    rank: int,
+    world_size: int,
+    region: Any,
+    fingerprint: dict,
+    archive: Any,
+    prepared: Any,
+):
+    """The rank's LOAD at the graph phase: ``foundry_core.load`` with the rank's digest pin, the
+    configured archive directory as the trusted root (the archive must resolve inside it), what
+    verifying it returned (``archive``; None: it is read and checked here) and what :func:`start`
+    began (``prepared``; None: the graphs are rebuilt here)."""
+    import foundry_core as fc
+
+    return fc.load(
+        path,
+        region=region,
+        fingerprint_model=fingerprint,
+        rank=rank,
+        world_size=world_size,
+        expected_digest=cfg.digest_for_rank(rank),
+        trusted_root=cfg.archive_dir,
+        archive=archive,
+        prepared=prepared,
+    )
+
+
 def report(timings: dict[str, Any]) -> dict[str, Any]:
     """What a start report says about the rebuild ahead: whether it succeeded (if not, everything
     was rebuilt at the graph phase, with a warning), whether it was ready when the graph phase came,
