@@ -319,6 +319,28 @@ def test_native_attribute_reading_is_kept_only_once_it_agreed_on_a_node_with_att
     assert graphs._read_attrs(3) == {"priority": 2} and calls == ["native"]  # native alone from now on
 
 
+def test_nodes_without_attributes_are_read_both_ways_only_at_first_and_then_now_and_then(monkeypatch):
+    calls = []
+    monkeypatch.setattr(graphs, "_read_attrs_native", lambda node: calls.append(("native", node)) or {})
+    monkeypatch.setattr(graphs, "_read_attrs_python", lambda node: calls.append(("python", node)) or {})
+    monkeypatch.setattr(graphs, "_native_attrs_ok", None)
+    monkeypatch.setattr(graphs, "_native_attrs_checked", 0)
+    monkeypatch.setattr(graphs, "_native_attrs_read", 0)
+    monkeypatch.setattr(graphs, "ATTRS_CHECK_FIRST", 4)
+    monkeypatch.setattr(graphs, "ATTRS_CHECK_EVERY", 3)
+    for node in range(1, 11):
+        assert graphs._read_attrs(node) == {}
+    both = [node for kind, node in calls if kind == "python"]
+    assert both == [1, 2, 3, 4, 6, 9]  # the first four, then every third node read natively
+    assert graphs._native_attrs_ok is None  # still not known: no node had an attribute
+    # A node the native reading finds attributes on is always compared until one agrees.
+    calls.clear()
+    monkeypatch.setattr(graphs, "_read_attrs_native", lambda node: calls.append("native") or {"priority": 1})
+    monkeypatch.setattr(graphs, "_read_attrs_python", lambda node: calls.append("python") or {"priority": 1})
+    assert graphs._read_attrs(11) == {"priority": 1} and calls == ["native", "python"]
+    assert graphs._native_attrs_ok is True
+
+
 def test_native_attribute_reading_that_disagrees_is_turned_off_with_a_warning(monkeypatch):
     monkeypatch.setattr(graphs, "_read_attrs_native", lambda node: {"priority": 4294967295})
     monkeypatch.setattr(graphs, "_read_attrs_python", lambda node: {"priority": -1})
