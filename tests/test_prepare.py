@@ -400,9 +400,11 @@ def test_a_thread_that_fails_after_the_hand_over_keeps_what_it_handed_over(monke
     prepared = restore.Prepared("/archive", 0, _Archive(NAMES), {})
     prepared.building()
     _wait_for(lambda: built == ["decode/bs=1"])
-    tail = prepared.hand_over(NAMES, {})
+    timings = {"prepared_ok": 1.0}
+    tail = prepared.hand_over(NAMES, timings)
     gate.set()
     prepared.wait()
+    assert timings["prepared_ok"] == 0.0  # the start report says the background rebuild failed
     first = tail.pending["decode/bs=1"]
     assert first.rebuilt is not None and not first.rebuilt.destroyed  # handed over before the failure
     failed = tail.pending["decode/bs=8"]

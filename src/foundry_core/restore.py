@@ -382,6 +382,7 @@ class Tail:
 
     def fail_rest(self, error: BaseException) -> None:
         """The thread failed: every graph not handed over is built at its first replay instead."""
+        self.timings["prepared_ok"] = 0.0
         for pending in self.pending.values():
             if not pending.done:
                 pending.fail(error)
