@@ -468,15 +468,14 @@ def load(
     mapped, ``load`` returns without waiting for them: the thread finishes each one as it is built,
     and the first replay of a graph not finished yet waits for that graph (``RestoredGraph.waited_s``;
     ``timings["tail_graphs"]`` counts them, ``timings["tail_s"]`` is how long the thread took after
-    the hand-over). It holds the
-    archive it was given or verified (used instead of ``archive``; if its verification refused the
-    archive, the archive is read and verified here as without it). Every check above still runs,
-    and a refused archive unloads what the background rebuild made.
+    the hand-over). It holds the archive it was given or verified (used instead of ``archive``; if
+    its verification refused the archive, the archive is read and verified here as without it).
+    Every check above still runs, and a refused archive unloads what the background rebuild made.
 
     ``upload``: also upload each executable graph finished by the time ``load`` returns to the
-    device now (cuGraphUpload). Off by
-    default, which leaves the graphs as torch leaves a captured one after instantiating it: the
-    first replay of each does the upload (about 2.5 ms for a 1,700-node graph on an H200).
+    device now (cuGraphUpload). Off by default, which leaves the graphs as torch leaves a captured
+    one after instantiating it: the first replay of each does the upload (about 2.5 ms for a
+    1,700-node graph on an H200).
     """
     torch = _torch()
     timings = {}
