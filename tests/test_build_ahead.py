@@ -467,6 +467,8 @@ def test_memory_nodes_are_built_against_a_stand_in_and_re_pointed_after_the_mapp
     assert list(ahead.graphs) == ["decode/bs=1", "decode/bs=8", "decode/bs=16"]
     assert [ahead.graphs[n][0].ahead for n in ahead.graphs] == [False, True, True]
     assert set(ahead.moved) == {"decode/bs=8", "decode/bs=16"} and list(ahead.deferred) == ["decode/bs=512"]
+    # known from the scan not to fit a stand-in: left for the mapping without being tried
+    assert "decode/bs=512" not in driver.built and "stand-in at most" in str(ahead.deferred["decode/bs=512"])
     assert len(archive.reads) == 4  # each encoding read once: the scan's reads are reused
 
     driver.mapped = True
@@ -501,6 +503,7 @@ def test_without_stand_in_memory_the_graphs_with_memory_nodes_wait_for_the_mappi
     monkeypatch.setattr(restore, "StandIn", no_memory)
     ahead = restore.rebuild_archive(driver.archive, progress=False, ahead=True)
     assert list(ahead.graphs) == ["decode/bs=1"] and len(ahead.deferred) == 3 and ahead.standin is None
+    assert driver.built == ["decode/bs=1"]  # the others not even tried before the mapping
     driver.mapped = True
     timings = restore.finish_rebuild(driver.archive, ahead, progress=False)
     assert timings["deferred_graphs"] == 3.0 and len(ahead.graphs) == 4

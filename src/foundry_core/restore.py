@@ -196,6 +196,10 @@ def _rebuild_graphs(archive, rebuilding, stream, progress, timings, *, only=None
     memory = _plan_standin(archive, rebuilding, native, entries, timings, preread) if ahead and native else {}
     with Progress("foundry: rebuilding graphs", len(entries), progress) as bar:
         for entry in entries:
+            if ahead and entry["name"] in rebuilding.deferred:  # known not to build before the mapping
+                preread.pop(entry["name"], None)
+                bar.advance()
+                continue
             r0 = time.perf_counter()
             encoding = entry.get("encoding")
             data = desc = None
@@ -265,9 +269,11 @@ def _rebuild_graphs(archive, rebuilding, stream, progress, timings, *, only=None
 
 def _plan_standin(archive, rebuilding, native, entries, timings, preread) -> dict[str, int]:
     """Ahead of the memory: how many memory nodes each graph's top level has (graphs that have some
-    are built against the stand-in), and the stand-in itself, as large as the largest need up to
-    :data:`.standin.MAX_BYTES` (a graph that needs more fails its build ahead and is deferred). The
-    encodings it reads are left in ``preread``."""
+    are built against the stand-in), and the stand-in itself, as large as the largest need. A graph
+    whose memory nodes the stand-in cannot serve (in a child graph, a copy of several rows, more
+    than :data:`.standin.MAX_BYTES`) is put in ``rebuilding.deferred`` at once, not tried, as are
+    all graphs with memory nodes when no stand-in can be had. The encodings it reads are left in
+    ``preread``."""
     memory: dict[str, int] = {}
     need = 0
     for entry in entries:
@@ -275,15 +281,27 @@ def _plan_standin(archive, rebuilding, native, entries, timings, preread) -> dic
             continue  # a JSON description: built after the mapping if it has memory nodes
         data = preread[entry["name"]] = archive.read_bytes(entry["file"])
         nodes = native.memory_nodes(data)
-        if nodes.top:
+        why = None
+        if nodes.in_children:
+            why = f"{nodes.in_children} memory nodes in child graphs"
+        elif nodes.not_1d:
+            why = f"{nodes.not_1d} copies of more than one row"
+        elif nodes.standin_bytes > STANDIN_MAX_BYTES:
+            why = (
+                f"its memory nodes span {nodes.standin_bytes} bytes, the stand-in at most {STANDIN_MAX_BYTES}"
+            )
+        if why is not None:
+            rebuilding.deferred[entry["name"]] = GraphError(f"not built ahead of the memory: {why}")
+        elif nodes.top:
             memory[entry["name"]] = nodes.top
-            if not nodes.in_children and not nodes.not_1d and nodes.standin_bytes <= STANDIN_MAX_BYTES:
-                need = max(need, nodes.standin_bytes)
+            need = max(need, nodes.standin_bytes)
     if memory:
         try:
             rebuilding.standin = StandIn(max(need, 1))
         except CudaError as e:  # the graphs with memory nodes are then built after the mapping
             logger.info("foundry: no stand-in memory for building ahead (%s)", e)
+            for name in memory:
+                rebuilding.deferred[name] = e
             return {}
         timings["standin_bytes"] = float(rebuilding.standin.size)
     return memory
