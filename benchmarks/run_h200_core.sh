@@ -4,7 +4,8 @@
 #   2 GPUs or more: GPU 0 runs the bench, GPU 1 the soak and then the GPU tests, side by side.
 #   1 GPU: the bench, then the GPU tests, one after the other (the soak only with SOAK=1, after them).
 #   On one H200 the bench (about 6 min) and the GPU tests (about 3 min) do not both fit one 600 s
-#   call: CORE_PARTS=bench, then CORE_PARTS=tests, in two calls (default: both).
+#   call: CORE_PARTS=bench, then CORE_PARTS=tests, in two calls (default: both). CORE_PARTS=probe:
+#   the launch cost of restored graphs built ahead and after the mapping (two short benches).
 # Usage on the device, from the repository root: FOUNDRY_COMMIT=<hash> bash benchmarks/run_h200_core.sh
 # Everything it produces goes to $OUT (results JSON, PNG, logs).
 set -u
@@ -33,6 +34,18 @@ soak() {  # gpu
   cp /tmp/soak/cpu-suite.json "$out/" 2>/dev/null
 }
 
+probe() {  # gpu
+  # The launch cost on the CPU of restored graphs built ahead (stand-in, re-pointed) and built after
+  # the mapping (--no-prepare), each beside its native twins, three batch sizes: about a minute each.
+  local how
+  for how in ahead after; do
+    CUDA_VISIBLE_DEVICES=$1 timeout "$(left)" python -m foundry_core.cli bench --workdir "/tmp/probe-$how" \
+      --batch-sizes 1 8 64 --replays 200 $([ "$how" = after ] && echo --no-prepare) \
+      --out "$out/launch-$how-h200.json" >"$out/launch-$how.log" 2>&1
+    echo "probe $how rc=$?" >>"$out/launch-$how.log"
+  done
+}
+
 gpu_tests() {  # gpu
   if [ "$(left)" -gt 60 ]; then
     CUDA_VISIBLE_DEVICES=$1 FOUNDRY_BUILDER=native timeout "$(left)" python -m pytest -q -m gpu tests/gpu \
@@ -49,8 +62,9 @@ if [ "$n_gpus" -ge 2 ]; then
   wait
 else
   parts=${CORE_PARTS:-bench tests}
+  case " $parts " in *" probe "*) probe 0 ;; esac
   case " $parts " in *" bench "*) bench 0 ;; esac
   case " $parts " in *" tests "*) gpu_tests 0 ;; esac
   [ "${SOAK:-0}" = 1 ] && soak 0
 fi
-for f in bench.log soak.log pytest-gpu.log; do [ -f "$out/$f" ] && tail -n 25 "$out/$f"; done
+for f in launch-ahead.log launch-after.log bench.log soak.log pytest-gpu.log; do [ -f "$out/$f" ] && tail -n 25 "$out/$f"; done
