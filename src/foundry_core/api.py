@@ -30,7 +30,6 @@ import functools
 import os
 import re
 import time
-import warnings
 
 from . import __version__
 from .archive import Archive, ArchiveError, ArchiveWriter, compare_fingerprint, open_archive
@@ -42,7 +41,7 @@ from .graphs import GraphError, Rebuilt, Segments, count_nodes, kernel_names, se
 from .modules import ModuleError, Recorded, recording
 from .progress import Progress
 from .region import Region, RegionError, Segment, restore_snapshot, snapshot
-from .restore import Prepared, finish_rebuild, rebuild_archive
+from .restore import Prepared, drop, finish_rebuild, rebuild_archive, take_whole
 from .trust import check_location, warn_if_world_writable
 
 ARCHIVE_KIND = "foundry-graphs"
@@ -494,7 +493,7 @@ def load(
             building, archive = prepared, tail_archive
             timings.update(prepared_ready=0.0, prepared_ok=1.0)
         else:
-            rebuilding = _take_prepared(prepared, timings, ready)
+            rebuilding = take_whole(prepared, timings, ready)
             archive = prepared.archive if timings["prepared_verified"] else archive
         timings["prepare_wait_s"] = time.perf_counter() - t0
     try:
@@ -515,14 +514,14 @@ def load(
                 f"archive was saved for cuda:{meta['device']}, the region is on cuda:{region.device}"
             )
     except BaseException:
-        _drop(rebuilding, building)
+        drop(rebuilding, building)
         raise
     t1 = time.perf_counter()
     timings["archive_read_s"] = t1 - t0 - timings.get("prepare_wait_s", 0.0)
     try:
         mapped = region.restore_layout(meta["layout"])
     except BaseException:
-        _drop(rebuilding, building)
+        drop(rebuilding, building)
         raise
     try:
         saved = meta["layout"]["segments"]
@@ -537,7 +536,7 @@ def load(
             # the graphs it has not built yet are waited for at their first replay, not here.
             tail = building.hand_over([e["name"] for e in meta["graphs"]], timings)
             if tail is None:  # it ended meanwhile: take its rebuild whole
-                rebuilding = _take_prepared(building, timings, False)
+                rebuilding = take_whole(building, timings, False)
                 building = None
         if tail is not None:
             graphs = {
@@ -568,7 +567,7 @@ def load(
         torch.cuda.synchronize(region.device)
         timings["graphs_s"] = time.perf_counter() - t2 - timings.get("modules_s", 0.0)
     except BaseException:
-        _drop(rebuilding, building, tail)
+        drop(rebuilding, building, tail)
         region.unmap(mapped)
         raise
     tensors = {
@@ -580,34 +579,3 @@ def load(
     restored.builder = "+".join(sorted(rebuilding.builders)) or "none"
     restored._background = building
     return restored
-
-
-def _take_prepared(prepared: Prepared, timings: dict[str, float], ready: bool):
-    """Wait for a prepared rebuild and take it whole; None when it failed (the caller rebuilds, with
-    a warning). An archive the thread could not verify is verified by the caller with its own
-    arguments (and refused there if it is bad): ``timings["prepared_verified"]`` says which."""
-    verified, rebuilding, failed = prepared.take()
-    timings["prepared_s"] = prepared.seconds or 0.0
-    timings["prepared_ready"] = float(ready)
-    timings["prepared_ok"] = float(failed is None)  # 0: everything is rebuilt by the caller instead
-    timings["prepared_verified"] = float(verified is not None)
-    if failed is not None and verified is not None:
-        warnings.warn(
-            f"foundry: the background rebuild failed ({type(failed).__name__}: {failed}); "
-            "rebuilding the graphs now",
-            stacklevel=3,
-        )
-    return rebuilding
-
-
-def _drop(rebuilding, building: Prepared | None, tail=None) -> None:
-    """A refused or failed LOAD: unload what the background rebuild made (waiting for it)."""
-    if building is not None:
-        building.discard()
-        if tail is not None:  # what it handed over, then the modules, which were handed over too
-            for pending in tail.pending.values():
-                if pending.rebuilt is not None:
-                    pending.rebuilt.destroy()
-            tail.rebuilding.modules.unload()
-    elif rebuilding is not None:
-        rebuilding.discard()

@@ -35,6 +35,7 @@ from .modules import LoadedModules
 from .progress import Progress
 from .standin import MAX_BYTES as STANDIN_MAX_BYTES
 from .standin import StandIn
+from .tail import Tail
 from .trust import check_location
 
 logger = logging.getLogger("foundry.restore")
@@ -307,110 +308,6 @@ def _plan_standin(archive, rebuilding, native, entries, timings, preread) -> dic
     return memory
 
 
-class Pending:
-    """A graph that a :class:`Tail` completes after ``load`` returned; its first replay waits for it."""
-
-    def __init__(self, tail: Tail, name: str):
-        self._tail, self.name = tail, name
-        self._ready = threading.Event()
-        self.rebuilt: Rebuilt | None = None
-        self.error: BaseException | None = None
-
-    @property
-    def done(self) -> bool:
-        return self._ready.is_set()
-
-    def publish(self, rebuilt: Rebuilt) -> None:
-        self.rebuilt = rebuilt
-        self._ready.set()
-
-    def fail(self, error: BaseException) -> None:
-        self.error = error
-        self._ready.set()
-
-    def take(self) -> Rebuilt:
-        """Wait for the graph; one the background rebuild could not finish is built here, now (its
-        memory is mapped), and raises as a rebuild does when even that fails."""
-        self._ready.wait()
-        if self.rebuilt is None:
-            logger.warning(
-                "foundry: graph %r rebuilt at its first replay (in the background: %s)", self.name, self.error
-            )
-            self.rebuilt = self._tail.build_now(self.name)
-        return self.rebuilt
-
-
-class Tail:
-    """The graphs a prepared rebuild had not finished when ``load`` had mapped the memory.
-
-    So that ``load`` need not wait for them, the background thread completes each one as it is built
-    (re-points its memory nodes, which are mapped now) and publishes it to its :class:`Pending`, in
-    the archive's order; the graphs the driver would not build ahead are built last, the same way.
-    A replay of a graph that is not published yet waits for that graph alone. Every method but
-    :meth:`build_now` runs under the :class:`Prepared`'s lock.
-    """
-
-    def __init__(self, archive: Archive, rebuilding: Rebuilding, names: list[str], timings: dict[str, float]):
-        self.archive, self.rebuilding, self.timings = archive, rebuilding, timings
-        self.pending = {name: Pending(self, name) for name in names}
-        self._t0 = time.perf_counter()
-        self._retargeted = 0
-
-    def finish(self, name: str) -> None:
-        """Re-point graph ``name``, built, and hand it over (a refused one is built again at the end)."""
-        pending = self.pending.get(name)
-        if pending is None or pending.done or name not in self.rebuilding.graphs:
-            return
-        rebuilt = self.rebuilding.graphs[name][0]
-        moved = self.rebuilding.moved.pop(name, None)
-        if moved is not None:
-            try:
-                retarget(rebuilt, moved)
-            except GraphError as e:
-                rebuilt.destroy()
-                del self.rebuilding.graphs[name]
-                self.rebuilding.deferred[name] = e
-                return
-            self._retargeted += 1
-        del self.rebuilding.graphs[name]  # the LOAD's now, no longer the rebuild's to discard
-        pending.publish(rebuilt)
-
-    def finish_rest(self) -> None:
-        """Once the thread built every graph it could: hand over the rest, then build the graphs the
-        driver would not build ahead (the memory is mapped now) and hand those over."""
-        for name in list(self.rebuilding.graphs):
-            self.finish(name)
-        self.rebuilding._free_standin()
-        deferred = set(self.rebuilding.deferred)
-        if deferred:
-            self.rebuilding.deferred = {}
-            error = None
-            try:
-                _rebuild_graphs(self.archive, self.rebuilding, None, False, {}, only=deferred)
-            except BaseException as e:  # those not built are built at their first replay
-                error = e
-            for name in list(self.rebuilding.graphs):
-                self.finish(name)
-            if error is not None:
-                self.fail_rest(error)
-            self.timings["deferred_graphs"] = float(len(deferred))
-        self.timings.update({f"background_{k}": v for k, v in self.rebuilding.timings.items()})
-        self.timings["retargeted_graphs"] = float(self._retargeted)
-        self.timings["tail_s"] = time.perf_counter() - self._t0
-
-    def fail_rest(self, error: BaseException) -> None:
-        """The thread failed: every graph not handed over is built at its first replay instead."""
-        self.timings["prepared_ok"] = 0.0
-        for pending in self.pending.values():
-            if not pending.done:
-                pending.fail(error)
-
-    def build_now(self, name: str) -> Rebuilt:
-        one = Rebuilding(self.rebuilding.modules, {}, set(), {})
-        _rebuild_graphs(self.archive, one, None, False, {}, only={name})
-        return one.graphs[name][0]
-
-
 def _context_for(device: int):
     """The context the thread is to use: the caller's current one when it is the device's (an
     engine's thread after its device was set), else the device's primary context, retained (torch
@@ -577,3 +474,34 @@ def prepare(
         "trusted_root": trusted_root,
     }
     return Prepared(path, int(device), archive, verify_args)
+
+
+def take_whole(prepared: Prepared, timings: dict[str, float], ready: bool):
+    """Wait for a prepared rebuild and take it whole; None when it failed (the caller rebuilds, with
+    a warning). An archive the thread could not verify is verified by the caller with its own
+    arguments (and refused there if it is bad): ``timings["prepared_verified"]`` says which."""
+    verified, rebuilding, failed = prepared.take()
+    timings["prepared_s"] = prepared.seconds or 0.0
+    timings["prepared_ready"] = float(ready)
+    timings["prepared_ok"] = float(failed is None)  # 0: everything is rebuilt by the caller instead
+    timings["prepared_verified"] = float(verified is not None)
+    if failed is not None and verified is not None:
+        warnings.warn(
+            f"foundry: the background rebuild failed ({type(failed).__name__}: {failed}); "
+            "rebuilding the graphs now",
+            stacklevel=3,  # load's caller
+        )
+    return rebuilding
+
+
+def drop(rebuilding, building: Prepared | None, tail=None) -> None:
+    """A refused or failed LOAD: unload what the background rebuild made (waiting for it)."""
+    if building is not None:
+        building.discard()
+        if tail is not None:  # what it handed over, then the modules, which were handed over too
+            for pending in tail.pending.values():
+                if pending.rebuilt is not None:
+                    pending.rebuilt.destroy()
+            tail.rebuilding.modules.unload()
+    elif rebuilding is not None:
+        rebuilding.discard()

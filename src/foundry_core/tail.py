@@ -1,0 +1,133 @@
+"""The graphs of a background rebuild that a LOAD hands over after it returned.
+
+:func:`foundry_core.load` with ``prepared=`` maps the memory and returns; when the background thread
+(:class:`foundry_core.restore.Prepared`) is still building graphs then, :class:`Tail` lets it finish
+each one as it is built and publish it to its :class:`Pending`, and a graph's first replay waits for
+that graph alone. Apart from :mod:`.restore` because it is the LOAD's side of the hand-over (what
+replays wait on), not the rebuild; the rebuild's own functions are imported where used, as
+:mod:`.restore` imports this module.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from .graph_build import retarget
+from .graphs import GraphError, Rebuilt
+
+if TYPE_CHECKING:
+    from .archive import Archive
+    from .restore import Rebuilding
+
+logger = logging.getLogger("foundry.restore")
+
+
+class Pending:
+    """A graph that a :class:`Tail` completes after ``load`` returned; its first replay waits for it."""
+
+    def __init__(self, tail: Tail, name: str):
+        self._tail, self.name = tail, name
+        self._ready = threading.Event()
+        self.rebuilt: Rebuilt | None = None
+        self.error: BaseException | None = None
+
+    @property
+    def done(self) -> bool:
+        return self._ready.is_set()
+
+    def publish(self, rebuilt: Rebuilt) -> None:
+        self.rebuilt = rebuilt
+        self._ready.set()
+
+    def fail(self, error: BaseException) -> None:
+        self.error = error
+        self._ready.set()
+
+    def take(self) -> Rebuilt:
+        """Wait for the graph; one the background rebuild could not finish is built here, now (its
+        memory is mapped), and raises as a rebuild does when even that fails."""
+        self._ready.wait()
+        if self.rebuilt is None:
+            logger.warning(
+                "foundry: graph %r rebuilt at its first replay (in the background: %s)", self.name, self.error
+            )
+            self.rebuilt = self._tail.build_now(self.name)
+        return self.rebuilt
+
+
+class Tail:
+    """The graphs a prepared rebuild had not finished when ``load`` had mapped the memory.
+
+    So that ``load`` need not wait for them, the background thread completes each one as it is built
+    (re-points its memory nodes, which are mapped now) and publishes it to its :class:`Pending`, in
+    the archive's order; the graphs the driver would not build ahead are built last, the same way.
+    A replay of a graph that is not published yet waits for that graph alone. Every method but
+    :meth:`build_now` runs under the :class:`Prepared`'s lock.
+    """
+
+    def __init__(self, archive: Archive, rebuilding: Rebuilding, names: list[str], timings: dict[str, float]):
+        self.archive, self.rebuilding, self.timings = archive, rebuilding, timings
+        self.pending = {name: Pending(self, name) for name in names}
+        self._t0 = time.perf_counter()
+        self._retargeted = 0
+
+    def finish(self, name: str) -> None:
+        """Re-point graph ``name``, built, and hand it over (a refused one is built again at the end)."""
+        pending = self.pending.get(name)
+        if pending is None or pending.done or name not in self.rebuilding.graphs:
+            return
+        rebuilt = self.rebuilding.graphs[name][0]
+        moved = self.rebuilding.moved.pop(name, None)
+        if moved is not None:
+            try:
+                retarget(rebuilt, moved)
+            except GraphError as e:
+                rebuilt.destroy()
+                del self.rebuilding.graphs[name]
+                self.rebuilding.deferred[name] = e
+                return
+            self._retargeted += 1
+        del self.rebuilding.graphs[name]  # the LOAD's now, no longer the rebuild's to discard
+        pending.publish(rebuilt)
+
+    def finish_rest(self) -> None:
+        """Once the thread built every graph it could: hand over the rest, then build the graphs the
+        driver would not build ahead (the memory is mapped now) and hand those over."""
+        for name in list(self.rebuilding.graphs):
+            self.finish(name)
+        self.rebuilding._free_standin()
+        deferred = set(self.rebuilding.deferred)
+        if deferred:
+            from .restore import _rebuild_graphs
+
+            self.rebuilding.deferred = {}
+            error = None
+            try:
+                _rebuild_graphs(self.archive, self.rebuilding, None, False, {}, only=deferred)
+            except BaseException as e:  # those not built are built at their first replay
+                error = e
+            for name in list(self.rebuilding.graphs):
+                self.finish(name)
+            if error is not None:
+                self.fail_rest(error)
+            self.timings["deferred_graphs"] = float(len(deferred))
+        self.timings.update({f"background_{k}": v for k, v in self.rebuilding.timings.items()})
+        self.timings["retargeted_graphs"] = float(self._retargeted)
+        self.timings["tail_s"] = time.perf_counter() - self._t0
+
+    def fail_rest(self, error: BaseException) -> None:
+        """The thread failed: every graph not handed over is built at its first replay instead."""
+        self.timings["prepared_ok"] = 0.0
+        for pending in self.pending.values():
+            if not pending.done:
+                pending.fail(error)
+
+    def build_now(self, name: str) -> Rebuilt:
+        from .restore import Rebuilding, _rebuild_graphs
+
+        one = Rebuilding(self.rebuilding.modules, {}, set(), {})
+        _rebuild_graphs(self.archive, one, None, False, {}, only={name})
+        return one.graphs[name][0]
