@@ -425,10 +425,15 @@ class Restored:
     def digest(self) -> str:
         return self.archive.digest
 
+    def wait_rebuilt(self) -> None:
+        """Wait until every graph is rebuilt and ``timings`` is complete: with ``prepared=``, ``load``
+        may return while the background thread still builds some (each replay waits for its own)."""
+        if self._background is not None:
+            self._background.wait()
+
     def unload(self) -> None:
         """Destroy the graphs, unload their modules and unmap the memory they owned."""
-        if self._background is not None:  # graphs still being rebuilt when load() returned
-            self._background.wait()
+        self.wait_rebuilt()
         _torch().cuda.synchronize(self.region.device)
         for g in self.graphs.values():
             g._destroy()
