@@ -36,7 +36,7 @@ def test_summary_figures(tmp_path):
     # the launch cost on the CPU, restored graph against its native twin
     assert s["replay_host_us_extra"] == {"1": pytest.approx(6.5), "8": pytest.approx(0.5)}
     # graphs finished after load(): what their first replays waited is reported beside the restore
-    waited = bench.summarize({**_result(tmp_path), "tail_graphs": 1, "first_replay_wait_s": 0.25})
+    waited = bench.summarize({**_result(tmp_path / "tail"), "tail_graphs": 1, "first_replay_wait_s": 0.25})
     assert waited["restore_s"] == 0.5 and waited["restore_until_replayed_s"] == pytest.approx(0.75)
 
 
