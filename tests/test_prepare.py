@@ -411,3 +411,86 @@ def test_a_thread_that_fails_after_the_hand_over_keeps_what_it_handed_over(monke
     assert failed.done and isinstance(failed.error, RuntimeError)
     assert failed.take().name == "decode/bs=8"  # built at its first replay instead, memory mapped
     assert not unloaded  # the modules are the LOAD's: not unloaded with the failed rebuild
+
+
+def test_load_returns_before_the_thread_ends_and_each_replay_waits_for_its_own_graph(
+    tmp_path, monkeypatch, no_device
+):
+    """fc.load itself, with a rebuild still building graphs when the memory is mapped: it returns
+    with the graphs built so far, the first replay of another waits for it, timings are completed
+    by the thread, and unload waits for the thread before tearing down."""
+    import types
+
+    import foundry_core.api as api
+
+    gate, built, launched = threading.Event(), [], []
+
+    class Built:
+        def __init__(self, name):
+            self.name, self.destroyed = name, False
+
+        def launch(self, stream):
+            launched.append(self.name)
+
+        def destroy(self):
+            self.destroyed = True
+
+    def fake_rebuild(desc, modules, kernel_attrs, stream, split):
+        if desc["name"] == "decode/bs=8":
+            assert gate.wait(5)
+        built.append(desc["name"])
+        return Built(desc["name"])
+
+    monkeypatch.setattr(restore, "builder_choice", lambda: "python")
+    monkeypatch.setattr(restore, "rebuild", fake_rebuild)
+    monkeypatch.setattr(restore, "decode", lambda data, kernels: {"name": data.decode(), "rng": None})
+    monkeypatch.setattr(api, "current_fingerprint", lambda *a, **k: {})
+    monkeypatch.setattr(api, "_check_verified", lambda *a: None)
+    monkeypatch.setattr(api, "_require_graph_archive", lambda *a: None)
+    monkeypatch.setattr(api, "_current_stream_getter", lambda: lambda device: 7)
+    cuda = types.SimpleNamespace(
+        synchronize=lambda *a: None, current_stream=lambda d: types.SimpleNamespace(cuda_stream=7)
+    )
+    monkeypatch.setattr(api, "_torch", lambda: types.SimpleNamespace(cuda=cuda))
+
+    class Archive_:
+        path = str(tmp_path)
+        meta = {
+            "images": [],
+            "kernels": [],
+            "graphs": [
+                {"name": n, "file": f"graphs/{n}", "nodes": 1, "encoding": restore.ENCODING} for n in NAMES
+            ],
+            "device": 0,
+            "layout": {"segments": []},
+            "snapshots": [],
+            "tensors": {},
+            "slots": {"pool": 1},
+        }
+
+        def read_bytes(self, rel):
+            return rel.removeprefix("graphs/").encode()
+
+    class Region:
+        device, unmapped = 0, []
+
+        def restore_layout(self, layout):
+            return ["segment"]
+
+        def unmap(self, mapped):
+            self.unmapped.append(mapped)
+
+    prepared = restore.Prepared(tmp_path, 0, Archive_(), {})
+    _wait_for(lambda: built == ["decode/bs=1"])
+    restored = fc.load(tmp_path, region=Region(), prepared=prepared)
+    assert list(restored.graphs) == NAMES and restored.slots == {"pool": 1}
+    assert restored.timings["tail_graphs"] == 2.0 and restored.timings["prepared_ready"] == 0.0
+    assert restored.graphs["decode/bs=1"]._rebuilt is not None  # built before: handed over at once
+    gate.set()
+    restored.graphs["decode/bs=16"].replay()  # waits for that graph, then launches it
+    assert launched == ["decode/bs=16"]
+    restored.wait_rebuilt()
+    assert "tail_s" in restored.timings and restored.timings["prepared_s"] == prepared.seconds
+    graphs = [g._rebuilt or g._pending.rebuilt for g in restored.graphs.values()]
+    restored.unload()
+    assert Region.unmapped == [["segment"]] and all(b.destroyed for b in graphs)
