@@ -209,9 +209,8 @@ def _read_attrs(node) -> dict:
     attribute set has been read both ways and both agree, nodes are also read the Python way (and
     that answer used): every node the native reading finds attributes on, the first
     :data:`ATTRS_CHECK_FIRST` nodes, and every :data:`ATTRS_CHECK_EVERY`-th after them (graphs
-    whose kernels set no launch attribute at all, as in both engines' decode graphs, were otherwise
-    read twice at every node: about 24 µs each). A disagreement turns the native reading off for
-    the process."""
+    whose kernels set no launch attribute at all were otherwise read twice at every node: about
+    24 µs each). A disagreement turns the native reading off for the process."""
     global _native_attrs_ok, _native_attrs_checked, _native_attrs_read
     if _native_attrs_ok is not False:
         got = _read_attrs_native(node)

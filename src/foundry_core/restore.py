@@ -5,8 +5,9 @@ archive and the device's context, not on the memory the graphs' pointers name: a
 its parameters as bytes, and nothing is launched. :func:`prepare` therefore runs this work on a
 background thread that an engine starts once its archive is accepted and its region reserved, so
 that it overlaps the engine's own setup (weights, KV cache); :func:`foundry_core.load` with
-``prepared=`` then maps the memory, restores its contents and takes the graphs, waiting only for what
-is not done yet. The driver does resolve the addresses of memset and memcpy nodes when they are added
+``prepared=`` then maps the memory, restores its contents and takes the graphs; those the thread
+is still building then are handed over as each is built (:mod:`.tail`), so ``load`` does not wait
+for them. The driver does resolve the addresses of memset and memcpy nodes when they are added
 (measured: ``cuGraphAddMemsetNode`` refuses an unmapped destination), so ahead of the memory those
 nodes are built against a stand-in allocation (:mod:`.standin`) and re-pointed at their own addresses
 by :func:`finish_rebuild`, after the mapping. A graph that cannot be built that way (a memory node in
