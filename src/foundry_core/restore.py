@@ -70,6 +70,23 @@ class Rebuilding:
         if not self.handed:
             self.modules.unload()
 
+    def repoint(self, name: str) -> bool | None:
+        """Point graph ``name``'s memory nodes, built against the stand-in, at their own addresses,
+        now mapped. True when it was re-pointed, None when it had nothing to re-point; False when the
+        driver refused: the graph is then destroyed and left in ``deferred``, to be built again."""
+        moved = self.moved.pop(name, None)
+        if moved is None:
+            return None
+        rebuilt = self.graphs[name][0]
+        try:
+            retarget(rebuilt, moved)
+        except GraphError as e:  # rebuilt from scratch, now that its memory is mapped
+            rebuilt.destroy()
+            del self.graphs[name]
+            self.deferred[name] = e
+            return False
+        return True
+
     def _free_standin(self) -> None:
         if self.standin is not None:
             self.standin.free()
@@ -130,18 +147,8 @@ def finish_rebuild(
     retargeted_graphs, deferred_graphs, deferred_s, graph_build_s, graph_instantiate_s, graph_upload_s."""
     timings = {"graph_build_s": 0.0, "graph_instantiate_s": 0.0, "graph_upload_s": 0.0}
     t0 = time.perf_counter()
-    refused = 0
-    for name, moved in rebuilding.moved.items():
-        rebuilt = rebuilding.graphs[name][0]
-        try:
-            retarget(rebuilt, moved)
-        except GraphError as e:  # rebuilt from scratch below, now that its memory is mapped
-            rebuilt.destroy()
-            del rebuilding.graphs[name]
-            rebuilding.deferred[name] = e
-            refused += 1
-    timings["retargeted_graphs"] = float(len(rebuilding.moved) - refused)
-    rebuilding.moved = {}
+    repointed = [rebuilding.repoint(name) for name in list(rebuilding.moved)]
+    timings["retargeted_graphs"] = float(repointed.count(True))  # the refused ones are rebuilt below
     rebuilding._free_standin()
     t1 = time.perf_counter()
     timings["retarget_s"] = t1 - t0

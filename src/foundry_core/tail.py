@@ -15,8 +15,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from .graph_build import retarget
-from .graphs import GraphError, Rebuilt
+from .graphs import Rebuilt
 
 if TYPE_CHECKING:
     from .archive import Archive
@@ -79,18 +78,11 @@ class Tail:
         pending = self.pending.get(name)
         if pending is None or pending.done or name not in self.rebuilding.graphs:
             return
-        rebuilt = self.rebuilding.graphs[name][0]
-        moved = self.rebuilding.moved.pop(name, None)
-        if moved is not None:
-            try:
-                retarget(rebuilt, moved)
-            except GraphError as e:
-                rebuilt.destroy()
-                del self.rebuilding.graphs[name]
-                self.rebuilding.deferred[name] = e
-                return
-            self._retargeted += 1
-        del self.rebuilding.graphs[name]  # the LOAD's now, no longer the rebuild's to discard
+        repointed = self.rebuilding.repoint(name)
+        if repointed is False:
+            return
+        self._retargeted += bool(repointed)
+        rebuilt = self.rebuilding.graphs.pop(name)[0]  # the LOAD's now, no longer the rebuild's to discard
         pending.publish(rebuilt)
 
     def finish_rest(self) -> None:
