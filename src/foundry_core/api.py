@@ -498,8 +498,8 @@ def load(
             building, archive = prepared, tail_archive
             timings.update(prepared_ready=0.0, prepared_ok=1.0)
         else:
-            rebuilding = take_whole(prepared, timings, ready)
-            archive = prepared.archive if timings["prepared_verified"] else archive
+            verified, rebuilding = take_whole(prepared, timings, ready)
+            archive = verified or archive
         timings["prepare_wait_s"] = time.perf_counter() - t0
     try:
         if trusted_root is not None:
@@ -541,7 +541,7 @@ def load(
             # the graphs it has not built yet are waited for at their first replay, not here.
             tail = building.hand_over([e["name"] for e in meta["graphs"]], timings)
             if tail is None:  # it ended meanwhile: take its rebuild whole
-                rebuilding = take_whole(building, timings, False)
+                _verified, rebuilding = take_whole(building, timings, False)
                 building = None
         if tail is not None:
             graphs = {

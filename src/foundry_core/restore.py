@@ -485,21 +485,21 @@ def prepare(
 
 
 def take_whole(prepared: Prepared, timings: dict[str, float], ready: bool):
-    """Wait for a prepared rebuild and take it whole; None when it failed (the caller rebuilds, with
-    a warning). An archive the thread could not verify is verified by the caller with its own
-    arguments (and refused there if it is bad): ``timings["prepared_verified"]`` says which."""
+    """Wait for a prepared rebuild and take it whole: the archive the thread verified and the
+    rebuild. The archive is None when the thread's verification refused it (the caller verifies it
+    with its own arguments, and refuses it there if it is bad); the rebuild is None when it failed
+    (the caller rebuilds, with a warning)."""
     verified, rebuilding, failed = prepared.take()
     timings["prepared_s"] = prepared.seconds or 0.0
     timings["prepared_ready"] = float(ready)
     timings["prepared_ok"] = float(failed is None)  # 0: everything is rebuilt by the caller instead
-    timings["prepared_verified"] = float(verified is not None)
     if failed is not None and verified is not None:
         warnings.warn(
             f"foundry: the background rebuild failed ({type(failed).__name__}: {failed}); "
             "rebuilding the graphs now",
             stacklevel=3,  # load's caller
         )
-    return rebuilding
+    return verified, rebuilding
 
 
 def drop(rebuilding, building: Prepared | None, tail=None) -> None:
