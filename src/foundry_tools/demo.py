@@ -88,16 +88,34 @@ def _time_replays(workload, replay, n: int) -> dict[str, float]:
     return medians
 
 
+def _alternate(native, restored, bs: int, n: int, measure) -> dict[str, list]:
+    """``n`` measurements of each of two replay functions at batch size ``bs``, the two kinds
+    alternating (native first on even rounds, restored first on odd ones) so that clocks, caches and
+    queue depth treat them alike; ``measure(fn, bs)`` runs one replay and returns what it measured."""
+    times: dict[str, list] = {"native": [], "restored": []}
+    for i in range(n):
+        order = (("native", native), ("restored", restored))
+        for kind, fn in order if i % 2 == 0 else order[::-1]:
+            times[kind].append(measure(fn, bs))
+    return times
+
+
 def _time_interleaved(workload, native, restored, n: int) -> tuple[dict[str, float], dict[str, float]]:
     """Median replay time per batch size of two graph sets, measured alternately in one process.
 
-    For each batch size both sets get 10 untimed replays, then ``n`` timed replays each, the two
-    kinds alternating (native first on even rounds, restored first on odd ones) so that clocks,
-    caches and queue depth treat them alike. Microseconds, from CUDA events around each replay.
+    For each batch size both sets get 10 untimed replays, then ``n`` timed replays each, alternating
+    (:func:`_alternate`). Microseconds, from CUDA events around each replay.
     """
     import statistics
 
     import torch
+
+    def events_around(fn, bs):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn(bs)
+        end.record()
+        return start, end
 
     out_native, out_restored = {}, {}
     for bs in workload.spec.batch_sizes:
@@ -105,15 +123,7 @@ def _time_interleaved(workload, native, restored, n: int) -> tuple[dict[str, flo
         for _ in range(10):
             native(bs)
             restored(bs)
-        times: dict[str, list] = {"native": [], "restored": []}
-        for i in range(n):
-            order = (("native", native), ("restored", restored))
-            for kind, fn in order if i % 2 == 0 else order[::-1]:
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn(bs)
-                end.record()
-                times[kind].append((start, end))
+        times = _alternate(native, restored, bs, n, events_around)
         torch.cuda.synchronize()
         out_native[str(bs)] = 1000.0 * statistics.median(a.elapsed_time(b) for a, b in times["native"])
         out_restored[str(bs)] = 1000.0 * statistics.median(a.elapsed_time(b) for a, b in times["restored"])
@@ -134,19 +144,18 @@ def _time_host_interleaved(workload, native, restored, n: int) -> tuple[dict[str
 
     import torch
 
+    def host_time(fn, bs):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn(bs)
+        return time.perf_counter() - t0
+
     sizes = list(workload.spec.batch_sizes)
     picked = sorted({sizes[0], sizes[len(sizes) // 2], sizes[-1]})[:HOST_SIZES]
     out_native, out_restored = {}, {}
     for bs in picked:
         workload.set_inputs(bs)
-        times: dict[str, list] = {"native": [], "restored": []}
-        for i in range(n):
-            order = (("native", native), ("restored", restored))
-            for kind, fn in order if i % 2 == 0 else order[::-1]:
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                fn(bs)
-                times[kind].append(time.perf_counter() - t0)
+        times = _alternate(native, restored, bs, n, host_time)
         torch.cuda.synchronize()
         out_native[str(bs)] = 1e6 * statistics.median(times["native"])
         out_restored[str(bs)] = 1e6 * statistics.median(times["restored"])
@@ -159,7 +168,7 @@ def _raw_launchers(twins, restored):
     graph's executable graph."""
     import torch
 
-    from foundry_core.driver import cu
+    from foundry_core.driver import call, cu
 
     driver = cu()
     if not hasattr(torch.cuda.CUDAGraph, "raw_cuda_graph_exec"):
@@ -168,9 +177,7 @@ def _raw_launchers(twins, restored):
     def launcher(exec_of):
         def launch(bs):
             stream = driver.CUstream(init_value=torch.cuda.current_stream().cuda_stream)
-            (err,) = driver.cuGraphLaunch(exec_of(bs), stream)
-            if int(err):
-                raise RuntimeError(f"cuGraphLaunch: {err}")
+            call(driver.cuGraphLaunch, exec_of(bs), stream)
 
         return launch
 
