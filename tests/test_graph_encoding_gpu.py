@@ -67,7 +67,7 @@ def test_native_and_python_builders_agree(tmp_path):
         assert result["builder"] == builder, proc.stderr[-2000:]
         split = result["restore_breakdown"]
         for step in ("graph_build_s", "graph_instantiate_s"):  # ahead of the memory or after it
-            assert split[step] + split.get(f"background_{step}", 0.0) > 0, split
+            assert split.get(step, 0.0) + split.get(f"background_{step}", 0.0) > 0, split
         dumps[builder] = json.loads(dump.read_text())
     native, python = dumps["native"], dumps["python"]
     assert sorted(native) == sorted(python) == sorted(f"bs{s}" for s in SIZES)
@@ -94,8 +94,10 @@ def test_upload_is_optional_and_changes_nothing_replayed(tmp_path):
     _worker("save", archive, reference)
     plain, _ = _worker("load", archive, reference)
     _check_load(plain)
-    assert plain["restore_breakdown"]["graph_upload_s"] == 0.0
-    assert plain["restore_breakdown"].get("background_graph_upload_s", 0.0) == 0.0
+    # On the critical path, or on the background thread when load() handed graphs over to it.
+    split = plain["restore_breakdown"]
+    assert split.get("graph_upload_s", 0.0) == split.get("background_graph_upload_s", 0.0) == 0.0
     uploaded, _ = _worker("load", archive, reference, "--upload")
     _check_load(uploaded)
-    assert uploaded["restore_breakdown"]["graph_upload_s"] > 0
+    split = uploaded["restore_breakdown"]
+    assert split.get("graph_upload_s", 0.0) + split.get("background_graph_upload_s", 0.0) > 0

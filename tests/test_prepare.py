@@ -413,17 +413,19 @@ def test_a_thread_that_fails_after_the_hand_over_keeps_what_it_handed_over(monke
     assert not unloaded  # the modules are the LOAD's: not unloaded with the failed rebuild
 
 
+@pytest.mark.parametrize("upload", [False, True])
 def test_load_returns_before_the_thread_ends_and_each_replay_waits_for_its_own_graph(
-    tmp_path, monkeypatch, no_device
+    tmp_path, monkeypatch, no_device, upload
 ):
     """fc.load itself, with a rebuild still building graphs when the memory is mapped: it returns
-    with the graphs built so far, the first replay of another waits for it, timings are completed
-    by the thread, and unload waits for the thread before tearing down."""
+    with the graphs built so far (and the builder that built them), the first replay of another
+    waits for it, timings are completed by the thread, with ``upload=True`` each graph is uploaded
+    to the LOAD's stream as it is handed over, and unload waits for the thread before tearing down."""
     import types
 
     import foundry_core.api as api
 
-    gate, built, launched = threading.Event(), [], []
+    gate, built, launched, uploaded = threading.Event(), [], [], []
 
     class Built:
         def __init__(self, name):
@@ -431,6 +433,9 @@ def test_load_returns_before_the_thread_ends_and_each_replay_waits_for_its_own_g
 
         def launch(self, stream):
             launched.append(self.name)
+
+        def upload(self, stream):
+            uploaded.append((self.name, stream))
 
         def destroy(self):
             self.destroyed = True
@@ -482,15 +487,19 @@ def test_load_returns_before_the_thread_ends_and_each_replay_waits_for_its_own_g
 
     prepared = restore.Prepared(tmp_path, 0, Archive_(), {})
     _wait_for(lambda: built == ["decode/bs=1"])
-    restored = fc.load(tmp_path, region=Region(), prepared=prepared)
+    restored = fc.load(tmp_path, region=Region(), prepared=prepared, upload=upload)
     assert list(restored.graphs) == NAMES and restored.slots == {"pool": 1}
     assert restored.timings["tail_graphs"] == 2.0 and restored.timings["prepared_ready"] == 0.0
     assert restored.graphs["decode/bs=1"]._rebuilt is not None  # built before: handed over at once
+    assert restored.builder == "python"  # reported while the thread still builds
+    assert uploaded == ([("decode/bs=1", 7)] if upload else [])
     gate.set()
     restored.graphs["decode/bs=16"].replay()  # waits for that graph, then launches it
     assert launched == ["decode/bs=16"]
     restored.wait_rebuilt()
     assert "tail_s" in restored.timings and restored.timings["prepared_s"] == prepared.seconds
+    assert uploaded == ([(name, 7) for name in NAMES] if upload else [])
+    assert (restored.timings["background_graph_upload_s"] > 0) == upload
     graphs = [g._rebuilt or g._pending.rebuilt for g in restored.graphs.values()]
     restored.unload()
     assert Region.unmapped == [["segment"]] and all(b.destroyed for b in graphs)

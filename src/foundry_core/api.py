@@ -417,13 +417,18 @@ class Restored:
         self.tensors: dict = tensors
         self.slots: dict = slots
         self.timings: dict[str, float] = timings
-        self.builder = "none"  # which graph builder(s) rebuilt the graphs: native, python, native+python
+        self._builders: set[str] = set()  # the rebuild's, filled while a background rebuild builds
         self._background = None  # the prepared rebuild still finishing graphs after load() returned
         self._mapped, self._modules = mapped, modules
 
     @property
     def digest(self) -> str:
         return self.archive.digest
+
+    @property
+    def builder(self) -> str:
+        """Which graph builder(s) rebuilt the graphs so far: native, python, native+python or none."""
+        return "+".join(sorted(self._builders)) or "none"
 
     def wait_rebuilt(self) -> None:
         """Wait until every graph is rebuilt and ``timings`` is complete: with ``prepared=``, ``load``
@@ -539,7 +544,7 @@ def load(
         if building is not None:
             # The memory is mapped: the thread finishes each graph as it builds it from now on, and
             # the graphs it has not built yet are waited for at their first replay, not here.
-            tail = building.hand_over([e["name"] for e in meta["graphs"]], timings)
+            tail = building.hand_over([e["name"] for e in meta["graphs"]], timings, upload_to)
             if tail is None:  # it ended meanwhile: take its rebuild whole
                 _verified, rebuilding = take_whole(building, timings, False)
                 building = None
@@ -581,6 +586,6 @@ def load(
     }
     timings["total_s"] = time.perf_counter() - t0
     restored = Restored(archive, region, graphs, tensors, meta["slots"], mapped, rebuilding.modules, timings)
-    restored.builder = "+".join(sorted(rebuilding.builders)) or "none"
+    restored._builders = rebuilding.builders
     restored._background = building
     return restored

@@ -470,6 +470,10 @@ class Rebuilt:
         if int(err):
             raise CudaError("cuGraphLaunch", err)
 
+    def upload(self, stream: int) -> None:
+        """Upload the executable graph to the device now (cuGraphUpload) instead of at its first launch."""
+        call(cu().cuGraphUpload, self.exec, cu().CUstream(init_value=stream))
+
     def destroy(self) -> None:
         if self.exec is not None:
             call(cu().cuGraphExecDestroy, self.exec)

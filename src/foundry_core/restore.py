@@ -129,7 +129,7 @@ def rebuild_archive(
         if started is not None:
             started(rebuilding)
             given = True
-        rebuilding.builders = _rebuild_graphs(archive, rebuilding, upload_to, progress, timings, ahead=ahead)
+        _rebuild_graphs(archive, rebuilding, upload_to, progress, timings, ahead=ahead)
     except BaseException:
         if not given:
             rebuilding.discard()  # the graphs rebuilt before the failure, the stand-in, the modules
@@ -153,16 +153,14 @@ def finish_rebuild(
     t1 = time.perf_counter()
     timings["retarget_s"] = t1 - t0
     if upload_to is not None:
-        stream = cu().CUstream(init_value=upload_to)
         for rebuilt, _rng, _nodes in rebuilding.graphs.values():
-            call(cu().cuGraphUpload, rebuilt.exec, stream)
+            rebuilt.upload(upload_to)
         timings["graph_upload_s"] = time.perf_counter() - t1
     names = set(rebuilding.deferred)
     if names:
         t2 = time.perf_counter()
         split: dict[str, float] = {}
-        builders = _rebuild_graphs(archive, rebuilding, upload_to, progress, split, only=names)
-        rebuilding.builders |= builders
+        _rebuild_graphs(archive, rebuilding, upload_to, progress, split, only=names)
         order = [e["name"] for e in archive.meta["graphs"]]  # the archive's order, as without deferral
         rebuilding.graphs = {n: rebuilding.graphs[n] for n in order if n in rebuilding.graphs}
         first = next(iter(rebuilding.deferred.values()))
@@ -176,9 +174,10 @@ def finish_rebuild(
     return timings
 
 
-def _rebuild_graphs(archive, rebuilding, stream, progress, timings, *, only=None, ahead=False) -> set[str]:
-    """Rebuild the graphs of the archive (those named in ``only``, or all) into ``rebuilding.graphs``;
-    returns the builders used ("native", "python"). ``ahead`` (of the memory): memory nodes are built
+def _rebuild_graphs(archive, rebuilding, stream, progress, timings, *, only=None, ahead=False) -> None:
+    """Rebuild the graphs of the archive (those named in ``only``, or all) into ``rebuilding.graphs``,
+    adding the builders used ("native", "python") to ``rebuilding.builders`` as it goes (a LOAD that
+    returned while the thread still builds reports them). ``ahead`` (of the memory): memory nodes are built
     against a stand-in (native builder) and a graph the driver refuses is recorded in
     ``rebuilding.deferred``, the others go on with the same builder."""
     meta = archive.meta
@@ -199,7 +198,7 @@ def _rebuild_graphs(archive, rebuilding, stream, progress, timings, *, only=None
     ids = None
     split: dict[str, float] = {}
     read_s = 0.0
-    used: set[str] = set()
+    used = rebuilding.builders
     entries = [e for e in meta["graphs"] if only is None or e["name"] in only]
     preread: dict[str, bytes] = {}  # encodings read by _plan_standin, taken by the loop below
     memory = _plan_standin(archive, rebuilding, native, entries, timings, preread) if ahead and native else {}
@@ -273,7 +272,6 @@ def _rebuild_graphs(archive, rebuilding, stream, progress, timings, *, only=None
     timings["graph_read_s"] = read_s
     for key in ("build_s", "instantiate_s", "upload_s"):
         timings[f"graph_{key}"] = split.get(key, 0.0)
-    return used
 
 
 def _plan_standin(archive, rebuilding, native, entries, timings, preread) -> dict[str, int]:
@@ -406,15 +404,18 @@ class Prepared:
         with self._lock:
             return None if self._ended or self._rebuilding is None else self.archive
 
-    def hand_over(self, names: list[str], timings: dict[str, float]) -> Tail | None:
-        """The memory is mapped: from now on the thread finishes each graph as it builds it, and
-        ``load`` returns without waiting. None when the thread ended meanwhile (:meth:`take` it)."""
+    def hand_over(
+        self, names: list[str], timings: dict[str, float], upload_to: int | None = None
+    ) -> Tail | None:
+        """The memory is mapped: from now on the thread finishes each graph as it builds it (and
+        uploads it to the stream ``upload_to`` unless None), and ``load`` returns without waiting.
+        None when the thread ended meanwhile (:meth:`take` it)."""
         with self._lock:
             if self._ended or self._rebuilding is None:
                 return None
             self._taken = True
             self._rebuilding.handed = True
-            tail = self._tail = Tail(self.archive, self._rebuilding, names, timings)
+            tail = self._tail = Tail(self.archive, self._rebuilding, names, timings, upload_to)
             for name in list(self._rebuilding.graphs):  # built before the memory was mapped
                 tail.finish(name)
             return tail

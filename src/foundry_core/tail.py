@@ -67,11 +67,21 @@ class Tail:
     :meth:`build_now` runs under the :class:`Prepared`'s lock.
     """
 
-    def __init__(self, archive: Archive, rebuilding: Rebuilding, names: list[str], timings: dict[str, float]):
+    def __init__(
+        self,
+        archive: Archive,
+        rebuilding: Rebuilding,
+        names: list[str],
+        timings: dict[str, float],
+        upload_to: int | None = None,
+    ):
         self.archive, self.rebuilding, self.timings = archive, rebuilding, timings
         self.pending = {name: Pending(self, name) for name in names}
         self._t0 = time.perf_counter()
         self._retargeted = 0
+        # load(upload=True): each graph is uploaded to the LOAD's stream as it is handed over
+        self._upload_to = upload_to
+        self._upload_s = 0.0
 
     def finish(self, name: str) -> None:
         """Re-point graph ``name``, built, and hand it over (a refused one is built again at the end)."""
@@ -83,6 +93,10 @@ class Tail:
             return
         self._retargeted += bool(repointed)
         rebuilt = self.rebuilding.graphs.pop(name)[0]  # the LOAD's now, no longer the rebuild's to discard
+        if self._upload_to is not None:
+            t0 = time.perf_counter()
+            rebuilt.upload(self._upload_to)
+            self._upload_s += time.perf_counter() - t0
         pending.publish(rebuilt)
 
     def finish_rest(self) -> None:
@@ -107,6 +121,7 @@ class Tail:
                 self.fail_rest(error)
             self.timings["deferred_graphs"] = float(len(deferred))
         self.timings.update({f"background_{k}": v for k, v in self.rebuilding.timings.items()})
+        self.timings["background_graph_upload_s"] = self._upload_s
         self.timings["retargeted_graphs"] = float(self._retargeted)
         self.timings["tail_s"] = time.perf_counter() - self._t0
 
@@ -120,6 +135,6 @@ class Tail:
     def build_now(self, name: str) -> Rebuilt:
         from .restore import Rebuilding, _rebuild_graphs
 
-        one = Rebuilding(self.rebuilding.modules, {}, set(), {})
+        one = Rebuilding(self.rebuilding.modules, {}, self.rebuilding.builders, {})
         _rebuild_graphs(self.archive, one, None, False, {}, only={name})
         return one.graphs[name][0]
