@@ -35,12 +35,14 @@ soak() {  # gpu
 }
 
 probe() {  # gpu
-  # The launch cost on the CPU of restored graphs built ahead (stand-in, re-pointed) and built after
-  # the mapping (--no-prepare), each beside its native twins, three batch sizes: about a minute each.
-  local how
-  for how in ahead after; do
+  # The launch cost on the CPU of restored graphs built ahead (stand-in, re-pointed), built ahead and
+  # uploaded once re-pointed, and built after the mapping (--no-prepare), each beside its native
+  # twins, three batch sizes: about a minute each.
+  local how flags
+  for how in ahead ahead-upload after; do
+    case $how in ahead) flags= ;; ahead-upload) flags=--upload ;; after) flags=--no-prepare ;; esac
     CUDA_VISIBLE_DEVICES=$1 timeout "$(left)" python -m foundry_core.cli bench --workdir "/tmp/probe-$how" \
-      --batch-sizes 1 8 64 --replays 200 $([ "$how" = after ] && echo --no-prepare) \
+      --batch-sizes 1 8 64 --replays 200 $flags \
       --out "$out/launch-$how-h200.json" >"$out/launch-$how.log" 2>&1
     echo "probe $how rc=$?" >>"$out/launch-$how.log"
   done
@@ -67,4 +69,4 @@ else
   case " $parts " in *" tests "*) gpu_tests 0 ;; esac
   [ "${SOAK:-0}" = 1 ] && soak 0
 fi
-for f in launch-ahead.log launch-after.log bench.log soak.log pytest-gpu.log; do [ -f "$out/$f" ] && tail -n 25 "$out/$f"; done
+for f in launch-ahead.log launch-ahead-upload.log launch-after.log bench.log soak.log pytest-gpu.log; do [ -f "$out/$f" ] && tail -n 25 "$out/$f"; done

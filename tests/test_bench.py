@@ -51,3 +51,21 @@ def test_plot_written(tmp_path):
 def test_bench_list_is_long():
     assert len(bench.BENCH_BATCH_SIZES) >= 50
     assert max(bench.BENCH_BATCH_SIZES) == 256
+
+
+def test_the_load_options_reach_the_load_worker_only():
+    """bench/demo --upload and --no-prepare are LOAD options: the SAVE worker never gets them (the
+    probe runs of benchmarks/run_h200_core.sh compare them), the LOAD worker always does."""
+    import argparse
+
+    from foundry_core.cli import build_parser
+    from foundry_tools import demo
+
+    args = build_parser().parse_args(["bench", "--upload", "--no-prepare"])
+    assert isinstance(args, argparse.Namespace)
+    save = demo._worker_args(args, "save", "/a", "/r")
+    load = demo._worker_args(args, "load", "/a", "/r")
+    assert "--upload" not in save and "--no-prepare" not in save
+    assert "--upload" in load and "--no-prepare" in load
+    plain = build_parser().parse_args(["bench"])
+    assert "--upload" not in demo._worker_args(plain, "load", "/a", "/r")

@@ -271,6 +271,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--out", default=None, help="JSON results (a PNG plot is written beside it)")
     b.add_argument("--no-prepare", action="store_true", help=NO_PREPARE_HELP)
     b.add_argument(
+        "--upload", action="store_true", help="LOAD: upload each graph to the device as it is restored"
+    )
+    b.add_argument(
         "--presets",
         default=None,
         help="other model sizes to save and restore too, for restore time against nodes (e.g. tiny,small)",

@@ -388,6 +388,7 @@ def _worker_args(args, phase: str, archive: str, reference: str) -> list[str]:
         "--replays",
         str(getattr(args, "replays", 0)),
         *(["--no-prepare"] if phase == "load" and getattr(args, "no_prepare", False) else []),
+        *(["--upload"] if phase == "load" and getattr(args, "upload", False) else []),
         *workload_argv(args),
     ]
 
