@@ -37,11 +37,14 @@ soak() {  # gpu
 probe() {  # gpu
   # The launch cost on the CPU of restored graphs built ahead (stand-in, re-pointed), built ahead and
   # uploaded once re-pointed, and built after the mapping (--no-prepare), each beside its native
-  # twins, three batch sizes: about a minute each.
-  local how flags
+  # twins, three batch sizes: about a minute each. The last one's SAVE is profiled (cProfile, into
+  # save-profile.txt: where the walk spends its time per node; its SAVE times are inflated by it).
+  local how flags profile
   for how in ahead ahead-upload after; do
     case $how in ahead) flags= ;; ahead-upload) flags=--upload ;; after) flags=--no-prepare ;; esac
-    CUDA_VISIBLE_DEVICES=$1 timeout "$(left)" python -m foundry_core.cli bench --workdir "/tmp/probe-$how" \
+    profile=$([ "$how" = after ] && echo "$out/save-profile.txt")
+    CUDA_VISIBLE_DEVICES=$1 FOUNDRY_SAVE_PROFILE=$profile timeout "$(left)" \
+      python -m foundry_core.cli bench --workdir "/tmp/probe-$how" \
       --batch-sizes 1 8 64 --replays 200 $flags \
       --out "$out/launch-$how-h200.json" >"$out/launch-$how.log" 2>&1
     echo "probe $how rc=$?" >>"$out/launch-$how.log"

@@ -20,6 +20,8 @@ def _result(tmp_path):
         "replay_us_restored": {"1": 101.0, "8": 198.0},
         "replay_host_us_native": {"1": 20.0, "8": 21.0},
         "replay_host_us_restored": {"1": 26.5, "8": 21.5},
+        "save_s": 0.3,
+        "save_breakdown": {"walk_s": 0.2, "encode_s": 0.05},
         "archive": str(archive),
         "bit_exact_all": True,
         "load_stream_captures": 0,
@@ -33,6 +35,7 @@ def test_summary_figures(tmp_path):
     assert s["replay_ratio_max"] == pytest.approx(1.01)
     assert s["us_per_node"] == pytest.approx(1250.0)
     assert s["archive_bytes"] == 1002
+    assert s["save_s"] == 0.3 and s["save_walk_us_per_node"] == pytest.approx(500.0)  # 0.2 s / 400 nodes
     # the launch cost on the CPU, restored graph against its native twin
     assert s["replay_host_us_extra"] == {"1": pytest.approx(6.5), "8": pytest.approx(0.5)}
     # graphs finished after load(): what their first replays waited is reported beside the restore
@@ -69,3 +72,15 @@ def test_the_load_options_reach_the_load_worker_only():
     assert "--upload" in load and "--no-prepare" in load
     plain = build_parser().parse_args(["bench"])
     assert "--upload" not in demo._worker_args(plain, "load", "/a", "/r")
+
+
+def test_the_save_profile_is_written_only_when_asked(tmp_path):
+    from foundry_tools import demo
+
+    with demo._profiled(None):
+        sum(range(10))
+    assert list(tmp_path.iterdir()) == []
+    out = tmp_path / "save-profile.txt"
+    with demo._profiled(str(out)):
+        sorted(range(1000), key=lambda x: -x)
+    assert "tottime" in out.read_text() and "<lambda>" in out.read_text()

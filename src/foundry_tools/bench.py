@@ -59,6 +59,15 @@ def summarize(result: dict) -> dict:
         # the critical path plus what the first replays waited for graphs finished after load()
         "restore_until_replayed_s": restore_s + result.get("first_replay_wait_s", 0.0),
         "restore_breakdown": result["restore_breakdown"],
+        # SAVE's own time after the capture (fc.save: walk, encode, snapshot, write), and the walk
+        # per node (the driver queried node by node)
+        "save_s": result.get("save_s"),
+        "save_breakdown": result.get("save_breakdown", {}),
+        "save_walk_us_per_node": (
+            1e6 * result["save_breakdown"]["walk_s"] / result["nodes"]
+            if result.get("save_breakdown", {}).get("walk_s") is not None and result["nodes"]
+            else None
+        ),
         "speedup": result["capture_s"] / restore_s if restore_s else None,
         "replay_us_native": native,
         "replay_us_restored": restored,
@@ -146,6 +155,13 @@ def print_table(summary: dict) -> None:
     b = summary["restore_breakdown"]
     print(f"foundry bench: {summary['graphs']} graphs, {summary['nodes']} nodes")
     print(f"  native warmup + capture  {summary['capture_s']:8.3f} s")
+    if summary.get("save_s") is not None:
+        walk = summary.get("save_breakdown", {}).get("walk_s")
+        per_node = summary.get("save_walk_us_per_node")
+        print(
+            f"  save (fc.save)           {summary['save_s']:8.3f} s"
+            + (f"   (walk {walk:.3f} s, {per_node:.1f} us per node)" if per_node is not None else "")
+        )
     print(f"  restore                  {summary['restore_s']:8.3f} s   ({summary['speedup']:.1f}x faster)")
     if summary.get("restore_background_s") is not None:
         print(

@@ -7,6 +7,7 @@ subprocess so that the LOAD process has provably never captured anything.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -239,6 +240,31 @@ def _state_digest(workload) -> str:
     return h.hexdigest()[:16]
 
 
+SAVE_PROFILE_ENV = "FOUNDRY_SAVE_PROFILE"
+
+
+@contextlib.contextmanager
+def _profiled(path: str | None):
+    """With a path: profile the block (cProfile) and write its 40 costliest functions by own time
+    there, as text. Where SAVE's walk spends its time per node is a question for the GPU machine."""
+    if not path:
+        yield
+        return
+    import cProfile
+    import io
+    import pstats
+
+    profile = cProfile.Profile()
+    profile.enable()
+    try:
+        yield
+    finally:
+        profile.disable()
+        text = io.StringIO()
+        pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(40)
+        Path(path).write_text(text.getvalue())
+
+
 def run_save(args) -> dict:
     import torch
 
@@ -255,9 +281,16 @@ def run_save(args) -> dict:
     graphs, outputs = _capture(workload, region, spec)
     t2 = time.perf_counter()
     tensors = {f"bs{bs}.{k}": v for bs, out in outputs.items() for k, v in out.items()}
-    digest = fc.save(
-        args.archive, graphs=graphs, region=region, tensors=tensors, fingerprint_model=spec.fingerprint()
-    )
+    save_timings: dict[str, float] = {}
+    with _profiled(os.environ.get(SAVE_PROFILE_ENV)):
+        digest = fc.save(
+            args.archive,
+            graphs=graphs,
+            region=region,
+            tensors=tensors,
+            fingerprint_model=spec.fingerprint(),
+            timings=save_timings,
+        )
     t3 = time.perf_counter()
     reference = _replay_all(workload, lambda bs: graphs[f"bs{bs}"].replay(), lambda bs, k: outputs[bs][k])
     # Native replays are timed in the LOAD process, interleaved with the restored ones (run_load);
@@ -274,6 +307,7 @@ def run_save(args) -> dict:
         "capture_only_s": t2 - t1,
         "capture_s": t2 - t0,
         "save_s": t3 - t2,
+        "save_breakdown": save_timings,
         "digest": digest,
         "stream_captures": fc.stream_captures(),
         "state_digest": _state_digest(workload),
@@ -464,6 +498,7 @@ def orchestrate(args) -> dict:
         "warmup_s": save["warmup_s"],
         "capture_only_s": save["capture_only_s"],
         "save_s": save["save_s"],
+        "save_breakdown": save.get("save_breakdown", {}),
         "restore_s": load["restore_s"],
         "restore_critical_s": load["restore_s"],
         "restore_background_s": load.get("restore_background_s"),
