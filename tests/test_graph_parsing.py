@@ -74,18 +74,30 @@ def test_pointer_audit(monkeypatch):
     auditor.check_block(hole, lambda off: f"word {off}")
     assert auditor.pointers == {base + 64} and auditor.dead_words == 1
 
+    asked = []
+
     class FakeDriver:  # the driver recognises this word as device memory outside the region
         class CUpointer_attribute:
             CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2
 
         @staticmethod
         def cuPointerGetAttribute(attr, value):
+            asked.append(value)
             return (0, 2) if value == 0x7F0000000000 else (1, None)
 
     monkeypatch.setattr(graphs, "cu", lambda: FakeDriver)
     with pytest.raises(graphs.GraphError, match="outside the Foundry region"):
         auditor.check_block((0x7F0000000000).to_bytes(8, "little"), lambda off: f"word {off}")
-    auditor.check_block((0x7E0000000000).to_bytes(8, "little"), lambda off: f"word {off}")  # not memory
+    # Not memory: asked once, then known for the rest of the SAVE (here, a second graph's auditor
+    # sharing the set); device memory is asked, and refused, every time.
+    pair = (16 << 32 | 8).to_bytes(8, "little")  # two int32 packed: looks like an address
+    auditor.check_block(pair + (0x7E0000000000).to_bytes(8, "little") + pair, lambda off: f"word {off}")
+    second = graphs._Auditor(segs, not_memory=auditor.not_memory)
+    second.check_block(pair, lambda off: f"word {off}")
+    assert asked == [0x7F0000000000, 16 << 32 | 8, 0x7E0000000000]
+    with pytest.raises(graphs.GraphError, match="outside the Foundry region"):
+        second.check_block((0x7F0000000000).to_bytes(8, "little"), lambda off: f"word {off}")
+    assert asked[-1] == 0x7F0000000000
 
 
 def test_graph_description_counts():

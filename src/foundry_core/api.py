@@ -213,6 +213,7 @@ def save(
     segments = Segments(region.base, region.size, [(s.addr, s.size) for s in seg_list if s.live])
     kernels: dict = {}
     functions: dict = {}  # per function handle, shared by the graphs (graphs.serialize)
+    not_memory: set[int] = set()  # parameter words the driver said are not device memory (same)
     described = []
     try:
         with Progress("foundry: walking graphs", len(graphs), progress) as bar:
@@ -224,7 +225,7 @@ def save(
                         f"graph {name!r}: capture it with torch.cuda.CUDAGraph(keep_graph=True) ({e})"
                     ) from None
                 desc, pointers = serialize(
-                    cu().CUgraph(init_value=raw), recorded, segments, kernels, functions
+                    cu().CUgraph(init_value=raw), recorded, segments, kernels, functions, not_memory
                 )
                 if detect_rng:
                     desc["rng"] = _find_rng_state(graph, pointers, region.device)

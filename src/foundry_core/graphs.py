@@ -164,7 +164,9 @@ def _kernel_param_bytes(p, layout: list[tuple[int, int]], name: str, layout_word
 class _Auditor:
     """Checks that every device pointer a node carries lies in a live region segment."""
 
-    def __init__(self, segments: Segments, functions: dict[int, list] | None = None):
+    def __init__(
+        self, segments: Segments, functions: dict[int, list] | None = None, not_memory: set[int] | None = None
+    ):
         self.segments = segments
         self.pointers: set[int] = set()  # region pointers seen, for the RNG-state search
         # Words inside the region's address range that no live allocation covers. A kernel that
@@ -176,6 +178,11 @@ class _Auditor:
         self.collectives: dict[str, int] = {}  # collective kind -> kernel nodes (collectives.py)
         # int(CUfunction) -> [name, collective kind, parameter layout, image digest or None]
         self.functions: dict[int, list] = {} if functions is None else functions
+        # Words outside the region that the driver said are not device memory. The same ones recur
+        # at many nodes (sizes and strides packed in pairs, flags: a FlashAttention parameter block
+        # holds dozens), and each question is a driver call; the answer holds for the whole SAVE,
+        # which allocates nothing while it walks.
+        self.not_memory: set[int] = set() if not_memory is None else not_memory
 
     def check_word(self, value: int, where: Callable[[], str]) -> None:
         if value < _POINTER_FLOOR:
@@ -186,18 +193,22 @@ class _Auditor:
             else:
                 self.dead_words += 1
             return
+        if value in self.not_memory:
+            return
         err, _ = cu().cuPointerGetAttribute(cu().CUpointer_attribute.CU_POINTER_ATTRIBUTE_MEMORY_TYPE, value)
         if int(err) == 0:
             raise GraphError(
                 f"{where()} points to memory at {value:#x} outside the Foundry region; allocate everything the "
                 "graph uses inside Region.routing() (or capture with pool=region.graph_pool_id())"
             )
+        self.not_memory.add(value)
 
     def check_block(self, data: bytes, where: Callable[[int], str]) -> None:
         # Every aligned 8-byte word, unpacked at once: a save walks millions of them.
         words = struct.unpack_from(f"<{len(data) // 8}Q", data)
+        not_memory = self.not_memory
         for i, value in enumerate(words):
-            if value >= _POINTER_FLOOR:
+            if value >= _POINTER_FLOOR and value not in not_memory:
                 self.check_word(value, lambda off=8 * i: where(off))
 
 
@@ -302,15 +313,21 @@ def _read_attrs_python(node) -> dict:
 
 
 def serialize(
-    graph, recorded: Recorded, segments: Segments, kernels: dict, functions: dict | None = None
+    graph,
+    recorded: Recorded,
+    segments: Segments,
+    kernels: dict,
+    functions: dict | None = None,
+    not_memory: set[int] | None = None,
 ) -> tuple[dict, set[int]]:
     """Describe ``graph`` (a CUgraph). ``kernels`` collects (image, name) -> function attributes.
-    ``functions``: what was learnt about each function handle, kept across the graphs of one save
-    (the same few hundred functions recur in every graph).
+    ``functions``: what was learnt about each function handle, and ``not_memory``: the parameter
+    words outside the region that are not device memory, both kept across the graphs of one save
+    (the same few hundred functions, and the same words, recur in every graph).
 
     Returns the description and the region addresses its kernels point at.
     """
-    auditor = _Auditor(segments, {} if functions is None else functions)
+    auditor = _Auditor(segments, {} if functions is None else functions, not_memory)
     events: dict[int, int] = {}
     desc = _serialize(graph, recorded, auditor, kernels, events, path="")
     desc["events"] = len(events)
