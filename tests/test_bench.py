@@ -64,12 +64,12 @@ def test_the_load_options_reach_the_load_worker_only():
     from foundry_core.cli import build_parser
     from foundry_tools import demo
 
-    args = build_parser().parse_args(["bench", "--upload", "--no-prepare"])
+    args = build_parser().parse_args(["bench", "--upload", "--no-prepare", "--check-structure"])
     assert isinstance(args, argparse.Namespace)
     save = demo._worker_args(args, "save", "/a", "/r")
     load = demo._worker_args(args, "load", "/a", "/r")
-    assert "--upload" not in save and "--no-prepare" not in save
-    assert "--upload" in load and "--no-prepare" in load
+    assert not {"--upload", "--no-prepare", "--check-structure"} & set(save)
+    assert {"--upload", "--no-prepare", "--check-structure"} <= set(load)
     plain = build_parser().parse_args(["bench"])
     assert "--upload" not in demo._worker_args(plain, "load", "/a", "/r")
 

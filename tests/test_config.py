@@ -79,7 +79,7 @@ def test_every_mode(tmp_path, mode):
 ERRORS = {
     "unknown-top-key": (
         'archive_dir = "/a"\nmdoe = "save"',
-        r"unknown key 'mdoe' \(known: archive_dir, caches, mode, region, trust\)",
+        r"unknown key 'mdoe' \(known: archive_dir, caches, load, mode, region, trust\)",
     ),
     "unknown-region-key": ('archive_dir = "/a"\n[region]\nbsae = 0', r"\[region\]: unknown key 'bsae'"),
     "unknown-trust-key": ('archive_dir = "/a"\n[trust]\ndigest = ""', r"\[trust\]: unknown key 'digest'"),
@@ -298,3 +298,13 @@ def test_per_rank_digest_table(tmp_path):
 def test_per_rank_digest_table_errors(table, message):
     with pytest.raises(ConfigError, match=message):
         config_from_dict({"archive_dir": "/a", "trust": {"archive_digest": table}})
+
+
+def test_the_load_table_switches_the_structure_check():
+    base = {"mode": "load", "archive_dir": "/a"}
+    assert config_from_dict(base).check_structure is False
+    assert config_from_dict({**base, "load": {"check_structure": True}}).check_structure is True
+    with pytest.raises(ConfigError, match="load.check_structure: expected true or false"):
+        config_from_dict({**base, "load": {"check_structure": "yes"}})
+    with pytest.raises(ConfigError, match=r"\[load\]: unknown key 'check'"):
+        config_from_dict({**base, "load": {"check": True}})

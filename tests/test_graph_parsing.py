@@ -233,3 +233,98 @@ def test_launch_makes_one_stream_handle_per_stream_and_names_the_error(monkeypat
     assert made == [5, 7] and launched == [("exec", 5)] * 3 + [("exec", 7)] * 2
     with pytest.raises(graphs.CudaError, match="cuGraphLaunch failed: CUDA_ERROR_ILLEGAL_ADDRESS"):
         rebuilt.launch(9)
+
+
+def _saved_graph():
+    kernel = {
+        "type": "kernel",
+        "image": "abc",
+        "name": "gemm",
+        "grid": [4, 1, 1],
+        "block": [128, 1, 1],
+        "smem": 0,
+        "layout": [[0, 8]],
+        "params": "AAAAAAAAYAA=",
+        "attrs": {"priority": 1},
+    }
+    memset = {"type": "memset", "dst": 0x600000001000, "pitch": 0, "value": 0, "element_size": 4}
+    memset.update(width=16, height=1)
+    child = {"nodes": [{"type": "empty"}, {"type": "event_wait", "event": 0}], "edges": [[0, 1, 0, 0, 0]]}
+    return {
+        "nodes": [kernel, memset, {"type": "graph", "graph": child}],
+        "edges": [[1, 0, 0, 0, 0], [0, 2, 0, 0, 1]],
+    }
+
+
+def _as_built(saved):
+    """What structure() reads back for the same graph: the driver's type names, edges sorted, no
+    image or layout, memset/memcpy fields as it reads them."""
+    import copy
+
+    built = copy.deepcopy(saved)
+    for node in built["nodes"]:
+        node.pop("image", None)
+        node.pop("layout", None)
+        if node["type"] == "graph":
+            node["graph"] = _as_built(node["graph"])
+        elif node["type"] == "event_wait":
+            node["type"] = "wait_event"
+            node.pop("event")
+    built["edges"] = sorted(built["edges"])
+    return built
+
+
+def test_compare_a_restored_graph_with_its_description():
+    saved = _saved_graph()
+    assert graphs.compare(saved, _as_built(saved)) is None
+
+    built = _as_built(saved)
+    built["nodes"][0]["grid"] = [8, 1, 1]
+    assert graphs.compare(saved, built) == "node 0 (gemm): grid [4, 1, 1] saved, [8, 1, 1] built"
+
+    built = _as_built(saved)
+    built["nodes"][0]["attrs"] = {}  # a launch attribute lost
+    assert "attrs {'priority': 1} saved, {} built" in graphs.compare(saved, built)
+
+    built = _as_built(saved)
+    built["edges"] = built["edges"][:1]  # a dependency lost: kernels could overlap
+    why = graphs.compare(saved, built)
+    assert why.startswith("graph top: 2 edges saved, 1 built") and "first saved only" in why
+
+    built = _as_built(saved)
+    next(e for e in built["edges"] if e[4] == 1)[4] = 0  # a programmatic edge became a plain one
+    assert "edges" in graphs.compare(saved, built)
+
+    built = _as_built(saved)
+    built["nodes"][2]["graph"]["nodes"][1]["type"] = "event_record"
+    assert graphs.compare(saved, built) == "node 2.1: event_wait saved, event_record built"
+
+    built = _as_built(saved)
+    built["nodes"].pop()
+    assert graphs.compare(saved, built) == "graph top: 3 nodes saved, 2 built"
+
+    # Addresses (parameter bytes, memset and copy pointers) differ in a graph captured elsewhere:
+    # compared unless told not to.
+    built = _as_built(saved)
+    built["nodes"][0]["params"] = "AAAAAAAAcAA="
+    built["nodes"][1]["dst"] = 0x700000001000
+    assert "params" in graphs.compare(saved, built)
+    assert graphs.compare(saved, built, addresses=False) is None
+
+
+def test_restored_check_reads_every_graph_back(monkeypatch):
+    """Restored.check compares each graph as the driver holds it with what the archive describes."""
+    import types
+
+    import foundry_core.api as api
+
+    saved = _saved_graph()
+    wrong = _as_built(saved)
+    wrong["nodes"][0]["block"] = [64, 1, 1]
+    held = {"g-ok": _as_built(saved), "g-wrong": wrong}
+    monkeypatch.setattr(api, "structure", lambda graph: held[graph])
+    monkeypatch.setattr(api, "described", lambda archive, entry: saved)
+    archive = types.SimpleNamespace(meta={"graphs": [{"name": "g-ok"}, {"name": "g-wrong"}]})
+    graphs_ = {name: api.RestoredGraph(name, types.SimpleNamespace(graph=name), 0, None, 3) for name in held}
+    restored = api.Restored(archive, None, graphs_, {}, {}, [], None, {})
+    assert restored.check() == {"g-wrong": "node 0 (gemm): block [128, 1, 1] saved, [64, 1, 1] built"}

@@ -235,6 +235,48 @@ def test_the_engine_layer_can_be_switched_off_and_never_fails_a_start(tmp_path, 
     assert "Foundry rank 2: graphs are rebuilt at the graph phase (archive /a resolves outside" in caplog.text
 
 
+def test_the_engine_layer_checks_the_restored_graphs_when_configured(tmp_path, monkeypatch):
+    """[load] check_structure: every restored graph is compared with the archive after LOAD; a
+    difference fails the start with the graph's name and unloads what was restored. Off by default."""
+
+    class Restored:
+        def __init__(self, differences):
+            self.differences, self.timings, self.unloaded = differences, {}, False
+            self.archive = type(
+                "A", (), {"meta": {"graphs": [{"name": "decode/bs=1"}, {"name": "decode/bs=8"}]}}
+            )
+
+        def check(self):
+            return self.differences
+
+        def unload(self):
+            self.unloaded = True
+
+    made = []
+
+    def fake_load(path, **kw):
+        made.append(Restored(dict(pending)))
+        return made[-1]
+
+    monkeypatch.setattr(fc, "load", fake_load)
+    args = dict(rank=0, world_size=1, region=None, fingerprint={}, archive=None, prepared=None)
+    pending = {"decode/bs=8": "node 3 (gemm): grid [4, 1, 1] saved, [8, 1, 1] built"}
+    assert engine_prepare.load("/a/rank0", cfg=_cfg(tmp_path), **args) is made[-1]  # not checked
+    checking = config_from_dict(
+        {"mode": "load", "archive_dir": str(tmp_path / "archive"), "load": {"check_structure": True}}
+    )
+    with pytest.raises(fc.GraphError, match=r"1 of 2 restored graphs differ .* decode/bs=8: node 3 \(gemm\)"):
+        engine_prepare.load("/a/rank0", cfg=checking, **args)
+    assert made[-1].unloaded
+    pending = {}
+    restored = engine_prepare.load("/a/rank0", cfg=checking, **args)
+    assert not restored.unloaded and restored.timings["structure_differences"] == 0.0
+    assert engine_prepare.report(restored.timings) == {
+        "prepared": False,
+        "structure_check_s": round(restored.timings["structure_check_s"], 4),
+    }
+
+
 def test_the_start_report_says_whether_the_rebuild_was_ready():
     assert engine_prepare.report({"modules_s": 0.1}) == {"prepared": False}
     assert engine_prepare.report(

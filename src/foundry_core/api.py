@@ -37,11 +37,11 @@ from .driver import call, cu
 from .errors import FoundryError
 from .fingerprint import current_fingerprint
 from .graph_codec import ENCODING, encode, kernel_ids
-from .graphs import GraphError, Rebuilt, Segments, count_nodes, kernel_names, serialize
+from .graphs import GraphError, Rebuilt, Segments, compare, count_nodes, kernel_names, serialize, structure
 from .modules import ModuleError, Recorded, recording
 from .progress import Progress
 from .region import Region, RegionError, Segment, restore_snapshot, snapshot
-from .restore import Prepared, drop, finish_rebuild, rebuild_archive, take_whole
+from .restore import Prepared, described, drop, finish_rebuild, rebuild_archive, take_whole
 from .trust import check_location, warn_if_world_writable
 
 ARCHIVE_KIND = "foundry-graphs"
@@ -384,11 +384,17 @@ class RestoredGraph:
             self._seed = tensor_at(rng["seed_ptr"], (1,), (1,), "int64", device)
             self._offset = tensor_at(rng["offset_ptr"], (1,), (1,), "int64", device)
 
-    def replay(self) -> None:
+    def _take(self) -> Rebuilt:
+        """The graph, waiting for it (or building it now) when it was handed over unfinished."""
         if self._rebuilt is None:
             t0 = time.perf_counter()
             self._rebuilt = self._pending.take()
             self.waited_s = time.perf_counter() - t0
+        return self._rebuilt
+
+    def replay(self) -> None:
+        if self._rebuilt is None:
+            self._take()
         if self._rng:
             # What torch's own replay does before launching: publish seed and offset, then advance.
             gen = _torch().cuda.default_generators[self.device]
@@ -436,6 +442,20 @@ class Restored:
         may return while the background thread still builds some (each replay waits for its own)."""
         if self._background is not None:
             self._background.wait()
+
+    def check(self) -> dict[str, str]:
+        """Read every graph back from the driver and compare it with the description the archive
+        holds (:func:`foundry_core.graphs.compare`): node for node, edge for edge, with parameter
+        bytes and memory addresses. Returns ``{graph name: first difference}``, empty when each
+        graph is what SAVE saved. Takes about as long as SAVE's walk of the same graphs."""
+        self.wait_rebuilt()
+        differences = {}
+        for entry in self.archive.meta["graphs"]:
+            built = structure(self.graphs[entry["name"]]._take().graph)
+            why = compare(described(self.archive, entry), built)
+            if why is not None:
+                differences[entry["name"]] = why
+        return differences
 
     def unload(self) -> None:
         """Destroy the graphs, unload their modules and unmap the memory they owned."""

@@ -240,6 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``foundry`` parser. Imports no torch and no tool: only ``foundry_tools.options``."""
     from foundry_tools.options import (
         BENCH_BATCH_SIZES,
+        CHECK_STRUCTURE_HELP,
         NO_PREPARE_HELP,
         HelpFormatter,
         add_arguments,
@@ -260,6 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--workdir", default=None, help="where the archive and reference outputs go")
     d.add_argument("--out", default=None, help="write the results as JSON here")
     d.add_argument("--no-prepare", action="store_true", help=NO_PREPARE_HELP)
+    d.add_argument("--check-structure", action="store_true", help=CHECK_STRUCTURE_HELP)
     d.set_defaults(func=cmd_demo)
 
     what = "native capture vs restore, and replay parity, in one run"
@@ -273,6 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--upload", action="store_true", help="LOAD: upload each graph to the device as it is restored"
     )
+    b.add_argument("--check-structure", action="store_true", help=CHECK_STRUCTURE_HELP)
     b.add_argument(
         "--presets",
         default=None,

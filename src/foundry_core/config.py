@@ -18,6 +18,10 @@ One schema, parsed here, so that SGLang and vLLM read the same file the same way
     caches_digest = ""            # optional: pin the carried caches the same way (needed to use
                                   # them once archive_digest is set)
 
+    [load]
+    check_structure = false       # after LOAD, read every graph back from the driver and refuse to
+                                  # serve unless each is the archive's, node for node (slow)
+
 Unknown keys are an error, not a silent no-op: a typo in a key would otherwise change what is
 restored without anyone noticing.
 """
@@ -64,6 +68,7 @@ class FoundryConfig:
     archive_digests: tuple[tuple[int, str], ...] = ()  # every pinned rank, (rank, digest)
     carry_caches: bool = True  # [caches] carry: compile/JIT caches travel with the archive
     caches_digests: tuple[tuple[int, str], ...] = ()  # [trust] caches_digest, (rank, digest)
+    check_structure: bool = False  # [load] check_structure: LOAD reads its graphs back and compares
     source: Path | None = None  # the file it came from, for messages
 
     def rank_archive_dir(self, rank: int = 0) -> Path:
@@ -149,10 +154,11 @@ def _parse_address(value: Any, key: str) -> int:
     return value
 
 
-_TOP_KEYS = {"mode", "archive_dir", "region", "caches", "trust"}
+_TOP_KEYS = {"mode", "archive_dir", "region", "caches", "trust", "load"}
 _REGION_KEYS = {"base", "size"}
 _CACHES_KEYS = {"carry"}
 _TRUST_KEYS = {"archive_digest", "caches_digest"}
+_LOAD_KEYS = {"check_structure"}
 
 
 def _check_keys(table: dict, allowed: set[str], where: str) -> None:
@@ -205,6 +211,13 @@ def config_from_dict(data: dict, source: Path | None = None, base_dir: Path | No
     _check_keys(trust, _TRUST_KEYS, f"{where} [trust]")
     pins = _parse_pins(trust.get("archive_digest", ""))
     cache_pins = _parse_pins(trust.get("caches_digest", ""), "trust.caches_digest")
+    load = data.get("load", {})
+    if not isinstance(load, dict):
+        raise ConfigError(f"{where}: [load] must be a table")
+    _check_keys(load, _LOAD_KEYS, f"{where} [load]")
+    check_structure = load.get("check_structure", False)
+    if not isinstance(check_structure, bool):
+        raise ConfigError(f"load.check_structure: expected true or false, got {check_structure!r}")
     return FoundryConfig(
         mode=mode,
         archive_dir=path,
@@ -214,6 +227,7 @@ def config_from_dict(data: dict, source: Path | None = None, base_dir: Path | No
         archive_digests=pins,
         carry_caches=carry,
         caches_digests=cache_pins,
+        check_structure=check_structure,
         source=source,
     )
 

@@ -174,6 +174,16 @@ def finish_rebuild(
     return timings
 
 
+def described(archive: Archive, entry: dict) -> dict:
+    """The description SAVE wrote for the graph ``entry`` of the archive's manifest, decoded."""
+    encoding = entry.get("encoding")
+    if encoding == ENCODING:
+        return decode(archive.read_bytes(entry["file"]), archive.meta["kernels"])
+    if encoding is None:
+        return archive.read_json(entry["file"])
+    raise ArchiveError(f"graph {entry['name']!r} is stored in encoding {encoding!r}, unknown here")
+
+
 def _rebuild_graphs(archive, rebuilding, stream, progress, timings, *, only=None, ahead=False) -> None:
     """Rebuild the graphs of the archive (those named in ``only``, or all) into ``rebuilding.graphs``,
     adding the builders used ("native", "python") to ``rebuilding.builders`` as it goes (a LOAD that

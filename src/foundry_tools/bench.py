@@ -92,6 +92,9 @@ def summarize(result: dict) -> dict:
         "launch_host_us_native": result.get("launch_host_us_native", {}),
         "launch_host_us_restored": result.get("launch_host_us_restored", {}),
         "scaling": result.get("scaling", []),
+        # --check-structure: graph name -> first difference (restored vs saved; twins vs saved)
+        "structure_differences": result.get("structure_differences"),
+        "twin_structure_differences": result.get("twin_structure_differences"),
     }
 
 
@@ -208,5 +211,15 @@ def print_table(summary: dict) -> None:
         if raw_r is not None and raw_n is not None:
             print(
                 f"    bare cuGraphLaunch    restored {raw_r:6.2f} us, native {raw_n:6.2f} us ({raw_r - raw_n:+.2f} us)"
+            )
+    for key, what in (
+        ("structure_differences", "restored = saved"),
+        ("twin_structure_differences", "native twins = saved"),
+    ):
+        differences = summary.get(key)
+        if differences is not None:
+            print(
+                f"  structure, {what:<20} {summary['graphs'] - len(differences)} of {summary['graphs']} graphs"
+                + "".join(f"\n    {name}: {why}" for name, why in list(differences.items())[:5])
             )
     print(f"  bit-exact                {summary['bit_exact_all']}")

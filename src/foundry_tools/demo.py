@@ -16,7 +16,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from .options import DEFAULT_BATCH_SIZES, NO_PREPARE_HELP, HelpFormatter, add_arguments, workload_argv  # noqa: F401  (re-exported)
+from .options import (  # noqa: F401  (DEFAULT_BATCH_SIZES re-exported)
+    CHECK_STRUCTURE_HELP,
+    DEFAULT_BATCH_SIZES,
+    NO_PREPARE_HELP,
+    HelpFormatter,
+    add_arguments,
+    workload_argv,
+)
 
 ROUNDS = 2  # replays per graph compared, each with different inputs
 
@@ -378,6 +385,14 @@ def run_load(args) -> dict:
         raw = _raw_launchers(twins, restored)
         if raw is not None:
             raw_native_us, raw_restored_us = _time_host_interleaved(workload, *raw, args.replays)
+    structure_differences = twin_differences = None
+    if getattr(args, "check_structure", False):
+        # Each restored graph as the driver holds it against the archive's description, exactly;
+        # and the native twins (captured here, at other addresses) against it, addresses aside:
+        # together, restored = captured, node for node and edge for edge.
+        structure_differences = restored.check()
+        if args.replays:
+            twin_differences = _twin_differences(restored, twins)
     return {
         "phase": "load",
         "graphs": len(restored.graphs),
@@ -405,8 +420,27 @@ def run_load(args) -> dict:
         "replay_host_us_native_twins": native_host_us,
         "launch_host_us": raw_restored_us,
         "launch_host_us_native_twins": raw_native_us,
+        "structure_differences": structure_differences,
+        "twin_structure_differences": twin_differences,
         "nodes": nodes,
     }
+
+
+def _twin_differences(restored, twins) -> dict[str, str]:
+    """``graph name -> first difference`` between the archive's description of each graph and its
+    native twin as the driver holds it, addresses aside (graphs.compare)."""
+    from foundry_core.driver import cu
+    from foundry_core.graphs import compare, structure
+    from foundry_core.restore import described
+
+    out = {}
+    for entry in restored.archive.meta["graphs"]:
+        twin = twins[entry["name"]]
+        built = structure(cu().CUgraph(init_value=twin.raw_cuda_graph()))
+        why = compare(described(restored.archive, entry), built, addresses=False)
+        if why is not None:
+            out[entry["name"]] = why
+    return out
 
 
 def _worker_args(args, phase: str, archive: str, reference: str) -> list[str]:
@@ -423,6 +457,7 @@ def _worker_args(args, phase: str, archive: str, reference: str) -> list[str]:
         str(getattr(args, "replays", 0)),
         *(["--no-prepare"] if phase == "load" and getattr(args, "no_prepare", False) else []),
         *(["--upload"] if phase == "load" and getattr(args, "upload", False) else []),
+        *(["--check-structure"] if phase == "load" and getattr(args, "check_structure", False) else []),
         *workload_argv(args),
     ]
 
@@ -519,6 +554,8 @@ def orchestrate(args) -> dict:
         "state_digest_load": load["state_digest"],
         "live_segments_at_save": save["live_segments"],
         "nodes": load["nodes"],
+        "structure_differences": load.get("structure_differences"),
+        "twin_structure_differences": load.get("twin_structure_differences"),
         "builder": load.get("builder"),
         # Native twins captured and timed in the LOAD process, interleaved with the restored graphs.
         "replay_us_native": load.get("replay_us_native_twins") or save["replay_us"],
@@ -541,6 +578,8 @@ def print_summary(result: dict) -> None:
         result["bit_exact_all"]
         and result["load_stream_captures"] == 0
         and result["load_warmup_forwards"] == 0
+        and not result.get("structure_differences")  # --check-structure: {} when all agree
+        and not result.get("twin_structure_differences")
     )
     print(f"foundry demo: {result['variant']} ({result['preset']}), {result['graphs']} decode graphs")
     print(f"  SAVE  warmup + capture   {result['capture_s']:8.3f} s")
@@ -554,6 +593,12 @@ def print_summary(result: dict) -> None:
     print(f"  LOAD  warmup forwards    {result['load_warmup_forwards']:8d}")
     exact = sum(result["bit_exact"].values())
     print(f"  bit-exact batch sizes    {exact:8d} / {len(result['bit_exact'])}")
+    for key, what in (("structure_differences", "restored"), ("twin_structure_differences", "twins")):
+        differences = result.get(key)
+        if differences is not None:
+            print(f"  {what} = saved graphs   {result['graphs'] - len(differences):8d} / {result['graphs']}")
+            for name, why in list(differences.items())[:5]:
+                print(f"    {name}: {why}")
     for bs, host in sorted(result.get("replay_host_us_restored", {}).items(), key=lambda kv: int(kv[0])):
         native = result["replay_host_us_native"].get(bs, float("nan"))
         raw = result.get("launch_host_us_restored", {}).get(bs, float("nan"))
@@ -594,6 +639,7 @@ def main(argv=None) -> int:
     )
     p.add_argument("--upload", action="store_true", help="LOAD: upload each graph as it is restored")
     p.add_argument("--no-prepare", action="store_true", help=NO_PREPARE_HELP)
+    p.add_argument("--check-structure", action="store_true", help=CHECK_STRUCTURE_HELP)
     add_arguments(p)
     args = p.parse_args(argv)
     result = run_save(args) if args.phase == "save" else run_load(args)

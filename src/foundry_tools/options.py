@@ -71,6 +71,12 @@ NO_PREPARE_HELP = (
 )
 
 
+CHECK_STRUCTURE_HELP = (
+    "LOAD: read every restored graph back from the driver and compare it with the archive's "
+    "description, and the native twins (with --replays) with it too, addresses aside"
+)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The model, batch sizes and region: what a SAVE and every LOAD must repeat identically."""
     p.add_argument("--variant", default="qwen3", choices=VARIANTS, help="which workload to build and capture")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import Any
 
 from .decide import one_line
@@ -54,10 +55,12 @@ def load(
     """The rank's LOAD at the graph phase: ``foundry_core.load`` with the rank's digest pin, the
     configured archive directory as the trusted root (the archive must resolve inside it), what
     verifying it returned (``archive``; None: it is read and checked here) and what :func:`start`
-    began (``prepared``; None: the graphs are rebuilt here)."""
+    began (``prepared``; None: the graphs are rebuilt here). With ``[load] check_structure``, every
+    graph is then read back from the driver and compared with the archive (waiting for the ones still
+    being built): one that differs fails the start, naming the graph and its first difference."""
     import foundry_core as fc
 
-    return fc.load(
+    restored = fc.load(
         path,
         region=region,
         fingerprint_model=fingerprint,
@@ -68,6 +71,19 @@ def load(
         archive=archive,
         prepared=prepared,
     )
+    if getattr(cfg, "check_structure", False):
+        t0 = time.perf_counter()
+        differences = restored.check()
+        restored.timings["structure_check_s"] = time.perf_counter() - t0
+        restored.timings["structure_differences"] = float(len(differences))
+        if differences:
+            name, why = next(iter(differences.items()))
+            restored.unload()
+            raise fc.GraphError(
+                f"{len(differences)} of {len(restored.archive.meta['graphs'])} restored graphs differ "
+                f"from archive {path}; {name}: {why}"
+            )
+    return restored
 
 
 def report(timings: dict[str, Any]) -> dict[str, Any]:
@@ -75,9 +91,15 @@ def report(timings: dict[str, Any]) -> dict[str, Any]:
     was rebuilt at the graph phase, with a warning), whether it was ready when the graph phase came,
     how long that phase waited for it, how long it ran in the background, how many graphs had their
     memory nodes re-pointed after the mapping and how many were built only then, and how many it was
-    still building when the graph phase ended (each waited for at its first replay)."""
+    still building when the graph phase ended (each waited for at its first replay); and how long
+    ``[load] check_structure`` took, when it was on."""
+    checked = (
+        {"structure_check_s": round(float(timings["structure_check_s"]), 4)}
+        if "structure_check_s" in timings
+        else {}
+    )
     if "prepared_s" not in timings and "tail_graphs" not in timings:
-        return {"prepared": False}
+        return {"prepared": False, **checked}
     running = timings.get("prepared_s") is None  # still finishing graphs when this is reported
     return {
         "prepared": True,
@@ -88,4 +110,5 @@ def report(timings: dict[str, Any]) -> dict[str, Any]:
         "graphs_retargeted": int(timings.get("retargeted_graphs", 0)),
         "graphs_deferred": int(timings.get("deferred_graphs", 0)),
         "graphs_after_return": int(timings.get("tail_graphs", 0)),
+        **checked,
     }
