@@ -154,6 +154,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--mem-fraction-static", type=float, default=0.3)
     p.add_argument("--region-size", default="96GiB", help="Foundry region per rank ([region] size)")
+    p.add_argument(
+        "--check-structure",
+        action="store_true",
+        help="LOAD reads its graphs back and compares them with the archive ([load] check_structure)",
+    )
     p.add_argument("--new-tokens", type=int, default=32, help="tokens per prompt in the compared generate")
     p.add_argument(
         "--decode-prompts",
@@ -222,8 +227,11 @@ def engine_kwargs(opts: argparse.Namespace, model_dir: str) -> dict[str, Any]:
     return kwargs
 
 
-def foundry_toml(archive_dir: Path, region_size: str) -> str:
-    return f'mode = "auto"\narchive_dir = "{archive_dir}"\n\n[region]\nsize = "{region_size}"\n'
+def foundry_toml(archive_dir: Path, region_size: str, check_structure: bool = False) -> str:
+    """The runs' Foundry configuration; ``check_structure``: LOAD reads its graphs back and compares
+    them with the archive ([load] check_structure; its time counts in LOAD's ready time)."""
+    load = "\n[load]\ncheck_structure = true\n" if check_structure else ""
+    return f'mode = "auto"\narchive_dir = "{archive_dir}"\n\n[region]\nsize = "{region_size}"\n{load}'
 
 
 def log_names(kind: str) -> tuple[str, str]:
@@ -730,7 +738,9 @@ def parent_main(opts: argparse.Namespace) -> int:
         meta["model_config"] = config
         (workdir / "model").mkdir(parents=True, exist_ok=True)
         (workdir / "model" / "config.json").write_text(json.dumps(config, indent=1))
-        (workdir / "foundry.toml").write_text(foundry_toml(workdir / "archive", opts.region_size))
+        (workdir / "foundry.toml").write_text(
+            foundry_toml(workdir / "archive", opts.region_size, opts.check_structure)
+        )
         meta["native_library"] = [p.name for p in (SRC / "foundry_core").glob("_foundry_native*.so")]
         if not meta["native_library"]:
             errors.append("src/foundry_core/_foundry_native*.so is missing: build the native library first")

@@ -172,8 +172,11 @@ def engine_kwargs(
     }
 
 
-def foundry_toml(archive_dir: Path, region_size: str) -> str:
-    return f'mode = "auto"\narchive_dir = "{archive_dir}"\n\n[region]\nsize = "{region_size}"\n'
+def foundry_toml(archive_dir: Path, region_size: str, check_structure: bool = False) -> str:
+    """The runs' Foundry configuration; ``check_structure``: LOAD reads its graphs back and compares
+    them with the archive ([load] check_structure; its time counts in LOAD's ready time)."""
+    load = "\n[load]\ncheck_structure = true\n" if check_structure else ""
+    return f'mode = "auto"\narchive_dir = "{archive_dir}"\n\n[region]\nsize = "{region_size}"\n{load}'
 
 
 def write_plugin_dist_info(directory: Path) -> Path:
@@ -711,7 +714,7 @@ def run_benchmark(args, launch=launch_child) -> dict:
         write_plugin_dist_info(plugin_dir)
         archive_dir = work / "archive"
         toml = work / "foundry.toml"
-        toml.write_text(foundry_toml(archive_dir, args.region_size))
+        toml.write_text(foundry_toml(archive_dir, args.region_size, args.check_structure))
         cache_dir = work / "cache"
         step_plugin = steps.write_plugin(work / "step-timer") if args.step_timing else None
         length = model_len(decode_prompts + PROMPTS, max(args.decode_tokens, args.new_tokens) + 1)
@@ -828,6 +831,11 @@ def parse_args(argv: list[str]):
     )
     p.add_argument("--gpu-memory-utilization", type=float, default=0.3)
     p.add_argument("--region-size", default="64GiB", help="Foundry region size (virtual)")
+    p.add_argument(
+        "--check-structure",
+        action="store_true",
+        help="LOAD reads its graphs back and compares them with the archive ([load] check_structure)",
+    )
     p.add_argument("--child-timeout", type=float, default=300.0, help="seconds, per child at most")
     p.add_argument(
         "--budget", type=float, default=570.0, help="seconds for everything (one device call: 600)"
