@@ -38,12 +38,17 @@ soak() {  # gpu
 
 probe() {  # gpu
   # The launch cost on the CPU of restored graphs built ahead (stand-in, re-pointed), built ahead and
-  # uploaded once re-pointed, and built after the mapping (--no-prepare), each beside its native
-  # twins, three batch sizes: about a minute each. The last one's SAVE is profiled (cProfile, into
-  # save-profile.txt: where the walk spends its time per node; its SAVE times are inflated by it).
+  # uploaded once re-pointed, built ahead and then given executables instantiated afresh (an
+  # experiment: is it the in-place re-pointing?), and built after the mapping (--no-prepare), each
+  # beside its native twins, three batch sizes: about a minute each. The last one's SAVE is
+  # profiled (cProfile, into save-profile.txt: where the walk spends its time per node; its SAVE
+  # times are inflated by it).
   local how flags profile
-  for how in ahead ahead-upload after; do
-    case $how in ahead) flags= ;; ahead-upload) flags=--upload ;; after) flags=--no-prepare ;; esac
+  for how in ahead ahead-upload ahead-reinstantiate after; do
+    case $how in
+      ahead) flags= ;; ahead-upload) flags=--upload ;; ahead-reinstantiate) flags=--reinstantiate ;;
+      after) flags=--no-prepare ;;
+    esac
     profile=$([ "$how" = after ] && echo "$out/save-profile.txt")
     CUDA_VISIBLE_DEVICES=$1 FOUNDRY_SAVE_PROFILE=$profile timeout "$(left)" \
       python -m foundry_core.cli bench --workdir "/tmp/probe-$how" \
@@ -74,4 +79,4 @@ else
   case " $parts " in *" tests "*) gpu_tests 0 ;; esac
   [ "${SOAK:-0}" = 1 ] && soak 0
 fi
-for f in launch-ahead.log launch-ahead-upload.log launch-after.log bench.log soak.log pytest-gpu.log; do [ -f "$out/$f" ] && tail -n 25 "$out/$f"; done
+for f in launch-ahead.log launch-ahead-upload.log launch-ahead-reinstantiate.log launch-after.log bench.log soak.log pytest-gpu.log; do [ -f "$out/$f" ] && tail -n 25 "$out/$f"; done

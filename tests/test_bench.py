@@ -64,12 +64,13 @@ def test_the_load_options_reach_the_load_worker_only():
     from foundry_core.cli import build_parser
     from foundry_tools import demo
 
-    args = build_parser().parse_args(["bench", "--upload", "--no-prepare", "--check-structure"])
+    load_options = ["--upload", "--no-prepare", "--check-structure", "--reinstantiate"]
+    args = build_parser().parse_args(["bench", *load_options])
     assert isinstance(args, argparse.Namespace)
     save = demo._worker_args(args, "save", "/a", "/r")
     load = demo._worker_args(args, "load", "/a", "/r")
-    assert not {"--upload", "--no-prepare", "--check-structure"} & set(save)
-    assert {"--upload", "--no-prepare", "--check-structure"} <= set(load)
+    assert not set(load_options) & set(save)
+    assert set(load_options) <= set(load)
     plain = build_parser().parse_args(["bench"])
     assert "--upload" not in demo._worker_args(plain, "load", "/a", "/r")
 

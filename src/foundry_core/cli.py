@@ -242,6 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
         BENCH_BATCH_SIZES,
         CHECK_STRUCTURE_HELP,
         NO_PREPARE_HELP,
+        REINSTANTIATE_HELP,
         HelpFormatter,
         add_arguments,
         add_soak_arguments,
@@ -276,6 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--upload", action="store_true", help="LOAD: upload each graph to the device as it is restored"
     )
     b.add_argument("--check-structure", action="store_true", help=CHECK_STRUCTURE_HELP)
+    b.add_argument("--reinstantiate", action="store_true", help=REINSTANTIATE_HELP)
     b.add_argument(
         "--presets",
         default=None,

@@ -93,6 +93,7 @@ def summarize(result: dict) -> dict:
         "launch_host_us_restored": result.get("launch_host_us_restored", {}),
         "scaling": result.get("scaling", []),
         # --check-structure: graph name -> first difference (restored vs saved; twins vs saved)
+        "reinstantiate_s": result.get("reinstantiate_s"),
         "structure_differences": result.get("structure_differences"),
         "twin_structure_differences": result.get("twin_structure_differences"),
     }

@@ -20,6 +20,7 @@ from .options import (  # noqa: F401  (DEFAULT_BATCH_SIZES re-exported)
     CHECK_STRUCTURE_HELP,
     DEFAULT_BATCH_SIZES,
     NO_PREPARE_HELP,
+    REINSTANTIATE_HELP,
     HelpFormatter,
     add_arguments,
     workload_argv,
@@ -347,6 +348,7 @@ def run_load(args) -> dict:
     )
     torch.cuda.synchronize()
     restore_s = time.perf_counter() - t0  # with prepared: what is left on the critical path
+    reinstantiate_s = _reinstantiate(restored) if getattr(args, "reinstantiate", False) else None
     replay = lambda bs: restored.graphs[f"bs{bs}"].replay()  # noqa: E731
     results = _replay_all(
         workload,
@@ -422,8 +424,27 @@ def run_load(args) -> dict:
         "launch_host_us_native_twins": raw_native_us,
         "structure_differences": structure_differences,
         "twin_structure_differences": twin_differences,
+        "reinstantiate_s": reinstantiate_s,
         "nodes": nodes,
     }
+
+
+def _reinstantiate(restored) -> float:
+    """An experiment, not a restore step: give each restored graph a fresh executable graph,
+    instantiated now from its graph as it stands (memory nodes re-pointed), in place of the one
+    built ahead and re-pointed in place. Whether the launch cost of graphs built ahead comes from
+    the in-place re-pointing of their executables shows in the launch timings that follow."""
+    from foundry_core.driver import call, cu
+    from foundry_core.graphs import INSTANTIATE_FLAGS
+
+    restored.wait_rebuilt()
+    t0 = time.perf_counter()
+    for graph in restored.graphs.values():
+        rebuilt = graph._take()
+        fresh = call(cu().cuGraphInstantiateWithFlags, rebuilt.graph, INSTANTIATE_FLAGS)
+        call(cu().cuGraphExecDestroy, rebuilt.exec)
+        rebuilt.exec = fresh
+    return time.perf_counter() - t0
 
 
 def _twin_differences(restored, twins) -> dict[str, str]:
@@ -458,6 +479,7 @@ def _worker_args(args, phase: str, archive: str, reference: str) -> list[str]:
         *(["--no-prepare"] if phase == "load" and getattr(args, "no_prepare", False) else []),
         *(["--upload"] if phase == "load" and getattr(args, "upload", False) else []),
         *(["--check-structure"] if phase == "load" and getattr(args, "check_structure", False) else []),
+        *(["--reinstantiate"] if phase == "load" and getattr(args, "reinstantiate", False) else []),
         *workload_argv(args),
     ]
 
@@ -554,6 +576,7 @@ def orchestrate(args) -> dict:
         "state_digest_load": load["state_digest"],
         "live_segments_at_save": save["live_segments"],
         "nodes": load["nodes"],
+        "reinstantiate_s": load.get("reinstantiate_s"),
         "structure_differences": load.get("structure_differences"),
         "twin_structure_differences": load.get("twin_structure_differences"),
         "builder": load.get("builder"),
@@ -640,6 +663,7 @@ def main(argv=None) -> int:
     p.add_argument("--upload", action="store_true", help="LOAD: upload each graph as it is restored")
     p.add_argument("--no-prepare", action="store_true", help=NO_PREPARE_HELP)
     p.add_argument("--check-structure", action="store_true", help=CHECK_STRUCTURE_HELP)
+    p.add_argument("--reinstantiate", action="store_true", help=REINSTANTIATE_HELP)
     add_arguments(p)
     args = p.parse_args(argv)
     result = run_save(args) if args.phase == "save" else run_load(args)

@@ -77,6 +77,12 @@ CHECK_STRUCTURE_HELP = (
 )
 
 
+REINSTANTIATE_HELP = (
+    "LOAD, an experiment: after the restore, replace each graph's executable by one instantiated "
+    "afresh from it (to tell whether re-pointing executables built ahead slows their launch)"
+)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The model, batch sizes and region: what a SAVE and every LOAD must repeat identically."""
     p.add_argument("--variant", default="qwen3", choices=VARIANTS, help="which workload to build and capture")
