@@ -41,16 +41,16 @@ probe() {  # gpu
   # uploaded once re-pointed, built ahead and then given executables instantiated afresh (an
   # experiment: is it the in-place re-pointing?), and built after the mapping (--no-prepare), each
   # beside its native twins, three batch sizes: about a minute each. The last one's SAVE is
-  # profiled (cProfile, into save-profile.txt: where the walk spends its time per node; its SAVE
-  # times are inflated by it).
+  # profiled (FOUNDRY_PROFILE_DIR: profile/demo-save-rank0.txt, where the walk spends its time per
+  # node; its SAVE times are inflated by it).
   local how flags profile
   for how in ahead ahead-upload ahead-reinstantiate after; do
     case $how in
       ahead) flags= ;; ahead-upload) flags=--upload ;; ahead-reinstantiate) flags=--reinstantiate ;;
       after) flags=--no-prepare ;;
     esac
-    profile=$([ "$how" = after ] && echo "$out/save-profile.txt")
-    CUDA_VISIBLE_DEVICES=$1 FOUNDRY_SAVE_PROFILE=$profile timeout "$(left)" \
+    profile=$([ "$how" = after ] && echo "$out/profile")
+    CUDA_VISIBLE_DEVICES=$1 FOUNDRY_PROFILE_DIR=$profile timeout "$(left)" \
       python -m foundry_core.cli bench --workdir "/tmp/probe-$how" \
       --batch-sizes 1 8 64 --replays 200 $flags \
       --out "$out/launch-$how-h200.json" >"$out/launch-$how.log" 2>&1

@@ -73,15 +73,3 @@ def test_the_load_options_reach_the_load_worker_only():
     assert set(load_options) <= set(load)
     plain = build_parser().parse_args(["bench"])
     assert "--upload" not in demo._worker_args(plain, "load", "/a", "/r")
-
-
-def test_the_save_profile_is_written_only_when_asked(tmp_path):
-    from foundry_tools import demo
-
-    with demo._profiled(None):
-        sum(range(10))
-    assert list(tmp_path.iterdir()) == []
-    out = tmp_path / "save-profile.txt"
-    with demo._profiled(str(out)):
-        sorted(range(1000), key=lambda x: -x)
-    assert "tottime" in out.read_text() and "<lambda>" in out.read_text()

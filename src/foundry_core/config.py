@@ -167,6 +167,22 @@ def _check_keys(table: dict, allowed: set[str], where: str) -> None:
         raise ConfigError(f"{where}: unknown key {extra[0]!r} (known: {', '.join(sorted(allowed))})")
 
 
+def _table(data: dict, name: str, allowed: set[str], where: str) -> dict:
+    """The ``[name]`` table (empty when absent), its keys checked."""
+    table = data.get(name, {})
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where}: [{name}] must be a table")
+    _check_keys(table, allowed, f"{where} [{name}]")
+    return table
+
+
+def _flag(table: dict, name: str, key: str, default: bool) -> bool:
+    value = table.get(key, default)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name}.{key}: expected true or false, got {value!r}")
+    return value
+
+
 def config_from_dict(data: dict, source: Path | None = None, base_dir: Path | None = None) -> FoundryConfig:
     """Validate a parsed TOML table; relative ``archive_dir`` is taken relative to ``base_dir``."""
     where = str(source) if source else "foundry config"
@@ -184,10 +200,7 @@ def config_from_dict(data: dict, source: Path | None = None, base_dir: Path | No
     path = Path(os.path.expanduser(archive_dir))
     if not path.is_absolute() and base_dir is not None:
         path = base_dir / path
-    region = data.get("region", {})
-    if not isinstance(region, dict):
-        raise ConfigError(f"{where}: [region] must be a table")
-    _check_keys(region, _REGION_KEYS, f"{where} [region]")
+    region = _table(data, "region", _REGION_KEYS, where)
     base = _parse_address(region.get("base", DEFAULT_REGION_BASE), "region.base")
     size = parse_size(region.get("size", DEFAULT_REGION_SIZE), "region.size")
     if size % _GRANULE:
@@ -198,26 +211,11 @@ def config_from_dict(data: dict, source: Path | None = None, base_dir: Path | No
         raise ConfigError(
             f"region: base {base:#x} + size {size:#x} ends past the 47-bit user address space; lower region.base"
         )
-    caches = data.get("caches", {})
-    if not isinstance(caches, dict):
-        raise ConfigError(f"{where}: [caches] must be a table")
-    _check_keys(caches, _CACHES_KEYS, f"{where} [caches]")
-    carry = caches.get("carry", True)
-    if not isinstance(carry, bool):
-        raise ConfigError(f"caches.carry: expected true or false, got {carry!r}")
-    trust = data.get("trust", {})
-    if not isinstance(trust, dict):
-        raise ConfigError(f"{where}: [trust] must be a table")
-    _check_keys(trust, _TRUST_KEYS, f"{where} [trust]")
+    carry = _flag(_table(data, "caches", _CACHES_KEYS, where), "caches", "carry", True)
+    trust = _table(data, "trust", _TRUST_KEYS, where)
     pins = _parse_pins(trust.get("archive_digest", ""))
     cache_pins = _parse_pins(trust.get("caches_digest", ""), "trust.caches_digest")
-    load = data.get("load", {})
-    if not isinstance(load, dict):
-        raise ConfigError(f"{where}: [load] must be a table")
-    _check_keys(load, _LOAD_KEYS, f"{where} [load]")
-    check_structure = load.get("check_structure", False)
-    if not isinstance(check_structure, bool):
-        raise ConfigError(f"load.check_structure: expected true or false, got {check_structure!r}")
+    check_structure = _flag(_table(data, "load", _LOAD_KEYS, where), "load", "check_structure", False)
     return FoundryConfig(
         mode=mode,
         archive_dir=path,

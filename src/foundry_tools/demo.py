@@ -7,7 +7,6 @@ subprocess so that the LOAD process has provably never captured anything.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import subprocess
@@ -248,35 +247,11 @@ def _state_digest(workload) -> str:
     return h.hexdigest()[:16]
 
 
-SAVE_PROFILE_ENV = "FOUNDRY_SAVE_PROFILE"
-
-
-@contextlib.contextmanager
-def _profiled(path: str | None):
-    """With a path: profile the block (cProfile) and write its 40 costliest functions by own time
-    there, as text. Where SAVE's walk spends its time per node is a question for the GPU machine."""
-    if not path:
-        yield
-        return
-    import cProfile
-    import io
-    import pstats
-
-    profile = cProfile.Profile()
-    profile.enable()
-    try:
-        yield
-    finally:
-        profile.disable()
-        text = io.StringIO()
-        pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(40)
-        Path(path).write_text(text.getvalue())
-
-
 def run_save(args) -> dict:
     import torch
 
     import foundry_core as fc
+    from foundry_core.engine.profiling import profiled
 
     fc.start_recording()
     spec = _spec_from_args(args)
@@ -290,7 +265,8 @@ def run_save(args) -> dict:
     t2 = time.perf_counter()
     tensors = {f"bs{bs}.{k}": v for bs, out in outputs.items() for k, v in out.items()}
     save_timings: dict[str, float] = {}
-    with _profiled(os.environ.get(SAVE_PROFILE_ENV)):
+    # FOUNDRY_PROFILE_DIR: a host profile of fc.save (where the walk's time per node goes)
+    with profiled("demo-save"):
         digest = fc.save(
             args.archive,
             graphs=graphs,
