@@ -417,6 +417,11 @@ def child_main(spec_path: str) -> int:
     spec = json.loads(Path(spec_path).read_text())
     out = Path(spec["result"])
     result: dict = {"name": spec["name"], "pid": os.getpid(), "t0_epoch": t0_epoch, "stage": "start"}
+    if spec.get("cpus"):
+        # --cpus: this run and every process vLLM starts from it (API side, engine core) on the
+        # same cores in every run, so that the host-bound decode loop is not moved between cores
+        os.sched_setaffinity(0, spec["cpus"])
+        result["cpus"] = sorted(os.sched_getaffinity(0))
     print(f"[bench] {spec['name']}: child start, epoch {t0_epoch:.3f}", flush=True)
     rc = 0
 
@@ -753,6 +758,7 @@ def run_benchmark(args, launch=launch_child) -> dict:
             "decode_prompts": decode_prompts,
             "decode_tokens": args.decode_tokens,
             "reps": args.reps,
+            "cpus": sorted(args.cpus) if args.cpus else None,
             # The child's repetitions end 20 s before its timeout (its engine must shut down).
             "deadline": round(time.time() + timeout_s - 20, 1),
             "result": str(work / f"result-{name}.json"),
@@ -782,6 +788,17 @@ def run_benchmark(args, launch=launch_child) -> dict:
         )
         flush()
     return flush()
+
+
+def cpu_list(text: str) -> set[int]:
+    """``2-9`` or ``2,4,6-8``: the cores a set of processes is pinned to."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        first, _, last = part.strip().partition("-")
+        cpus.update(range(int(first), int(last or first) + 1))
+    if not cpus:
+        raise argparse.ArgumentTypeError(f"no cores in {text!r}")
+    return cpus
 
 
 def parse_args(argv: list[str]):
@@ -831,6 +848,13 @@ def parse_args(argv: list[str]):
     )
     p.add_argument("--gpu-memory-utilization", type=float, default=0.3)
     p.add_argument("--region-size", default="64GiB", help="Foundry region size (virtual)")
+    p.add_argument(
+        "--cpus",
+        type=cpu_list,
+        default=None,
+        help="pin every run to these cores (e.g. 2-9): vLLM's decode is host-bound here, and its "
+        "throughput varied by 20-35 %% between repetitions unpinned",
+    )
     p.add_argument(
         "--check-structure",
         action="store_true",

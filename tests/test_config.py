@@ -310,10 +310,7 @@ def test_the_load_table_switches_the_structure_check():
         config_from_dict({**base, "load": {"check": True}})
 
 
-@pytest.mark.parametrize("script", ["sglang_h200", "vllm_h200"])
-def test_the_engine_benchmarks_write_a_config_the_plugins_read(script, tmp_path):
-    """benchmarks/<engine>_h200.py --check-structure turns [load] check_structure on in the runs'
-    foundry.toml; without it the file is the plain one."""
+def _benchmark(script: str):
     import importlib.util
     import sys
 
@@ -325,8 +322,23 @@ def test_the_engine_benchmarks_write_a_config_the_plugins_read(script, tmp_path)
         spec.loader.exec_module(module)
     finally:
         sys.modules.pop(script, None)
+    return module
+
+
+@pytest.mark.parametrize("script", ["sglang_h200", "vllm_h200"])
+def test_the_engine_benchmarks_write_a_config_the_plugins_read(script, tmp_path):
+    """benchmarks/<engine>_h200.py --check-structure turns [load] check_structure on in the runs'
+    foundry.toml; without it the file is the plain one."""
+    module = _benchmark(script)
     for check in (False, True):
         path = tmp_path / f"foundry-{check}.toml"
         path.write_text(module.foundry_toml(tmp_path / "archive", "64GiB", check))
         cfg = load_config(path)
         assert cfg.check_structure is check and cfg.region_size == 64 << 30
+
+
+def test_the_vllm_benchmark_reads_a_core_list():
+    cpu_list = _benchmark("vllm_h200").cpu_list
+    assert cpu_list("2-5") == {2, 3, 4, 5} and cpu_list("0,4,6-7") == {0, 4, 6, 7}
+    with pytest.raises(ValueError):
+        cpu_list("two")
