@@ -409,6 +409,28 @@ def test_a_load_takes_the_graphs_built_and_waits_at_replay_only_for_the_others(m
         prepared.take()
 
 
+def test_a_graph_the_driver_will_not_upload_is_handed_over_all_the_same(monkeypatch, no_device, caplog):
+    """load(upload=True) with a hand-over: an upload is optional (the first launch uploads), so a
+    refused one is a warning and the graph is published, not lost with the thread."""
+
+    def refuse(self, stream):
+        raise fc.CudaError("cuGraphUpload", 2)
+
+    monkeypatch.setattr(_Built, "upload", refuse, raising=False)
+    gate, built = threading.Event(), []
+    _gated_rebuild(monkeypatch, {"decode/bs=8": gate}, built)
+    prepared = restore.Prepared("/archive", 0, _Archive(NAMES), {})
+    prepared.building()
+    _wait_for(lambda: built == ["decode/bs=1"])
+    timings: dict[str, float] = {"prepared_ok": 1.0}
+    with caplog.at_level(logging.WARNING, logger="foundry.restore"):
+        tail = prepared.hand_over(NAMES, timings, upload_to=7)
+        gate.set()
+        prepared.wait()
+    assert all(p.done and p.rebuilt is not None for p in tail.pending.values())
+    assert timings["prepared_ok"] == 1.0 and "not uploaded ahead of its first replay" in caplog.text
+
+
 def test_a_rebuild_that_ended_before_the_hand_over_is_taken_whole(monkeypatch, no_device):
     built: list[str] = []
     _gated_rebuild(monkeypatch, {}, built)

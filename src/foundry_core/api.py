@@ -214,7 +214,7 @@ def save(
     kernels: dict = {}
     functions: dict = {}  # per function handle, shared by the graphs (graphs.serialize)
     not_memory: set[int] = set()  # parameter words the driver said are not device memory (same)
-    described = []
+    walked = []
     try:
         with Progress("foundry: walking graphs", len(graphs), progress) as bar:
             for name, graph in graphs.items():
@@ -232,7 +232,7 @@ def save(
                 else:
                     _refuse_random_kernels(desc)
                     desc["rng"] = None
-                described.append((name, desc))
+                walked.append((name, desc))
                 bar.advance()
     except (GraphError, ModuleError) as e:
         raise SaveError(f"graph {name!r}: {e}") from None
@@ -256,13 +256,13 @@ def save(
         "slots": slots or {},
         "snapshots": [[seg.index, chunks] for seg, chunks, _ in snapshots],
         "saved_with": __version__,
-        "collectives": _collective_totals(desc for _name, desc in described),
+        "collectives": _collective_totals(desc for _name, desc in walked),
     }
     # Graphs are stored in the FGB1 binary encoding (FOUNDRY_GRAPH_ENCODING=json keeps the JSON form).
     as_json = os.environ.get("FOUNDRY_GRAPH_ENCODING", ENCODING).strip().lower() == "json"
     ids = kernel_ids(meta["kernels"])
     blobs = []
-    for name, desc in described:
+    for name, desc in walked:
         try:
             blobs.append(None if as_json else encode({k: v for k, v in desc.items() if k != "rng"}, ids))
         except GraphError as e:
@@ -273,13 +273,13 @@ def save(
     # the bench, for up to 0.2 s of inflation per LOAD); FOUNDRY_ARCHIVE_COMPRESS=0 stores them as they are.
     compress = os.environ.get("FOUNDRY_ARCHIVE_COMPRESS", "1").strip() != "0"
     with ArchiveWriter(path, lock_timeout=lock_timeout) as writer:
-        with Progress("foundry: writing archive", len(images) + len(described), progress) as bar:
+        with Progress("foundry: writing archive", len(images) + len(walked), progress) as bar:
             for digest in images:
                 writer.add_bytes(f"modules/{digest}.cubin", recorded.images[digest].data, compress=compress)
                 bar.advance()
             for seg, _chunks, data in snapshots:
                 writer.add_bytes(f"memory/{seg.index:05d}.bin", data, compress=compress)
-            for i, ((name, desc), blob) in enumerate(zip(described, blobs)):
+            for i, ((name, desc), blob) in enumerate(zip(walked, blobs)):
                 entry = {"name": name, "nodes": count_nodes(desc), "rng": desc["rng"] is not None}
                 if desc.get("collectives"):  # what the graph communicates with (foundry inspect)
                     entry["collectives"] = desc["collectives"]

@@ -15,6 +15,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+from .driver import CudaError
 from .graphs import Rebuilt
 
 if TYPE_CHECKING:
@@ -95,7 +96,10 @@ class Tail:
         rebuilt = self.rebuilding.graphs.pop(name)[0]  # the LOAD's now, no longer the rebuild's to discard
         if self._upload_to is not None:
             t0 = time.perf_counter()
-            rebuilt.upload(self._upload_to)
+            try:
+                rebuilt.upload(self._upload_to)
+            except CudaError as e:  # optional: its first launch uploads it instead
+                logger.warning("foundry: graph %r not uploaded ahead of its first replay (%s)", name, e)
             self._upload_s += time.perf_counter() - t0
         pending.publish(rebuilt)
 
