@@ -281,6 +281,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "their ratio (the extra runs are load_cold_2, stock_cold_2, ...; they need the SAVE)",
     )
     p.add_argument(
+        "--engine-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="an environment variable for every run, stock and Foundry alike (repeatable), e.g. "
+        "VLLM_USE_V2_MODEL_RUNNER=1 for a hybrid model on vLLM",
+    )
+    p.add_argument(
+        "--engine-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="an extra server argument for every run (repeatable; --engine-arg=--flag for one that "
+        "starts with a dash)",
+    )
+    p.add_argument(
         "--resume",
         action="store_true",
         help="keep the runs already in --out (same engine, commit and workdir) and add these to them: "
@@ -293,6 +309,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--runs takes each of {', '.join(RUNS)} at most once (got {unknown or opts.runs})")
     if opts.repeat < 1:
         p.error("--repeat must be at least 1")
+    bad = [e for e in opts.engine_env if "=" not in e or not e.split("=", 1)[0]]
+    if bad:
+        p.error(f"--engine-env takes NAME=VALUE (got {bad[0]!r})")
     # The fixed order is part of the method (cold before warm, save before load), then the repeats
     # of the cold pair, alternating, so that a drift of the machine reaches both alike.
     opts.runs = [r for r in RUNS if r in opts.runs]
@@ -902,6 +921,8 @@ class Bench:
     dummy_weights: bool = True  # --weights dummy
     max_tokens: int = MAX_TOKENS
     sampling: bool = False
+    engine_env: dict[str, str] = dataclasses.field(default_factory=dict)  # --engine-env, every run
+    engine_args: list[str] = dataclasses.field(default_factory=list)  # --engine-arg, every run
 
 
 def kill_group(proc: subprocess.Popen) -> None:
@@ -1069,9 +1090,11 @@ def run_one(bench: Bench, run: str, timeout_s: float, runs: dict[str, Any]) -> d
     argv = server_command(
         bench.engine, bench.model_dir, port, bench.toml if foundry else None, dummy=bench.dummy_weights
     )
+    argv += bench.engine_args
     env = child_env(
         dict(os.environ), bench.engine, run, paths, bench.shim, bench.other_plugins, bench.user_base
     )
+    env.update(bench.engine_env)
     if bench.profile and foundry:
         env[PROFILE_ENV] = str(bench.logs / f"profile-{run}")
     rec.update(command=shlex.join(argv), port=port, log=f"{bench.engine}-{run}.log")
@@ -1512,6 +1535,8 @@ def setup(opts: argparse.Namespace, meta: dict[str, Any]) -> Bench:
         dummy_weights=opts.weights == "dummy",
         max_tokens=opts.max_tokens,
         sampling=opts.sampling,
+        engine_env=dict(e.split("=", 1) for e in opts.engine_env),
+        engine_args=list(opts.engine_arg),
     )
 
 

@@ -751,3 +751,15 @@ def test_the_summary_shows_what_the_cold_loads_start_report_says_of_foundrys_own
     shown = json.loads(line.split(":", 1)[1])
     assert shown == {k: v for k, v in report.items() if k != "graphs"}
     assert not [x for x in cs.summary_lines({"engine": "sglang"}) if "LOAD report" in x]
+
+
+def test_engine_settings_for_every_run_are_parsed_and_checked():
+    args = ["--engine", "vllm", "--out", "o.json", "--logs", "l"]
+    opts = cs.parse_args(
+        [*args, "--engine-env", "VLLM_USE_V2_MODEL_RUNNER=1", "--engine-arg=--no-enable-prefix-caching"]
+    )
+    assert opts.engine_env == ["VLLM_USE_V2_MODEL_RUNNER=1"] and opts.engine_arg == [
+        "--no-enable-prefix-caching"
+    ]
+    with pytest.raises(SystemExit):
+        cs.parse_args([*args, "--engine-env", "VLLM_USE_V2_MODEL_RUNNER"])

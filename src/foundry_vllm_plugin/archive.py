@@ -17,6 +17,7 @@ Nothing here touches the GPU; the worker supplies the device description.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +85,23 @@ def engine_fingerprint(vllm_config: Any, device: dict | None = None) -> dict:
         "data_parallel_rank": getattr(pc, "data_parallel_rank", 0),
         "v2_model_runner": bool(getattr(vllm_config, "use_v2_model_runner", False)),
     }
+    if getattr(mc, "is_hybrid", False):
+        # What shapes a hybrid model's state caches and its gated-delta-net decode kernels but is not
+        # in compute_hash (prefix caching, the two layout switches read from the environment).
+        fp["hybrid"] = {
+            "architecture": getattr(mc, "architecture", None),
+            "enable_prefix_caching": getattr(cc, "enable_prefix_caching", None),
+            **{
+                key: getattr(cc, key, None)
+                for key in (
+                    "mamba_cache_mode",
+                    "mamba_block_size",
+                    "mamba_cache_dtype",
+                    "mamba_ssm_cache_dtype",
+                )
+            },
+            **{key: os.environ.get(key) for key in HYBRID_ENV},
+        }
     if device:
         fp["device"] = dict(device)
     return json.loads(json.dumps(fp, default=str))
@@ -115,6 +133,42 @@ def write_manifest(path: Path, fingerprint: dict, sizing: dict, graphs: list[dic
     }
     write_json_atomic(path, data)
     return data
+
+
+#: Environment switches of vLLM's gated-delta-net layers that decide, at capture, which decode path
+#: and which conv-state layout the graph holds.
+HYBRID_ENV = ("VLLM_ENABLE_FLA_PACKED_RECURRENT_DECODE", "VLLM_SSM_CONV_STATE_LAYOUT")
+
+
+def kv_layout(cache_config: Any, kv_cache_config: Any) -> dict:
+    """How the KV cache is laid out once vLLM has sized it: the block size after vLLM aligned it to
+    the state pages of a hybrid model (that happens after the engine is configured), the padded
+    state page, and every cache group (spec type, block and page size, layers) and cache tensor
+    (its plain fields). LOAD must build the same, or the graphs' views into it lie elsewhere."""
+
+    def plain(obj: Any) -> dict:
+        fields = getattr(obj, "__dataclass_fields__", None) or vars(obj)
+        values = {name: getattr(obj, name, None) for name in fields}
+        return {k: v for k, v in values.items() if isinstance(v, (int, str, list, tuple)) or v is None}
+
+    groups = []
+    for group in getattr(kv_cache_config, "kv_cache_groups", None) or []:
+        spec = getattr(group, "kv_cache_spec", None)
+        groups.append(
+            {
+                "spec": type(spec).__name__,
+                "block_size": getattr(spec, "block_size", None),
+                "page_size_bytes": getattr(spec, "page_size_bytes", None),
+                "layers": list(getattr(group, "layer_names", None) or []),
+            }
+        )
+    layout = {
+        "block_size": getattr(cache_config, "block_size", None),
+        "mamba_page_size_padded": getattr(cache_config, "mamba_page_size_padded", None),
+        "groups": groups,
+        "tensors": [plain(t) for t in getattr(kv_cache_config, "kv_cache_tensors", None) or []],
+    }
+    return json.loads(json.dumps(layout, default=str))
 
 
 def fingerprint_mismatch(saved: dict, current: dict) -> str | None:

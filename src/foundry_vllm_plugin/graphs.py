@@ -23,6 +23,7 @@ from typing import Any
 from foundry_core.engine.capture import keep_captured_graphs, kept_graph_class  # noqa: F401 (the worker's names)
 from foundry_vllm_plugin.support import (
     FOUNDRY_CUDAGRAPH_MODE,
+    HYBRID_STATE_BACKENDS,
     VALIDATED_ATTENTION_BACKENDS,
     FoundryUnsupportedError,
 )
@@ -71,7 +72,13 @@ def _check_common(runner: Any) -> None:
     if getattr(runner, "speculator", None) is not None or getattr(runner, "drafter", None) is not None:
         raise FoundryUnsupportedError("speculative decoding", "draft graphs are not persisted")
     backends = attention_backend_names(runner)
-    unvalidated = sorted(backends - VALIDATED_ATTENTION_BACKENDS)
+    model_config = getattr(runner, "model_config", None) or getattr(
+        getattr(runner, "vllm_config", None), "model_config", None
+    )
+    accepted = VALIDATED_ATTENTION_BACKENDS | (
+        HYBRID_STATE_BACKENDS if getattr(model_config, "is_hybrid", False) else frozenset()
+    )
+    unvalidated = sorted(backends - accepted)
     if unvalidated:
         raise FoundryUnsupportedError(
             f"attention backend {unvalidated[0]}",

@@ -104,6 +104,7 @@ class FoundrySession:
         self.fingerprint: dict | None = None
         self.kv_cache_memory_bytes: int | None = None
         self.num_gpu_blocks: int | None = None
+        self.kv_layout: dict | None = None  # archive.kv_layout, once vLLM sized the KV cache
         self.setup: dict | None = None  # region layout when the setup ended (segments, cursor)
         self.workspace_locked: bool | None = None  # vLLM's workspace lock right after its capture (SAVE)
         self.restored = None  # the core's Restored: owns the modules and memory the graphs use
@@ -262,6 +263,7 @@ class FoundrySession:
         sizing = {
             "kv_cache_memory_bytes": int(self.kv_cache_memory_bytes or 0),
             "num_gpu_blocks": int(self.num_gpu_blocks or 0),
+            "kv_layout": self.kv_layout,
             "runner": adapter.kind,
             "setup": self.setup,
             "workspace_locked": self.workspace_locked,

@@ -24,6 +24,12 @@ FOUNDRY_WORKER = "foundry_vllm_plugin.worker.FoundryWorker"
 # metadata builder is created (inside the Foundry region, before capture).  Others may create state
 # during capture, which LOAD does not run; they stay refused until a GPU run validates them.
 VALIDATED_ATTENTION_BACKENDS = frozenset({"FLASH_ATTN"})
+# Hybrid architectures whose recurrent-state caches Foundry lays out again: gated-delta-net layers,
+# whose conv and SSM states are views into the KV cache tensors vLLM allocates (so the imposed KV
+# size and the checked KV layout place them), with their decode metadata in buffers allocated when
+# the metadata builder is created. Wired, not yet run on a GPU (docs/support.md).
+HYBRID_ARCHITECTURES = frozenset({"Qwen3NextForCausalLM"})
+HYBRID_STATE_BACKENDS = frozenset({"GDN_ATTN"})
 
 
 class FoundryUnsupportedError(_Refusal):
@@ -132,8 +138,36 @@ def _check_model(vllm_config: Any) -> None:
     if _get(vllm_config, "compilation_config", "cudagraph_mm_encoder", default=False):
         raise FoundryUnsupportedError("encoder CUDA graphs (cudagraph_mm_encoder)", "they are not persisted")
     if _get(mc, "is_hybrid", default=False):
+        _check_hybrid(vllm_config)
+
+
+def _check_hybrid(vllm_config: Any) -> None:
+    mc = vllm_config.model_config
+    arch = _get(mc, "architecture") or next(
+        iter(_get(mc, "hf_config", "architectures", default=None) or []), None
+    )
+    if arch not in HYBRID_ARCHITECTURES:
         raise FoundryUnsupportedError(
-            "hybrid (Mamba/linear-attention) models", "state-cache graphs are not validated with Foundry yet"
+            f"hybrid (Mamba/linear-attention) architecture {arch}",
+            "only the gated-delta-net hybrids ("
+            + ", ".join(sorted(HYBRID_ARCHITECTURES))
+            + ") have their state caches laid out again by Foundry",
+        )
+    mode = str(_get(vllm_config, "cache_config", "mamba_cache_mode", default="none") or "none")
+    if mode != "none" or _get(vllm_config, "cache_config", "enable_prefix_caching", default=False):
+        raise FoundryUnsupportedError(
+            f"prefix caching with a hybrid model (mamba_cache_mode={mode})",
+            "its state copies and block-table slicing are not validated with Foundry (--no-enable-prefix-caching)",
+        )
+    try:
+        v2 = bool(_get(vllm_config, "use_v2_model_runner", default=False))
+    except Exception:  # a property that raises for a configuration it rejects: not V2
+        v2 = False
+    if not v2:
+        raise FoundryUnsupportedError(
+            "a hybrid model on vLLM's V1 model runner",
+            "its SAVE-only CUDA-graph memory profiling rebuilds the input batch outside the Foundry "
+            "region (VLLM_USE_V2_MODEL_RUNNER=1 selects the V2 runner)",
         )
 
 

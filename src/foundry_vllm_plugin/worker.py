@@ -49,7 +49,7 @@ from vllm.v1.worker.gpu_worker import Worker as _VllmGpuWorker
 
 from foundry_core.engine import prewarm
 from foundry_core.engine.profiling import profiled
-from foundry_vllm_plugin import graphs
+from foundry_vllm_plugin import archive, graphs
 from foundry_vllm_plugin.session import (
     FoundrySession,
     route_runner_build,
@@ -147,15 +147,23 @@ class FoundryWorker(_VllmGpuWorker):
     def initialize_from_config(self, kv_cache_config: Any) -> None:
         s = self._foundry
         with self._phase("initialize_from_config"):
+            layout = archive.kv_layout(self.cache_config, kv_cache_config)
             if s.mode == "load":
                 saved = int(s.manifest["sizing"].get("num_gpu_blocks", 0))
                 if saved != int(kv_cache_config.num_blocks):
                     raise graphs.FoundryRestoreError(
                         f"KV cache has {kv_cache_config.num_blocks} blocks, the archive was saved with {saved}"
                     )
+                saved_layout = s.manifest["sizing"].get("kv_layout")  # absent in older archives
+                if saved_layout is not None and saved_layout != layout:
+                    why = archive.fingerprint_mismatch(saved_layout, layout)
+                    raise graphs.FoundryRestoreError(
+                        f"KV cache layout differs from the archive's ({why[:300]})"
+                    )
             with s.routing("vllm.kv_cache"):
                 super().initialize_from_config(kv_cache_config)
             s.num_gpu_blocks = int(kv_cache_config.num_blocks)
+            s.kv_layout = layout
             adapter = graphs.adapter_for(self.model_runner)
             adapter.check()  # before any capture or restore
             s.report["runner"] = adapter.kind

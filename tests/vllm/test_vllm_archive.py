@@ -57,6 +57,29 @@ def test_fingerprint_changes_with_the_engine_configuration(base_vllm_config, cha
     assert key in archive.fingerprint_mismatch(a, b) or "config_hash" in archive.fingerprint_mismatch(a, b)
 
 
+def test_a_hybrid_fingerprint_holds_its_state_cache_settings(base_vllm_config, monkeypatch):
+    """A hybrid model's fingerprint adds what shapes its state caches and decode kernels and is not in
+    vLLM's config hash: the state dtypes and cache mode, prefix caching, the GDN layout switches."""
+    import dataclasses
+
+    assert "hybrid" not in archive.engine_fingerprint(base_vllm_config, DEVICE)  # dense: unchanged
+    config = copy.deepcopy(base_vllm_config)
+    config.model_config._model_info = dataclasses.replace(config.model_config._model_info, is_hybrid=True)
+    config.model_config.hf_config.layer_types = ["full_attention", "linear_attention"]
+    config.model_config._architecture = "Qwen3NextForCausalLM"
+    for cached in ("architecture", "is_hybrid"):  # cached properties in some releases
+        config.model_config.__dict__.pop(cached, None)
+    monkeypatch.delenv("VLLM_SSM_CONV_STATE_LAYOUT", raising=False)
+    a = archive.engine_fingerprint(config, DEVICE)
+    assert a["hybrid"]["architecture"] == "Qwen3NextForCausalLM"
+    assert {"mamba_cache_mode", "mamba_ssm_cache_dtype", "enable_prefix_caching"} <= set(a["hybrid"])
+    monkeypatch.setenv("VLLM_SSM_CONV_STATE_LAYOUT", "DS")
+    b = archive.engine_fingerprint(config, DEVICE)
+    assert archive.fingerprint_mismatch(a, b) == "hybrid: archive has " + repr(
+        a["hybrid"]
+    ) + ", engine has " + repr(b["hybrid"])
+
+
 def test_fingerprint_changes_with_the_device(base_vllm_config):
     a = archive.engine_fingerprint(base_vllm_config, DEVICE)
     b = archive.engine_fingerprint(base_vllm_config, {**DEVICE, "name": "NVIDIA H100"})

@@ -110,6 +110,21 @@ def _hybrid(c):
     c.model_config.hf_config.layer_types = ["full_attention", "linear_attention"]
 
 
+def _qwen3_next(c):
+    """A gated-delta-net hybrid as Foundry takes it: Qwen3-Next's architecture, prefix caching off."""
+    _hybrid(c)
+    c.model_config._architecture = "Qwen3NextForCausalLM"
+    c.model_config.__dict__.pop("architecture", None)  # a cached property in some releases
+    c.cache_config.enable_prefix_caching = False
+    c.cache_config.mamba_cache_mode = "none"
+
+
+def _qwen3_next_prefix_caching(c):
+    _qwen3_next(c)
+    c.cache_config.enable_prefix_caching = True
+    c.cache_config.mamba_cache_mode = "align"
+
+
 def _sleep(c):
     c.model_config.enable_sleep_mode = True
 
@@ -204,7 +219,16 @@ CASES = [
     ("encoder_cudagraphs", _mm_encoder_graphs, "configuration: encoder CUDA graphs (cudagraph_mm_encoder)"),
     ("encoder_decoder", _encoder_decoder, "configuration: encoder-decoder models"),
     ("pooling", _pooling, "configuration: runner_type=pooling"),
-    ("hybrid_mamba", _hybrid, "configuration: hybrid (Mamba/linear-attention) models"),
+    (
+        "hybrid_other_architecture",
+        _hybrid,
+        "configuration: hybrid (Mamba/linear-attention) architecture Qwen3ForCausalLM: only the gated",
+    ),
+    (
+        "hybrid_prefix_caching",
+        _qwen3_next_prefix_caching,
+        "configuration: prefix caching with a hybrid model (mamba_cache_mode=align)",
+    ),
     ("sleep_mode", _sleep, "configuration: sleep mode: the cuMem allocator"),
     (
         "cumem_allocator",
@@ -244,6 +268,18 @@ def test_unsupported_mode_is_refused_with_its_reason(base_vllm_config, apply, me
     text = str(err.value)
     assert message in text
     assert "\n" not in text and text.startswith("Foundry cannot run this vLLM configuration: ")
+
+
+def test_a_gated_delta_net_hybrid_is_taken_on_the_v2_runner_only(base_vllm_config, monkeypatch):
+    """Qwen3-Next with prefix caching off starts on the V2 model runner; on V1, whose SAVE-only
+    graph-memory profiling rebuilds the input batch outside the region, it is refused."""
+    config = copy.deepcopy(base_vllm_config)
+    _qwen3_next(config)
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    check_supported(config)  # no exception
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
+    with pytest.raises(FoundryUnsupportedError, match="a hybrid model on vLLM's V1 model runner"):
+        check_supported(config)
 
 
 def test_every_case_names_a_distinct_reason():

@@ -65,6 +65,7 @@ def test_save_writes_the_manifest_only_after_the_core_archive(base_vllm_config, 
     assert kw["slots"] == {
         "kv_cache_memory_bytes": 1 << 30,
         "num_gpu_blocks": 4096,
+        "kv_layout": None,
         "runner": "v2",
         "setup": None,
         "workspace_locked": None,

@@ -380,3 +380,101 @@ def test_compile_or_warm_up_model_saves_unrouted_and_loads_without_capturing(tmp
         """,
         tmp_path,
     )
+
+
+def _kv_config(block_size, tensor_size):
+    import types
+
+    spec = types.SimpleNamespace(block_size=block_size, page_size_bytes=block_size * 2048)
+    group = types.SimpleNamespace(kv_cache_spec=spec, layer_names=["model.layers.0.self_attn.attn"])
+    tensor = types.SimpleNamespace(size=tensor_size, shared_by=["model.layers.0.self_attn.attn"])
+    return types.SimpleNamespace(num_blocks=64, kv_cache_groups=[group], kv_cache_tensors=[tensor])
+
+
+def test_kv_layout_records_the_aligned_block_size_groups_and_tensors():
+    import types
+
+    from foundry_vllm_plugin import archive
+
+    cache = types.SimpleNamespace(block_size=544, mamba_page_size_padded=1114112)
+    layout = archive.kv_layout(cache, _kv_config(544, 1 << 20))
+    assert layout == {
+        "block_size": 544,
+        "mamba_page_size_padded": 1114112,
+        "groups": [
+            {
+                "spec": "SimpleNamespace",
+                "block_size": 544,
+                "page_size_bytes": 544 * 2048,
+                "layers": ["model.layers.0.self_attn.attn"],
+            }
+        ],
+        "tensors": [{"size": 1 << 20, "shared_by": ["model.layers.0.self_attn.attn"]}],
+    }
+
+
+def test_load_refuses_a_kv_cache_laid_out_otherwise_than_at_save(tmp_path):
+    """A LOAD whose KV cache vLLM sized to the same number of blocks but laid out otherwise (another
+    aligned block size, other groups or tensors) is refused before the cache is allocated."""
+    _in_fresh_process(
+        """
+        import contextlib
+        import types
+
+        from foundry_vllm_plugin import archive, graphs
+        from foundry_vllm_plugin.worker import FoundryWorker
+
+        def kv_config(block_size):
+            spec = types.SimpleNamespace(block_size=block_size, page_size_bytes=block_size * 2048)
+            group = types.SimpleNamespace(kv_cache_spec=spec, layer_names=["layers.0.attn"])
+            tensor = types.SimpleNamespace(size=1 << 20, shared_by=["layers.0.attn"])
+            return types.SimpleNamespace(num_blocks=64, kv_cache_groups=[group], kv_cache_tensors=[tensor])
+
+        saved = archive.kv_layout(types.SimpleNamespace(block_size=544), kv_config(544))
+        allocated = []
+
+        class Session:
+            mode, report = "load", {"phases_s": {}}
+            manifest = {"sizing": {"num_gpu_blocks": 64, "kv_layout": saved}}
+
+            def write_report(self):
+                pass
+
+            @contextlib.contextmanager
+            def routing(self, label):
+                allocated.append(label)
+                yield
+
+        w = FoundryWorker.__new__(FoundryWorker)
+        w._foundry = Session()
+        w.cache_config = types.SimpleNamespace(block_size=16, mamba_page_size_padded=None)
+        try:
+            w.initialize_from_config(kv_config(16))
+        except graphs.FoundryRestoreError as e:
+            assert "KV cache layout differs from the archive's (block_size: archive has 544, engine has 16" in str(e), e
+        else:
+            raise AssertionError("not refused")
+        assert allocated == []  # refused before vLLM allocated anything
+        assert "KV cache layout differs" in w._foundry.report["error"]
+        print("OK")
+        """,
+        tmp_path,
+    )
+
+
+def test_a_hybrid_runner_may_use_the_gated_delta_net_backend_and_no_other_model_may():
+    import types
+
+    def runner(hybrid, names):
+        backends = [
+            types.SimpleNamespace(backend=types.SimpleNamespace(get_name=lambda n=n: n)) for n in names
+        ]
+        return types.SimpleNamespace(
+            model_config=types.SimpleNamespace(is_hybrid=hybrid), attn_groups=[backends]
+        )
+
+    graphs._check_common(runner(True, ["FLASH_ATTN", "GDN_ATTN"]))  # no exception
+    with pytest.raises(FoundryUnsupportedError, match="attention backend GDN_ATTN"):
+        graphs._check_common(runner(False, ["FLASH_ATTN", "GDN_ATTN"]))
+    with pytest.raises(FoundryUnsupportedError, match="attention backend FLASHINFER"):
+        graphs._check_common(runner(True, ["FLASHINFER", "GDN_ATTN"]))
