@@ -50,6 +50,28 @@ TARGETS = {
 }
 
 
+def cpu_list(text: str) -> set[int]:
+    """``2-9`` or ``2,4,6-8``: the cores a benchmark pins its runs to (``--cpus``)."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        first, _, last = part.strip().partition("-")
+        cpus.update(range(int(first), int(last or first) + 1))
+    if not cpus:
+        raise ValueError(f"no cores in {text!r}")
+    return cpus
+
+
+def pin(cpus: Iterable[int] | None) -> list[int] | None:
+    """Pin this process, and every process it starts from now on (an engine's schedulers and
+    workers inherit it), to ``cpus``; the cores it runs on after that, or None when not pinned.
+    The decode loops measured here run on the host between replays: unpinned, the scheduler moves
+    them between cores and their time per step varies between repetitions."""
+    if not cpus:
+        return None
+    os.sched_setaffinity(0, set(cpus))
+    return sorted(os.sched_getaffinity(0))
+
+
 # ---------------------------------------------------------------------------------------------------
 # Engine side
 

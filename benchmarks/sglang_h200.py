@@ -155,6 +155,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--mem-fraction-static", type=float, default=0.3)
     p.add_argument("--region-size", default="96GiB", help="Foundry region per rank ([region] size)")
     p.add_argument(
+        "--cpus",
+        type=steps.cpu_list,
+        default=None,
+        help="pin every run (and the processes SGLang starts from it) to these cores, e.g. 2-9",
+    )
+    p.add_argument(
         "--check-structure",
         action="store_true",
         help="LOAD reads its graphs back and compares them with the archive ([load] check_structure)",
@@ -337,6 +343,8 @@ def child_main(opts: argparse.Namespace) -> int:
         _write_json(opts.result, res)
         print(f"[sglang_h200] {kind}: {name}", flush=True)
 
+    if opts.cpus:  # --cpus: this run and every process SGLang starts from it, same cores each run
+        res["cpus"] = steps.pin(opts.cpus)
     try:
         stage("import")
         t0 = time.perf_counter()
@@ -451,6 +459,8 @@ def child_argv(
     argv += ["--mem-fraction-static", str(opts.mem_fraction_static), "--new-tokens", str(opts.new_tokens)]
     argv += ["--decode-prompts", str(opts.decode_prompts), "--decode-tokens", str(opts.decode_tokens)]
     argv += ["--reps", str(opts.reps), "--log-level", opts.log_level]
+    if opts.cpus:
+        argv += ["--cpus", ",".join(map(str, sorted(opts.cpus)))]
     if deadline is not None:
         argv += ["--deadline", f"{deadline:.1f}"]
     return argv

@@ -417,11 +417,8 @@ def child_main(spec_path: str) -> int:
     spec = json.loads(Path(spec_path).read_text())
     out = Path(spec["result"])
     result: dict = {"name": spec["name"], "pid": os.getpid(), "t0_epoch": t0_epoch, "stage": "start"}
-    if spec.get("cpus"):
-        # --cpus: this run and every process vLLM starts from it (API side, engine core) on the
-        # same cores in every run, so that the host-bound decode loop is not moved between cores
-        os.sched_setaffinity(0, spec["cpus"])
-        result["cpus"] = sorted(os.sched_getaffinity(0))
+    if spec.get("cpus"):  # --cpus: this run and every process vLLM starts from it, same cores each run
+        result["cpus"] = steps.pin(spec["cpus"])
     print(f"[bench] {spec['name']}: child start, epoch {t0_epoch:.3f}", flush=True)
     rc = 0
 
@@ -790,17 +787,6 @@ def run_benchmark(args, launch=launch_child) -> dict:
     return flush()
 
 
-def cpu_list(text: str) -> set[int]:
-    """``2-9`` or ``2,4,6-8``: the cores a set of processes is pinned to."""
-    cpus: set[int] = set()
-    for part in text.split(","):
-        first, _, last = part.strip().partition("-")
-        cpus.update(range(int(first), int(last or first) + 1))
-    if not cpus:
-        raise argparse.ArgumentTypeError(f"no cores in {text!r}")
-    return cpus
-
-
 def parse_args(argv: list[str]):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, help="result JSON (written after every child)")
@@ -850,7 +836,7 @@ def parse_args(argv: list[str]):
     p.add_argument("--region-size", default="64GiB", help="Foundry region size (virtual)")
     p.add_argument(
         "--cpus",
-        type=cpu_list,
+        type=steps.cpu_list,
         default=None,
         help="pin every run to these cores (e.g. 2-9): vLLM's decode is host-bound here, and its "
         "throughput varied by 20-35 %% between repetitions unpinned",

@@ -335,10 +335,3 @@ def test_the_engine_benchmarks_write_a_config_the_plugins_read(script, tmp_path)
         path.write_text(module.foundry_toml(tmp_path / "archive", "64GiB", check))
         cfg = load_config(path)
         assert cfg.check_structure is check and cfg.region_size == 64 << 30
-
-
-def test_the_vllm_benchmark_reads_a_core_list():
-    cpu_list = _benchmark("vllm_h200").cpu_list
-    assert cpu_list("2-5") == {2, 3, 4, 5} and cpu_list("0,4,6-7") == {0, 4, 6, 7}
-    with pytest.raises(ValueError):
-        cpu_list("two")

@@ -510,3 +510,26 @@ def test_timer_on_a_gpu(tmp_path):
         timeout=300,
     )
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_the_benchmarks_pin_their_runs_to_the_cores_they_are_given(steps):
+    """--cpus of benchmarks/sglang_h200.py and vllm_h200.py: a core list, and a pin that children
+    inherit (checked in a child of this process, which keeps its own affinity)."""
+    import os
+
+    assert steps.cpu_list("2-5") == {2, 3, 4, 5} and steps.cpu_list("0,4,6-7") == {0, 4, 6, 7}
+    with pytest.raises(ValueError):
+        steps.cpu_list("two")
+    assert steps.pin(None) is None
+    core = min(os.sched_getaffinity(0))
+    code = (
+        "import importlib.util, os, subprocess, sys\n"
+        f"spec = importlib.util.spec_from_file_location('s', {str(SCRIPT)!r})\n"
+        "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
+        f"assert m.pin([{core}]) == [{core}]\n"
+        "child = subprocess.run([sys.executable, '-c', 'import os; print(sorted(os.sched_getaffinity(0)))'],"
+        " capture_output=True, text=True, check=True)\n"
+        "print(child.stdout.strip())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == f"[{core}]"
