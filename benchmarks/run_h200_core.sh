@@ -5,7 +5,8 @@
 #   1 GPU: the bench, then the GPU tests, one after the other (the soak only with SOAK=1, after them).
 #   On one H200 the bench (about 6 min) and the GPU tests (about 3 min) do not both fit one 600 s
 #   call: CORE_PARTS=bench, then CORE_PARTS=tests, in two calls (default: both). CORE_PARTS=probe:
-#   the launch cost of restored graphs built ahead and after the mapping (two short benches).
+#   the launch cost of restored graphs built ahead and after the mapping (four short benches);
+#   CORE_PARTS=demo: foundry demo, the README's main command (about a minute).
 # Usage on the device, from the repository root: FOUNDRY_COMMIT=<hash> bash benchmarks/run_h200_core.sh
 # Everything it produces goes to $OUT (results JSON, PNG, logs).
 set -u
@@ -58,6 +59,13 @@ probe() {  # gpu
   done
 }
 
+demo() {  # gpu
+  # The README's main command, as a user runs it: SAVE, LOAD in a fresh process, verify, times.
+  CUDA_VISIBLE_DEVICES=$1 timeout "$(left)" python -m foundry_core.cli demo --workdir /tmp/demo \
+    --out "$out/demo-h200.json" >"$out/demo.log" 2>&1
+  echo "demo rc=$?" >>"$out/demo.log"
+}
+
 gpu_tests() {  # gpu
   if [ "$(left)" -gt 60 ]; then
     CUDA_VISIBLE_DEVICES=$1 FOUNDRY_BUILDER=native timeout "$(left)" python -m pytest -q -m gpu tests/gpu \
@@ -76,7 +84,8 @@ else
   parts=${CORE_PARTS:-bench tests}
   case " $parts " in *" probe "*) probe 0 ;; esac
   case " $parts " in *" bench "*) bench 0 ;; esac
+  case " $parts " in *" demo "*) demo 0 ;; esac
   case " $parts " in *" tests "*) gpu_tests 0 ;; esac
   [ "${SOAK:-0}" = 1 ] && soak 0
 fi
-for f in launch-ahead.log launch-ahead-upload.log launch-ahead-reinstantiate.log launch-after.log bench.log soak.log pytest-gpu.log; do [ -f "$out/$f" ] && tail -n 25 "$out/$f"; done
+for f in launch-ahead.log launch-ahead-upload.log launch-ahead-reinstantiate.log launch-after.log bench.log demo.log soak.log pytest-gpu.log; do [ -f "$out/$f" ] && tail -n 25 "$out/$f"; done
