@@ -1535,8 +1535,9 @@ def setup(opts: argparse.Namespace, meta: dict[str, Any]) -> Bench:
         dummy_weights=opts.weights == "dummy",
         max_tokens=opts.max_tokens,
         sampling=opts.sampling,
-        engine_env=dict(e.split("=", 1) for e in opts.engine_env),
-        engine_args=list(opts.engine_arg),
+        # absent from the namespaces other benchmarks build for setup() (engine_faults.py)
+        engine_env=dict(e.split("=", 1) for e in getattr(opts, "engine_env", [])),
+        engine_args=list(getattr(opts, "engine_arg", [])),
     )
 
 
