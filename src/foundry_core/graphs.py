@@ -22,6 +22,7 @@ import bisect
 import ctypes
 import itertools
 import struct
+import threading
 import warnings
 from collections.abc import Callable
 
@@ -204,12 +205,24 @@ class _Auditor:
         self.not_memory.add(value)
 
     def check_block(self, data: bytes, where: Callable[[int], str]) -> None:
-        # Every aligned 8-byte word, unpacked at once: a save walks millions of them.
+        # Every aligned 8-byte word, unpacked at once: a save walks millions of them. The region's
+        # own pointers, most of what is left once small words and known non-pointers are passed
+        # over, are looked up here without a call per word (what check_word does for them).
         words = struct.unpack_from(f"<{len(data) // 8}Q", data)
-        not_memory = self.not_memory
+        not_memory, pointers = self.not_memory, self.pointers
+        low, high = self.segments.base, self.segments.base + self.segments.size
+        starts, ends = self.segments._starts, self.segments._ends
         for i, value in enumerate(words):
-            if value >= _POINTER_FLOOR and value not in not_memory:
-                self.check_word(value, lambda off=8 * i: where(off))
+            if value < _POINTER_FLOOR or value in not_memory:
+                continue
+            if low <= value < high:
+                j = bisect.bisect_right(starts, value) - 1
+                if j >= 0 and value < ends[j]:
+                    pointers.add(value)
+                else:
+                    self.dead_words += 1
+                continue
+            self.check_word(value, lambda off=8 * i: where(off))
 
 
 def _read_attrs(node) -> dict:
@@ -262,12 +275,20 @@ _ATTR_IDS = (ctypes.c_int32 * len(_ATTR_KEYS))(*[NODE_ATTRIBUTES[k][0] for k in 
 _UNSIGNED_ATTRS = ("preferred_carveout",)  # a C unsigned int; the other scalar ones are int or enums
 
 
+_attr_buffers = threading.local()  # one (words, error) pair per thread, reused node after node
+
+
 def _read_attrs_native(node) -> dict | None:
     so = _native.graph_lib()
     if so is None:
         return None
-    words = (ctypes.c_uint32 * (3 * len(_ATTR_KEYS)))()
-    err = ctypes.create_string_buffer(256)
+    buffers = getattr(_attr_buffers, "pair", None)
+    if buffers is None:
+        buffers = _attr_buffers.pair = (
+            (ctypes.c_uint32 * (3 * len(_ATTR_KEYS)))(),
+            ctypes.create_string_buffer(256),
+        )
+    words, err = buffers
     mask = so.foundry_graph_node_attrs(int(node), _ATTR_IDS, len(_ATTR_KEYS), words, err, len(err))
     if mask < 0:
         return None
