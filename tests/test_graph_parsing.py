@@ -322,8 +322,10 @@ def test_restored_check_reads_every_graph_back(monkeypatch):
     wrong = _as_built(saved)
     wrong["nodes"][0]["block"] = [64, 1, 1]
     held = {"g-ok": _as_built(saved), "g-wrong": wrong}
-    monkeypatch.setattr(api, "structure", lambda graph: held[graph])
-    monkeypatch.setattr(api, "described", lambda archive, entry: saved)
+    import foundry_core.restore as restore
+
+    monkeypatch.setattr(restore, "structure", lambda graph: held[graph])
+    monkeypatch.setattr(restore, "described", lambda archive, entry: saved)
     archive = types.SimpleNamespace(meta={"graphs": [{"name": "g-ok"}, {"name": "g-wrong"}]})
     graphs_ = {name: api.RestoredGraph(name, types.SimpleNamespace(graph=name), 0, None, 3) for name in held}
     restored = api.Restored(archive, None, graphs_, {}, {}, [], None, {})

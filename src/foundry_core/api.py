@@ -37,11 +37,11 @@ from .driver import call, cu
 from .errors import FoundryError
 from .fingerprint import current_fingerprint
 from .graph_codec import ENCODING, encode, kernel_ids
-from .graphs import GraphError, Rebuilt, Segments, compare, count_nodes, kernel_names, serialize, structure
+from .graphs import GraphError, Rebuilt, Segments, count_nodes, kernel_names, serialize
 from .modules import ModuleError, Recorded, recording
 from .progress import Progress
 from .region import Region, RegionError, Segment, restore_snapshot, snapshot
-from .restore import Prepared, described, drop, finish_rebuild, rebuild_archive, take_whole
+from .restore import Prepared, differences, drop, finish_rebuild, rebuild_archive, take_whole
 from .trust import check_location, warn_if_world_writable
 
 ARCHIVE_KIND = "foundry-graphs"
@@ -449,13 +449,7 @@ class Restored:
         bytes and memory addresses. Returns ``{graph name: first difference}``, empty when each
         graph is what SAVE saved. Takes about as long as SAVE's walk of the same graphs."""
         self.wait_rebuilt()
-        differences = {}
-        for entry in self.archive.meta["graphs"]:
-            built = structure(self.graphs[entry["name"]]._take().graph)
-            why = compare(described(self.archive, entry), built)
-            if why is not None:
-                differences[entry["name"]] = why
-        return differences
+        return differences(self.archive, lambda name: self.graphs[name]._take().graph)
 
     def unload(self) -> None:
         """Destroy the graphs, unload their modules and unmap the memory they owned."""

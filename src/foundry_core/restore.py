@@ -31,7 +31,7 @@ from .archive import Archive, ArchiveError
 from .driver import CudaError, call, cu
 from .graph_build import Moved, NativeBuilder, builder_choice, rebuild, retarget
 from .graph_codec import ENCODING, decode, encode, kernel_ids
-from .graphs import GraphError, Rebuilt
+from .graphs import GraphError, Rebuilt, compare, structure
 from .modules import LoadedModules
 from .progress import Progress
 from .standin import MAX_BYTES as STANDIN_MAX_BYTES
@@ -182,6 +182,20 @@ def described(archive: Archive, entry: dict) -> dict:
     if encoding is None:
         return archive.read_json(entry["file"])
     raise ArchiveError(f"graph {entry['name']!r} is stored in encoding {encoding!r}, unknown here")
+
+
+def differences(
+    archive: Archive, graph_of: Callable[[str], object], *, addresses: bool = True
+) -> dict[str, str]:
+    """``{graph name: first difference}`` between the archive's description of each of its graphs
+    and the CUgraph ``graph_of(name)`` as the driver holds it (:func:`~.graphs.compare`; empty when
+    all agree). ``addresses``: as in ``compare``, off for graphs captured at other addresses."""
+    out = {}
+    for entry in archive.meta["graphs"]:
+        why = compare(described(archive, entry), structure(graph_of(entry["name"])), addresses=addresses)
+        if why is not None:
+            out[entry["name"]] = why
+    return out
 
 
 def _rebuild_graphs(archive, rebuilding, stream, progress, timings, *, only=None, ahead=False) -> None:

@@ -370,7 +370,14 @@ def run_load(args) -> dict:
         # together, restored = captured, node for node and edge for edge.
         structure_differences = restored.check()
         if args.replays:
-            twin_differences = _twin_differences(restored, twins)
+            from foundry_core.driver import cu
+            from foundry_core.restore import differences
+
+            twin_differences = differences(
+                restored.archive,
+                lambda name: cu().CUgraph(init_value=twins[name].raw_cuda_graph()),
+                addresses=False,
+            )
     return {
         "phase": "load",
         "graphs": len(restored.graphs),
@@ -421,23 +428,6 @@ def _reinstantiate(restored) -> float:
         call(cu().cuGraphExecDestroy, rebuilt.exec)
         rebuilt.exec = fresh
     return time.perf_counter() - t0
-
-
-def _twin_differences(restored, twins) -> dict[str, str]:
-    """``graph name -> first difference`` between the archive's description of each graph and its
-    native twin as the driver holds it, addresses aside (graphs.compare)."""
-    from foundry_core.driver import cu
-    from foundry_core.graphs import compare, structure
-    from foundry_core.restore import described
-
-    out = {}
-    for entry in restored.archive.meta["graphs"]:
-        twin = twins[entry["name"]]
-        built = structure(cu().CUgraph(init_value=twin.raw_cuda_graph()))
-        why = compare(described(restored.archive, entry), built, addresses=False)
-        if why is not None:
-            out[entry["name"]] = why
-    return out
 
 
 def _worker_args(args, phase: str, archive: str, reference: str) -> list[str]:
