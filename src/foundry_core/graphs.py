@@ -205,24 +205,12 @@ class _Auditor:
         self.not_memory.add(value)
 
     def check_block(self, data: bytes, where: Callable[[int], str]) -> None:
-        # Every aligned 8-byte word, unpacked at once: a save walks millions of them. The region's
-        # own pointers, most of what is left once small words and known non-pointers are passed
-        # over, are looked up here without a call per word (what check_word does for them).
+        # Every aligned 8-byte word, unpacked at once: a save walks millions of them.
         words = struct.unpack_from(f"<{len(data) // 8}Q", data)
-        not_memory, pointers = self.not_memory, self.pointers
-        low, high = self.segments.base, self.segments.base + self.segments.size
-        starts, ends = self.segments._starts, self.segments._ends
+        not_memory = self.not_memory
         for i, value in enumerate(words):
-            if value < _POINTER_FLOOR or value in not_memory:
-                continue
-            if low <= value < high:
-                j = bisect.bisect_right(starts, value) - 1
-                if j >= 0 and value < ends[j]:
-                    pointers.add(value)
-                else:
-                    self.dead_words += 1
-                continue
-            self.check_word(value, lambda off=8 * i: where(off))
+            if value >= _POINTER_FLOOR and value not in not_memory:
+                self.check_word(value, lambda off=8 * i: where(off))
 
 
 def _read_attrs(node) -> dict:
