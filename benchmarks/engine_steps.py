@@ -50,6 +50,14 @@ TARGETS = {
 }
 
 
+def foundry_toml(archive_dir: str | os.PathLike, region_size: str, check_structure: bool = False) -> str:
+    """The engine benchmarks' Foundry configuration; ``check_structure``: LOAD reads its graphs back
+    and compares them with the archive ([load] check_structure; its time counts in LOAD's ready
+    time)."""
+    load = "\n[load]\ncheck_structure = true\n" if check_structure else ""
+    return f'mode = "auto"\narchive_dir = "{archive_dir}"\n\n[region]\nsize = "{region_size}"\n{load}'
+
+
 def cpu_list(text: str) -> set[int]:
     """``2-9`` or ``2,4,6-8``: the cores a benchmark pins its runs to (``--cpus``)."""
     cpus: set[int] = set()

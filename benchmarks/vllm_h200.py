@@ -172,11 +172,7 @@ def engine_kwargs(
     }
 
 
-def foundry_toml(archive_dir: Path, region_size: str, check_structure: bool = False) -> str:
-    """The runs' Foundry configuration; ``check_structure``: LOAD reads its graphs back and compares
-    them with the archive ([load] check_structure; its time counts in LOAD's ready time)."""
-    load = "\n[load]\ncheck_structure = true\n" if check_structure else ""
-    return f'mode = "auto"\narchive_dir = "{archive_dir}"\n\n[region]\nsize = "{region_size}"\n{load}'
+foundry_toml = steps.foundry_toml  # the runs' foundry.toml, one writer for both engines
 
 
 def write_plugin_dist_info(directory: Path) -> Path:
