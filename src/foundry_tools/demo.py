@@ -424,7 +424,7 @@ def _reinstantiate(restored) -> float:
     t0 = time.perf_counter()
     for graph in restored.graphs.values():
         rebuilt = graph._take()
-        fresh = call(cu().cuGraphInstantiateWithFlags, rebuilt.graph, INSTANTIATE_FLAGS)
+        fresh = call(cu().cuGraphInstantiate, rebuilt.graph, INSTANTIATE_FLAGS)
         call(cu().cuGraphExecDestroy, rebuilt.exec)
         rebuilt.exec = fresh
     return time.perf_counter() - t0
