@@ -45,7 +45,8 @@ probe() {  # gpu
   # profiled (FOUNDRY_PROFILE_DIR: profile/demo-save-rank0.txt, where the walk spends its time per
   # node; its SAVE times are inflated by it).
   local how flags profile
-  for how in ahead ahead-upload ahead-reinstantiate after; do
+  # PROBE_HOWS: which of the four (default all)
+  for how in ${PROBE_HOWS:-ahead ahead-upload ahead-reinstantiate after}; do
     case $how in
       ahead) flags= ;; ahead-upload) flags=--upload ;; ahead-reinstantiate) flags=--reinstantiate ;;
       after) flags=--no-prepare ;;
