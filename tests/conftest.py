@@ -78,8 +78,13 @@ def caches_machine(monkeypatch, tmp_path):
         for name in kind.envs:
             monkeypatch.delenv(name, raising=False)
     monkeypatch.delenv(caches.DIR_ENV, raising=False)
+    for name in caches.PGO_JOB_ENVS:
+        monkeypatch.delenv(name, raising=False)
     yield state
     undo_launch_redirect()
+    if os.environ.get(caches.PGO_JOB_ENVS[0]) == caches.PGO_JOB_ID:  # set by a redirect() in the test
+        del os.environ[caches.PGO_JOB_ENVS[0]]
+    caches.sync_pgo_job_id()
 
 
 @pytest.fixture

@@ -416,3 +416,79 @@ def test_a_later_launch_gets_the_users_environment_back(tmp_path, monkeypatch):
     assert "CUDA_CACHE_PATH" not in os.environ and caches.DIR_ENV not in os.environ
     undo_launch_redirect()  # nothing left to undo
     assert os.environ["TRITON_CACHE_DIR"] == "/home/user/.triton-mine"
+
+
+def test_inductor_caches_come_with_a_torch_compile_job_id(tmp_path, monkeypatch):
+    dirs = caches.CacheDirs.create(["inductor", "triton"], label="rank0")
+    assert dirs.environment()["TORCH_COMPILE_JOB_ID"] == caches.PGO_JOB_ID
+    assert "TORCH_COMPILE_JOB_ID" not in caches.CacheDirs.create(["triton"], label="r1").environment()
+    monkeypatch.setenv("TORCH_COMPILE_STICKY_PGO_KEY", "the-users-own")  # theirs is kept
+    assert "TORCH_COMPILE_JOB_ID" not in dirs.environment()
+    monkeypatch.delenv("TORCH_COMPILE_STICKY_PGO_KEY")
+    torch = pytest.importorskip("torch")
+    assert torch.compiler.config.job_id is None
+    dirs.redirect()  # torch was imported before: its config gets the id too (a forked worker keeps it)
+    assert os.environ["TORCH_COMPILE_JOB_ID"] == caches.PGO_JOB_ID
+    assert torch.compiler.config.job_id == caches.PGO_JOB_ID
+
+
+def test_the_launch_redirect_gives_the_job_id_back(tmp_path):
+    from foundry_core.engine import redirect_for_launch, undo_launch_redirect
+
+    torch = pytest.importorskip("torch")
+    redirect_for_launch(_cfg(tmp_path), ["inductor"])
+    assert torch.compiler.config.job_id == caches.PGO_JOB_ID
+    undo_launch_redirect()
+    assert "TORCH_COMPILE_JOB_ID" not in os.environ and torch.compiler.config.job_id is None
+
+
+# One process of a carried-caches round trip: torch.compile'd like SGLang's MoE sum-reduce (plain
+# @torch.compile: static for the first shape, dynamic after a second), the caches redirected as the
+# engine layer does before the engine imports torch. Prints the FX-graph cache hits and misses.
+_COMPILE_ONE = """
+import json, sys
+from pathlib import Path
+from foundry_core.engine import caches
+caches.CacheDirs(Path(sys.argv[1]), ("inductor",)).redirect()
+import torch
+from torch._dynamo.utils import counters
+
+@torch.compile
+def sum_reduce(x, out, scale):
+    torch.sum(x, dim=1, out=out)
+    out.mul_(scale)
+
+for n in map(int, sys.argv[2:]):
+    sum_reduce(torch.ones(n, 8, 16), torch.empty(n, 16), 0.5)
+print(json.dumps({k: counters["inductor"][k] for k in ("fxgraph_cache_hit", "fxgraph_cache_miss")}))
+"""
+
+
+def _compile_in_a_process(root, *sizes):
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in caches.PGO_JOB_ENVS}
+    done = subprocess.run(
+        [sys.executable, "-c", _COMPILE_ONE, str(root), *map(str, sizes)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_second_process_compiles_nothing_for_a_shape_the_first_never_saw(tmp_path):
+    """The state torch.compile keeps under the job id travels in the Inductor folder: a process that
+    starts from SAVE's folder compiles its first call, at a size SAVE never ran, with the dynamic
+    sizes SAVE ended with, and finds that graph in the cache instead of compiling a static one."""
+    pytest.importorskip("torch")
+    root = tmp_path / "caches"
+    (root / "inductor").mkdir(parents=True)
+    save = _compile_in_a_process(root, 4, 6)  # static for 4, then dynamic
+    assert save["fxgraph_cache_miss"] == 2
+    assert list((root / "inductor" / "dynamo").glob("code_state_*foundry*.pkl"))
+    load = _compile_in_a_process(root, 9)
+    assert load == {"fxgraph_cache_hit": 1, "fxgraph_cache_miss": 0}

@@ -92,6 +92,18 @@ KINDS: dict[str, CacheKind] = {
     )
 }
 
+#: torch.compile's profile-guided dynamic shapes (``torch._dynamo.pgo``) remember, per compiled
+#: function, which input sizes turned out to vary, in a file under the Inductor cache directory; torch
+#: keeps that state only under a job id, and reads the id from these variables when it is imported.
+#: Without it a LOAD compiles each such function first for the one shape it meets first (a graph the
+#: SAVE process never built, so no carried file has it), then again with dynamic sizes: SGLang's MoE
+#: sum-reduce at the warmup prefill, seen on the H200 on 2026-12-02. With the id, the state SAVE left
+#: beside the carried Inductor cache makes LOAD's first compile the dynamic one SAVE ended with. The
+#: id only names state inside the archive's private folder, so one fixed value serves every archive;
+#: a user's own id is kept (their LOAD then compiles as usual if it differs from their SAVE's).
+PGO_JOB_ENVS = ("TORCH_COMPILE_JOB_ID", "TORCH_COMPILE_STICKY_PGO_KEY")
+PGO_JOB_ID = "foundry"
+
 # Files a cache keeps for its own bookkeeping while a process runs, and logs (FlashInfer appends
 # to its flashinfer_jit.log at every import): never carried, never counted as compiled. Ninja's
 # .ninja_log is build state, not a log of this kind, and is carried.
@@ -130,6 +142,20 @@ def _hold(path: Path) -> int:
         os.close(fd)
         raise BlockingIOError(e.errno, f"held by another server ({path})") from None
     return fd
+
+
+def sync_pgo_job_id() -> None:
+    """Give an already imported torch the job id the environment now holds (or no longer holds):
+    torch read the variable at its import, and a worker forked from this process keeps that value."""
+    torch = sys.modules.get("torch")
+    config = getattr(getattr(torch, "compiler", None), "config", None)
+    if config is None or not hasattr(config, "job_id"):
+        return
+    wanted = os.environ.get(PGO_JOB_ENVS[0])
+    if wanted == PGO_JOB_ID and config.job_id is None:
+        config.job_id = PGO_JOB_ID
+    elif wanted is None and config.job_id == PGO_JOB_ID:
+        config.job_id = None
 
 
 @dataclasses.dataclass
@@ -199,12 +225,15 @@ class CacheDirs:
     def environment(self) -> dict[str, str]:
         env = {name: str(self.path(k)) for k in self.kinds for name in KINDS[k].envs}
         env[DIR_ENV] = str(self.root)
+        if "inductor" in self.kinds and not any(os.environ.get(n) for n in PGO_JOB_ENVS):
+            env[PGO_JOB_ENVS[0]] = PGO_JOB_ID
         return env
 
     def redirect(self) -> None:
         """Point this process (and the processes it starts) at the private directories. Assigned,
         not defaulted: some tools write their default into the environment on first use."""
         os.environ.update(self.environment())
+        sync_pgo_job_id()
 
     def files(self) -> dict[str, dict[str, list[int]]]:
         """kind -> {relative path: [size, mtime_ns]} of the regular files now in the directories."""

@@ -64,6 +64,7 @@ def redirect_for_launch(
     env = dirs.environment()
     _launch_env.update({name: os.environ.get(name) for name in env})
     os.environ.update(env)
+    caches.sync_pgo_job_id()
     _launch_dirs.append(dirs)
     if launcher_records and engine is not None and cfg.mode != "save":
         _launcher_records(cfg, dirs, engine, launcher_records, log or logger)
@@ -110,6 +111,7 @@ def undo_launch_redirect() -> None:
         else:
             os.environ[name] = value
     _launch_env.clear()
+    caches.sync_pgo_job_id()
     while _launch_dirs:  # that launch is over: a later one may use the same folder again
         _launch_dirs.pop().close()
 
