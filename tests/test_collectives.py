@@ -101,15 +101,17 @@ def _fresh_handles(monkeypatch):
 def walk(monkeypatch):
     """serialize() over fake kernel nodes, the parts that need a GPU stubbed."""
 
-    def run(names, kernels=None, functions=None, asked=None):
+    def run(names, kernels=None, memo=None, asked=None):
         monkeypatch.setattr(graphs, "cu", _Graph(names, asked).driver)
         monkeypatch.setattr(graphs, "_param_layout", lambda func: [])
-        monkeypatch.setattr(graphs, "_kernel_param_bytes", lambda p, layout, name, layout_words=None: b"")
+        monkeypatch.setattr(
+            graphs, "_kernel_param_bytes", lambda p, layout, name, words=None, total=None: b""
+        )
         monkeypatch.setattr(graphs, "_read_attrs", lambda node: {})
         monkeypatch.setattr(graphs, "function_attributes", lambda func: {"handle": func})
         recorded = types.SimpleNamespace(match=lambda func, name: "img")
         segments = graphs.Segments(0x600000000000, 1 << 30, [])
-        return graphs.serialize("graph", recorded, segments, {} if kernels is None else kernels, functions)
+        return graphs.serialize("graph", recorded, segments, {} if kernels is None else kernels, memo)
 
     return run
 
@@ -180,9 +182,9 @@ def test_inspect_shows_each_graphs_collectives_and_the_totals(tmp_path, capsys):
 def test_the_driver_is_asked_about_each_function_once_per_save(walk):
     """A save's graphs repeat the same functions at every layer and batch size: their name, layout,
     image and attributes are read once, and the descriptions are the same as without the cache."""
-    asked, kernels, functions = [], {}, {}
-    first, _ = walk([GEMM, SYMM, GEMM, GEMM], kernels, functions, asked)
-    second, _ = walk([SYMM, GEMM], kernels, functions, asked)
+    asked, kernels, memo = [], {}, graphs.WalkMemo()
+    first, _ = walk([GEMM, SYMM, GEMM, GEMM], kernels, memo, asked)
+    second, _ = walk([SYMM, GEMM], kernels, memo, asked)
     assert sorted(asked) == [100, 101]  # two functions, each asked once across both graphs
     assert [n["name"] for n in first["nodes"]] == [GEMM, SYMM, GEMM, GEMM]
     assert [n["name"] for n in second["nodes"]] == [SYMM, GEMM]

@@ -183,6 +183,32 @@ def test_encode_refuses_what_it_cannot_store():
         graph_codec.encode({"nodes": [{"type": "event_record", "event": 0}], "edges": []}, IDS)
     with pytest.raises(graph_codec.EncodingError, match="unknown node type"):
         graph_codec.encode({"nodes": [{"type": "host"}], "edges": []}, IDS)
+    for field, index, value, message in (
+        ("grid", 0, -1, "grid = -1 does not fit 32 bits"),
+        ("block", 2, 1 << 32, "block = 4294967296 does not fit 32 bits"),
+        ("grid", 1, 2.0, "grid = 2.0 does not fit 32 bits"),
+        ("smem", None, -4, "smem = -4 does not fit 32 bits"),
+    ):
+        bad = _kernel("k_add", "img-a", [(0, 8)], 1)
+        if index is None:
+            bad[field] = value
+        else:
+            bad[field][index] = value
+        with pytest.raises(graph_codec.EncodingError, match=f"graph 0 node 0 {message}"):
+            graph_codec.encode({"nodes": [bad], "edges": []}, IDS)
+
+
+def test_a_layout_shared_by_nodes_is_checked_and_stored_like_separate_ones():
+    """serialize gives the nodes of one function the same layout list; encode checks it once."""
+    desc = _desc()
+    shared = desc["nodes"][0]["layout"]
+    desc["nodes"][1]["layout"] = shared
+    assert graph_codec.encode(desc, IDS) == graph_codec.encode(_desc(), IDS)
+    bad = [_kernel("k_add", "img-a", [(0, 8)], 1), _kernel("k_add", "img-a", [(0, 8)], 2)]
+    bad[1]["layout"] = bad[0]["layout"]
+    bad[1]["params"] = base64.b64encode(b"1234").decode()  # the shared layout still sizes each node
+    with pytest.raises(graph_codec.EncodingError, match="node 1: 4 parameter bytes, the layout needs 8"):
+        graph_codec.encode({"nodes": bad, "edges": []}, IDS)
 
 
 def test_builder_choice(monkeypatch):

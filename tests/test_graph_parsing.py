@@ -92,12 +92,42 @@ def test_pointer_audit(monkeypatch):
     # sharing the set); device memory is asked, and refused, every time.
     pair = (16 << 32 | 8).to_bytes(8, "little")  # two int32 packed: looks like an address
     auditor.check_block(pair + (0x7E0000000000).to_bytes(8, "little") + pair, lambda off: f"word {off}")
-    second = graphs._Auditor(segs, not_memory=auditor.not_memory)
+    second = graphs._Auditor(segs, graphs.WalkMemo(not_memory=auditor.not_memory))
     second.check_block(pair, lambda off: f"word {off}")
     assert asked == [0x7F0000000000, 16 << 32 | 8, 0x7E0000000000]
     with pytest.raises(graphs.GraphError, match="outside the Foundry region"):
         second.check_block((0x7F0000000000).to_bytes(8, "little"), lambda off: f"word {off}")
     assert asked[-1] == 0x7F0000000000
+
+
+def test_pointer_audit_looks_at_each_word_once_per_save(monkeypatch):
+    base = 0x600000000000
+    segs = graphs.Segments(base, 1 << 30, [(base, 2 << 20)])
+    looked = []
+    live = segs.live
+    monkeypatch.setattr(segs, "live", lambda addr: looked.append(addr) or live(addr))
+    memo = graphs.WalkMemo()
+    first = graphs._Auditor(segs, memo)
+    ptr, hole = (base + 64).to_bytes(8, "little"), (base + (4 << 20)).to_bytes(8, "little")
+    first.check_block(ptr + hole + ptr + hole + hole, lambda off: f"word {off}")
+    assert first.pointers == {base + 64} and first.dead_words == 3  # every occurrence counted
+    assert looked == [base + 64, base + (4 << 20)]  # each distinct word looked at once
+    second = graphs._Auditor(segs, memo)  # the next graph of the same SAVE
+    second.check_block(ptr, lambda off: f"word {off}")
+    assert second.pointers == {base + 64} and len(looked) == 2  # known live: not looked at again
+
+    class Driver:  # two words that are device memory outside the region: the first one is named
+        class CUpointer_attribute:
+            CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2
+
+        @staticmethod
+        def cuPointerGetAttribute(attr, value):
+            return 0, 2
+
+    monkeypatch.setattr(graphs, "cu", lambda: Driver)
+    block = (0x7F0000000000 + 8).to_bytes(8, "little") + ptr + (0x7F0000000000).to_bytes(8, "little")
+    with pytest.raises(graphs.GraphError, match="word 0 points to memory at 0x7f0000000008"):
+        second.check_block(block, lambda off: f"word {off}")
 
 
 def test_graph_description_counts():

@@ -37,7 +37,7 @@ from .driver import call, cu
 from .errors import FoundryError
 from .fingerprint import current_fingerprint
 from .graph_codec import ENCODING, encode, kernel_ids
-from .graphs import GraphError, Rebuilt, Segments, count_nodes, kernel_names, serialize
+from .graphs import GraphError, Rebuilt, Segments, WalkMemo, count_nodes, kernel_names, serialize
 from .modules import ModuleError, Recorded, recording
 from .progress import Progress
 from .region import Region, RegionError, Segment, restore_snapshot, snapshot
@@ -212,8 +212,7 @@ def save(
     seg_list = region.segments()
     segments = Segments(region.base, region.size, [(s.addr, s.size) for s in seg_list if s.live])
     kernels: dict = {}
-    functions: dict = {}  # per function handle, shared by the graphs (graphs.serialize)
-    not_memory: set[int] = set()  # parameter words the driver said are not device memory (same)
+    memo = WalkMemo()  # what the walk learns once, shared by the graphs
     walked = []
     try:
         with Progress("foundry: walking graphs", len(graphs), progress) as bar:
@@ -224,9 +223,7 @@ def save(
                     raise SaveError(
                         f"graph {name!r}: capture it with torch.cuda.CUDAGraph(keep_graph=True) ({e})"
                     ) from None
-                desc, pointers = serialize(
-                    cu().CUgraph(init_value=raw), recorded, segments, kernels, functions, not_memory
-                )
+                desc, pointers = serialize(cu().CUgraph(init_value=raw), recorded, segments, kernels, memo)
                 if detect_rng:
                     desc["rng"] = _find_rng_state(graph, pointers, region.device)
                 else:

@@ -85,6 +85,9 @@ def encode(desc: dict, ids: dict[tuple[str, str], int]) -> bytes:
     ``ids`` maps (image, name) to the function index the encoding refers to (:func:`kernel_ids`).
     """
     entries: dict[tuple, int] = {}
+    # id(layout list) -> (that list, checked layout, parameter bytes): serialize gives every node of
+    # a function the same list, so each is checked once (the list is held, so its id stays its own).
+    layouts: dict[int, tuple] = {}
     kernel_rows: list[bytes] = []
     layout_rows: list[bytes] = []
     n_layout = 0
@@ -107,10 +110,14 @@ def encode(desc: dict, ids: dict[tuple[str, str], int]) -> bytes:
                 ref = ids.get((node["image"], node["name"]))
                 if ref is None:
                     raise EncodingError(f"{where}: kernel {node['name']} is not in the archive's kernel list")
-                layout = tuple((_u32(o, "offset"), _u32(n, "size")) for o, n in node["layout"])
-                total = max((o + n for o, n in layout), default=0)
-                if total > _MAX_PARAM_BYTES:
-                    raise EncodingError(f"{where}: {total} parameter bytes")
+                checked = layouts.get(id(node["layout"]))
+                if checked is None or checked[0] is not node["layout"]:
+                    layout = tuple((_u32(o, "offset"), _u32(n, "size")) for o, n in node["layout"])
+                    total = max((o + n for o, n in layout), default=0)
+                    if total > _MAX_PARAM_BYTES:
+                        raise EncodingError(f"{where}: {total} parameter bytes")
+                    checked = layouts[id(node["layout"])] = (node["layout"], layout, total)
+                _, layout, total = checked
                 key = (ref, layout)
                 entry = entries.get(key)
                 if entry is None:
@@ -125,11 +132,18 @@ def encode(desc: dict, ids: dict[tuple[str, str], int]) -> bytes:
                 if len(attrs) > 16:
                     raise EncodingError(f"{where}: {len(attrs)} launch attributes")
                 out += _NODE_HEADER.pack(code, len(attrs), 0)
-                grid = [_u32(v, f"{where} grid") for v in node["grid"]]
-                block = [_u32(v, f"{where} block") for v in node["block"]]
+                grid, block = node["grid"], node["block"]
                 if len(grid) != 3 or len(block) != 3:
                     raise EncodingError(f"{where}: grid and block need 3 dimensions")
-                out += _KERNEL_FIXED.pack(entry, *grid, *block, _u32(node["smem"], f"{where} smem"))
+                try:  # one pack checks the seven words; the checks below only name a bad one
+                    out += _KERNEL_FIXED.pack(entry, *grid, *block, node["smem"])
+                except struct.error:
+                    for v in grid:
+                        _u32(v, f"{where} grid")
+                    for v in block:
+                        _u32(v, f"{where} block")
+                    _u32(node["smem"], f"{where} smem")
+                    raise EncodingError(f"{where}: grid, block or smem is not a 32-bit word") from None
                 for akey, raw in attrs:
                     if akey not in _ATTR_IDS:
                         raise EncodingError(f"{where}: unknown launch attribute {akey!r}")

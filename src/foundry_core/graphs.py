@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import bisect
 import ctypes
+import dataclasses
 import itertools
 import struct
 import threading
@@ -118,10 +119,18 @@ def _packed_layout(layout: list[tuple[int, int]]):
     return (ctypes.c_uint32 * max(2 * len(layout), 1))(*itertools.chain.from_iterable(layout))
 
 
-def _kernel_param_bytes(p, layout: list[tuple[int, int]], name: str, layout_words=None) -> bytes:
-    """The kernel's argument block, laid out at the offsets the function declares. ``layout_words``:
-    the layout from :func:`_packed_layout`, made once per function by a caller that has many nodes."""
-    total = max((o + s for o, s in layout), default=0)
+def _param_total(layout: list[tuple[int, int]]) -> int:
+    return max((o + s for o, s in layout), default=0)
+
+
+def _kernel_param_bytes(
+    p, layout: list[tuple[int, int]], name: str, layout_words=None, total: int | None = None
+) -> bytes:
+    """The kernel's argument block, laid out at the offsets the function declares. ``layout_words``
+    (the layout from :func:`_packed_layout`) and ``total`` (:func:`_param_total`): made once per
+    function by a caller that has many nodes."""
+    if total is None:
+        total = _param_total(layout)
     kp, extra = int(p.kernelParams or 0), int(p.extra or 0)
     if kp:
         # kernelParams: one pointer per parameter, copied in one native call where the library is
@@ -162,14 +171,31 @@ def _kernel_param_bytes(p, layout: list[tuple[int, int]], name: str, layout_word
     return b""
 
 
+@dataclasses.dataclass
+class WalkMemo:
+    """What one SAVE learns once and every graph it walks reuses. The SAVE allocates nothing while it
+    walks, so the driver's answers hold for all its graphs: the same few hundred functions and the
+    same parameter words recur in every graph (each decode graph of an engine points at the same
+    buffers)."""
+
+    #: int(CUfunction) -> [name, collective kind, parameter layout, image digest or None,
+    #: packed layout (:func:`_packed_layout`), parameter bytes (:func:`_param_total`)]
+    functions: dict[int, list] = dataclasses.field(default_factory=dict)
+    #: Words outside the region that the driver said are not device memory (sizes and strides
+    #: packed in pairs, flags: a FlashAttention parameter block holds dozens; each question is a
+    #: driver call).
+    not_memory: set[int] = dataclasses.field(default_factory=set)
+    #: Words found inside a live region allocation.
+    live: set[int] = dataclasses.field(default_factory=set)
+
+
 class _Auditor:
     """Checks that every device pointer a node carries lies in a live region segment."""
 
-    def __init__(
-        self, segments: Segments, functions: dict[int, list] | None = None, not_memory: set[int] | None = None
-    ):
+    def __init__(self, segments: Segments, memo: WalkMemo | None = None):
+        memo = WalkMemo() if memo is None else memo
         self.segments = segments
-        self.pointers: set[int] = set()  # region pointers seen, for the RNG-state search
+        self.pointers: set[int] = set()  # this graph's region pointers, for the RNG-state search
         # Words inside the region's address range that no live allocation covers. A kernel that
         # dereferenced one would fault or read freed memory in the engine's own replay too, so these
         # are data that happens to look like an address (struct padding left uninitialised, packed
@@ -177,25 +203,22 @@ class _Auditor:
         # The bytes are restored as they were, so LOAD behaves exactly as the captured graph did.
         self.dead_words = 0
         self.collectives: dict[str, int] = {}  # collective kind -> kernel nodes (collectives.py)
-        # int(CUfunction) -> [name, collective kind, parameter layout, image digest or None]
-        self.functions: dict[int, list] = {} if functions is None else functions
-        # Words outside the region that the driver said are not device memory. The same ones recur
-        # at many nodes (sizes and strides packed in pairs, flags: a FlashAttention parameter block
-        # holds dozens), and each question is a driver call; the answer holds for the whole SAVE,
-        # which allocates nothing while it walks.
-        self.not_memory: set[int] = set() if not_memory is None else not_memory
+        self.functions, self.not_memory, self.live = memo.functions, memo.not_memory, memo.live
 
-    def check_word(self, value: int, where: Callable[[], str]) -> None:
+    def check_word(self, value: int, where: Callable[[], str]) -> bool:
+        """Raises if ``value`` is device memory outside the region. True when it is a dead word
+        (in the region's range, in no live allocation), counted once here."""
         if value < _POINTER_FLOOR:
-            return
+            return False
         if self.segments.in_region(value):
             if self.segments.live(value):
                 self.pointers.add(value)
-            else:
-                self.dead_words += 1
-            return
+                self.live.add(value)
+                return False
+            self.dead_words += 1
+            return True
         if value in self.not_memory:
-            return
+            return False
         err, _ = cu().cuPointerGetAttribute(cu().CUpointer_attribute.CU_POINTER_ATTRIBUTE_MEMORY_TYPE, value)
         if int(err) == 0:
             raise GraphError(
@@ -203,14 +226,21 @@ class _Auditor:
                 "graph uses inside Region.routing() (or capture with pool=region.graph_pool_id())"
             )
         self.not_memory.add(value)
+        return False
 
     def check_block(self, data: bytes, where: Callable[[int], str]) -> None:
-        # Every aligned 8-byte word, unpacked at once: a save walks millions of them.
+        # Every aligned 8-byte word, unpacked at once: a save walks millions of them. Each distinct
+        # word is looked at once, and words met before in this SAVE (live allocations, words that
+        # are not memory) with set operations, without a Python step per word.
         words = struct.unpack_from(f"<{len(data) // 8}Q", data)
-        not_memory = self.not_memory
-        for i, value in enumerate(words):
-            if value >= _POINTER_FLOOR and value not in not_memory:
-                self.check_word(value, lambda off=8 * i: where(off))
+        new = {v for v in words if v >= _POINTER_FLOOR}
+        new -= self.not_memory
+        known = new & self.live
+        self.pointers |= known
+        new -= known
+        for value in sorted(new, key=words.index):  # in block order: the first bad word is named
+            if self.check_word(value, lambda value=value: where(8 * words.index(value))):
+                self.dead_words += words.count(value) - 1  # every occurrence, as the bytes hold them
 
 
 def _read_attrs(node) -> dict:
@@ -326,17 +356,14 @@ def serialize(
     recorded: Recorded,
     segments: Segments,
     kernels: dict,
-    functions: dict | None = None,
-    not_memory: set[int] | None = None,
+    memo: WalkMemo | None = None,
 ) -> tuple[dict, set[int]]:
-    """Describe ``graph`` (a CUgraph). ``kernels`` collects (image, name) -> function attributes.
-    ``functions``: what was learnt about each function handle, and ``not_memory``: the parameter
-    words outside the region that are not device memory, both kept across the graphs of one save
-    (the same few hundred functions, and the same words, recur in every graph).
+    """Describe ``graph`` (a CUgraph). ``kernels`` collects (image, name) -> function attributes;
+    ``memo``: what the walk learns once, kept across the graphs of one save.
 
     Returns the description and the region addresses its kernels point at.
     """
-    auditor = _Auditor(segments, {} if functions is None else functions, not_memory)
+    auditor = _Auditor(segments, memo)
     events: dict[int, int] = {}
     desc = _serialize(graph, recorded, auditor, kernels, events, path="")
     desc["events"] = len(events)
@@ -374,14 +401,15 @@ def _serialize(graph, recorded, auditor, kernels, events, path: str) -> dict:
                     layout,
                     None,
                     _packed_layout(layout),
+                    _param_total(layout),
                 ]
-            name, kind, layout, image, layout_words = info
+            name, kind, layout, image, layout_words, total = info
             if kind is not None:
                 why = collectives.refusal(kind, name)
                 if why is not None:
                     raise GraphError(f"{label}: {why}")
                 auditor.collectives[kind] = auditor.collectives.get(kind, 0) + 1
-            params = _kernel_param_bytes(p, layout, name, layout_words)
+            params = _kernel_param_bytes(p, layout, name, layout_words, total)
             auditor.check_block(
                 params,
                 lambda off, name=name, label=label: f"{label} (kernel {_short(name)}) parameter byte {off}",
