@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One engine's cold/warm start benchmark (benchmarks/cold_start.py) on the GPU machine, in one call.
-# The wheel set was sent beforehand as tar pieces into /tmp/dw (../shared/tools/device-wheels);
+# The wheel set was sent beforehand as tar pieces into /tmp/dw (made here by benchmarks/device_wheels.sh);
 # .devwheels/lists/<engine>.list names the engine's wheels (carry .devwheels/lists).
 # Usage on the device, from the repository root:
 #   FOUNDRY_COMMIT=<hash> bash benchmarks/run_cold_h200.sh sglang|vllm [seconds]

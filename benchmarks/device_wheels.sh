@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Here (not on the device): the engines' wheel sets for the GPU machine, cut into pieces that one
+# device call carries, and the lists benchmarks/device_site.sh installs from.
+#   bash benchmarks/device_wheels.sh
+# Downloads each engine's resolved list (../shared/tools/device-wheels/lists) with that folder's
+# fetch.sh into .devwheels/<engine>/cache, then writes
+#   .devwheels/lists/<engine>.list   the engine's wheel file names (carry .devwheels/lists)
+#   .devwheels/parts-<engine>/part-* one engine's wheels in 50 MiB pieces (SGLang 22, vLLM 18 on
+#                                    2026-12-02): a lease that runs one engine sends only these
+#   .devwheels/parts50/part-*        both engines' wheels (30 pieces): a lease that runs both
+# Send each piece of one set with its own call, carrying only that piece, e.g.
+#   run(command="mkdir -p /tmp/dw && cp .devwheels/parts-sglang/* /tmp/dw/ && ls /tmp/dw | wc -l",
+#       carry=[".devwheels/parts-sglang/part-aa"])
+# and never pieces of two sets to one machine (device_site.sh concatenates every /tmp/dw/part-*).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+shared=../shared/tools/device-wheels
+grep -qx '/.devwheels/' .git/info/exclude 2>/dev/null || echo /.devwheels/ >>.git/info/exclude
+mkdir -p .devwheels/lists .devwheels/union
+for engine in sglang vllm; do
+  list=$(ls "$shared/lists" | grep "^$engine-")
+  bash "$shared/fetch.sh" "$shared/lists/$list" ".devwheels/$engine" >/dev/null
+  rm -rf ".devwheels/$engine/parts"
+  ls ".devwheels/$engine/cache" | grep '\.whl$' >".devwheels/lists/$engine.list"
+  cp -ln ".devwheels/$engine/cache/"*.whl .devwheels/union/ 2>/dev/null || true
+  rm -rf ".devwheels/parts-$engine" && mkdir -p ".devwheels/parts-$engine"
+  tar -cf - -C ".devwheels/$engine/cache" . | split -b 50m - ".devwheels/parts-$engine/part-"
+done
+rm -rf .devwheels/parts50 && mkdir -p .devwheels/parts50
+tar -cf - -C .devwheels/union . | split -b 50m - .devwheels/parts50/part-
+for set in parts-sglang parts-vllm parts50; do echo "$set: $(ls .devwheels/$set | wc -l) pieces"; done
