@@ -73,3 +73,29 @@ def test_the_load_options_reach_the_load_worker_only():
     assert set(load_options) <= set(load)
     plain = build_parser().parse_args(["bench"])
     assert "--upload" not in demo._worker_args(plain, "load", "/a", "/r")
+
+
+def test_paired_differences_cancel_what_moves_both():
+    """The host's speed moving during a run (both calls of a round slower alike) shows in the two
+    medians' difference and not in the paired one."""
+    from foundry_tools.demo import paired_difference
+
+    native = [100.0, 100.0, 100.0, 100.0, 180.0, 180.0, 180.0, 180.0, 180.0]
+    restored = [101.0, 101.0, 101.0, 101.0, 181.0, 181.0, 181.0, 181.0, 181.0]
+    restored[4:] = [100.0, 100.0, 100.0, 100.0, 181.0]  # the slow phase began one call later for these
+    paired = paired_difference(native, restored)
+    assert paired["median"] == pytest.approx(1.0) and paired["rounds"] == 9
+    assert paired["p25"] < 0 < paired["p75"]  # 4 of 9 rounds the other way: no gap shown
+    steady = paired_difference([100.0 + i for i in range(8)], [102.0 + i for i in range(8)])
+    assert steady == {"median": 2.0, "p25": 2.0, "p75": 2.0, "rounds": 8}
+    assert paired_difference([1.0], [2.0])["median"] == 1.0  # too few rounds for quartiles
+
+
+def test_the_summary_prints_the_paired_differences(tmp_path, capsys):
+    paired = {"1": {"median": 0.4, "p25": -0.2, "p75": 1.1, "rounds": 200}}
+    result = {**_result(tmp_path), "replay_host_us_paired": paired, "launch_host_us_paired": paired}
+    result["launch_host_us_native"], result["launch_host_us_restored"] = {"1": 80.0}, {"1": 81.0}
+    s = bench.summarize(result)
+    assert s["launch_host_us_paired"] == paired
+    bench.print_table(s)
+    assert "paired +0.40 us [-0.20, +1.10]" in capsys.readouterr().out

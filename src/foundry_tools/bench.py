@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from .demo import paired_text
 from .options import BENCH_BATCH_SIZES  # noqa: F401  (re-exported: the bench's 60-graph capture list)
 
 
@@ -91,6 +92,10 @@ def summarize(result: dict) -> dict:
         # the same with both executable graphs launched by one bare cuGraphLaunch (no Python around)
         "launch_host_us_native": result.get("launch_host_us_native", {}),
         "launch_host_us_restored": result.get("launch_host_us_restored", {}),
+        # restored - native twin of each alternating round (median, quartiles): what a difference
+        # of the two medians above hides when the host's speed moves during the run
+        "replay_host_us_paired": result.get("replay_host_us_paired", {}),
+        "launch_host_us_paired": result.get("launch_host_us_paired", {}),
         "scaling": result.get("scaling", []),
         # --check-structure: graph name -> first difference (restored vs saved; twins vs saved)
         "reinstantiate_s": result.get("reinstantiate_s"),
@@ -203,15 +208,19 @@ def print_table(summary: dict) -> None:
         "(median of each batch size)"
     )
     for bs, extra in sorted(summary.get("replay_host_us_extra", {}).items(), key=lambda kv: int(kv[0])):
+        paired = summary.get("replay_host_us_paired", {}).get(bs)
         print(
             f"  launch on the CPU, bs {bs:<4} restored {summary['replay_host_us_restored'][bs]:6.2f} us, "
-            f"native {summary['replay_host_us_native'][bs]:6.2f} us ({extra:+.2f} us)"
+            f"native {summary['replay_host_us_native'][bs]:6.2f} us ({extra:+.2f} us"
+            + (f"; {paired_text(paired)})" if paired else ")")
         )
         raw_r = summary.get("launch_host_us_restored", {}).get(bs)
         raw_n = summary.get("launch_host_us_native", {}).get(bs)
         if raw_r is not None and raw_n is not None:
+            paired = summary.get("launch_host_us_paired", {}).get(bs)
             print(
-                f"    bare cuGraphLaunch    restored {raw_r:6.2f} us, native {raw_n:6.2f} us ({raw_r - raw_n:+.2f} us)"
+                f"    bare cuGraphLaunch    restored {raw_r:6.2f} us, native {raw_n:6.2f} us ({raw_r - raw_n:+.2f} us"
+                + (f"; {paired_text(paired)})" if paired else ")")
             )
     for key, what in (
         ("structure_differences", "restored = saved"),

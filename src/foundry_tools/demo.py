@@ -141,8 +141,32 @@ def _time_interleaved(workload, native, restored, n: int) -> tuple[dict[str, flo
 HOST_SIZES = 3  # batch sizes whose launch cost is timed (smallest, middle, largest)
 
 
-def _time_host_interleaved(workload, native, restored, n: int) -> tuple[dict[str, float], dict[str, float]]:
-    """Median host time of one replay call, in microseconds, for two graph sets, alternately.
+def paired_difference(native: list[float], restored: list[float]) -> dict[str, float]:
+    """restored - native of each round's pair, in the units given: median and quartiles.
+
+    The two calls of a round run back to back, so what moves both (clock, cache, the host's other
+    work) cancels in their difference, where a difference of the two medians keeps it: the same
+    graph's median launch moved between 67.8 and 183.1 µs from one run to the next on the H200
+    (2026-12-02), far more than the differences looked for. A gap shows when the quartiles of the
+    differences lie on one side of zero."""
+    import statistics
+
+    diffs = sorted(r - n for n, r in zip(native, restored))
+    if len(diffs) < 4:
+        return {
+            "median": statistics.median(diffs) if diffs else float("nan"),
+            "p25": float("nan"),
+            "p75": float("nan"),
+        }
+    q1, _q2, q3 = statistics.quantiles(diffs, n=4)
+    return {"median": statistics.median(diffs), "p25": q1, "p75": q3, "rounds": len(diffs)}
+
+
+def _time_host_interleaved(
+    workload, native, restored, n: int
+) -> tuple[dict[str, float], dict[str, float], dict[str, dict]]:
+    """Median host time of one replay call, in microseconds, for two graph sets, alternately, and
+    the paired differences (:func:`paired_difference`).
 
     The GPU is idle and the launch queue empty before each call (synchronized), so what is timed is
     the launch itself on the CPU, as a serving loop pays it; device time is what
@@ -160,14 +184,17 @@ def _time_host_interleaved(workload, native, restored, n: int) -> tuple[dict[str
 
     sizes = list(workload.spec.batch_sizes)
     picked = sorted({sizes[0], sizes[len(sizes) // 2], sizes[-1]})[:HOST_SIZES]
-    out_native, out_restored = {}, {}
+    out_native, out_restored, paired = {}, {}, {}
     for bs in picked:
         workload.set_inputs(bs)
         times = _alternate(native, restored, bs, n, host_time)
         torch.cuda.synchronize()
         out_native[str(bs)] = 1e6 * statistics.median(times["native"])
         out_restored[str(bs)] = 1e6 * statistics.median(times["restored"])
-    return out_native, out_restored
+        paired[str(bs)] = paired_difference(
+            [1e6 * t for t in times["native"]], [1e6 * t for t in times["restored"]]
+        )
+    return out_native, out_restored, paired
 
 
 def _raw_launchers(twins, restored):
@@ -351,18 +378,21 @@ def run_load(args) -> dict:
     warmup_forwards = workload.forward_calls
     state_digest = _state_digest(workload)
     replay_us, native_us, host_us, native_host_us, raw_native_us, raw_restored_us = {}, {}, {}, {}, {}, {}
+    host_paired, raw_paired = {}, {}
     if args.replays:
         # Replay parity, fairly: native twins captured in this same process, timed alternately with
         # the restored graphs on the same inputs (see _time_interleaved), then their launch cost.
         twins, _ = _warmup_and_capture(workload, region, spec, "twin-")
         native_replay = lambda bs: twins[f"bs{bs}"].replay()  # noqa: E731
         native_us, replay_us = _time_interleaved(workload, native_replay, replay, args.replays)
-        native_host_us, host_us = _time_host_interleaved(workload, native_replay, replay, args.replays)
+        native_host_us, host_us, host_paired = _time_host_interleaved(
+            workload, native_replay, replay, args.replays
+        )
         # The same, both executable graphs launched by one bare driver call: what is left of the
         # difference is the executable graph's own launch cost, not the Python around it.
         raw = _raw_launchers(twins, restored)
         if raw is not None:
-            raw_native_us, raw_restored_us = _time_host_interleaved(workload, *raw, args.replays)
+            raw_native_us, raw_restored_us, raw_paired = _time_host_interleaved(workload, *raw, args.replays)
     structure_differences = twin_differences = None
     if getattr(args, "check_structure", False):
         # Each restored graph as the driver holds it against the archive's description, exactly;
@@ -405,6 +435,8 @@ def run_load(args) -> dict:
         "replay_host_us_native_twins": native_host_us,
         "launch_host_us": raw_restored_us,
         "launch_host_us_native_twins": raw_native_us,
+        "replay_host_us_paired": host_paired,
+        "launch_host_us_paired": raw_paired,
         "structure_differences": structure_differences,
         "twin_structure_differences": twin_differences,
         "reinstantiate_s": reinstantiate_s,
@@ -554,12 +586,19 @@ def orchestrate(args) -> dict:
         "replay_host_us_restored": load.get("replay_host_us", {}),
         "launch_host_us_native": load.get("launch_host_us_native_twins", {}),
         "launch_host_us_restored": load.get("launch_host_us", {}),
+        # restored - native twin of each alternating round: median and quartiles, per size
+        "replay_host_us_paired": load.get("replay_host_us_paired", {}),
+        "launch_host_us_paired": load.get("launch_host_us_paired", {}),
         "replay_method": (
             "native twins captured in the LOAD process after restore; native and restored replays "
             "alternate, median per batch size"
         ),
         "scaling": scaling,
     }
+
+
+def paired_text(paired: dict) -> str:
+    return f"paired {paired['median']:+.2f} us [{paired['p25']:+.2f}, {paired['p75']:+.2f}]"
 
 
 def print_summary(result: dict) -> None:
@@ -592,9 +631,10 @@ def print_summary(result: dict) -> None:
         native = result["replay_host_us_native"].get(bs, float("nan"))
         raw = result.get("launch_host_us_restored", {}).get(bs, float("nan"))
         raw_native = result.get("launch_host_us_native", {}).get(bs, float("nan"))
+        paired = result.get("launch_host_us_paired", {}).get(bs)
         print(
             f"  replay on the CPU, bs {bs:<4} restored {host:6.2f} us, native {native:6.2f} us; "
-            f"bare launch {raw:6.2f} / {raw_native:6.2f} us"
+            f"bare launch {raw:6.2f} / {raw_native:6.2f} us" + (f", {paired_text(paired)}" if paired else "")
         )
     print("  result: " + ("OK, restored graphs are bit-exact" if ok else "FAILED"))
 
