@@ -284,6 +284,7 @@ def test_launch_attributes_read_natively_are_those_the_builder_set(tmp_path):
             "preferred_carveout": 4294967295,
         },
         {"cooperative": 1, "mem_sync_domain": 1, "cluster_scheduling": 2, "preferred_cluster_dim": [4, 2, 1]},
+        {},  # every attribute at its default: the all-zero shortcut, after a node that set many
     ]
     nodes = []
     for attrs in written:

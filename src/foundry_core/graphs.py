@@ -294,6 +294,7 @@ _UNSIGNED_ATTRS = ("preferred_carveout",)  # a C unsigned int; the other scalar 
 
 
 _attr_buffers = threading.local()  # one (words, error) pair per thread, reused node after node
+_NO_ATTR_WORDS = bytes(4 * 3 * len(_ATTR_KEYS))
 
 
 def _read_attrs_native(node) -> dict | None:
@@ -310,6 +311,8 @@ def _read_attrs_native(node) -> dict | None:
     mask = so.foundry_graph_node_attrs(int(node), _ATTR_IDS, len(_ATTR_KEYS), words, err, len(err))
     if mask < 0:
         return None
+    if bytes(words) == _NO_ATTR_WORDS:  # every attribute at its default: most nodes, in one compare
+        return {}
     attrs = {}
     for a, key in enumerate(_ATTR_KEYS):
         if not (mask >> a) & 1:
