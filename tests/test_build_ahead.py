@@ -270,6 +270,8 @@ _ATTRS_SCRIPT = textwrap.dedent(
     read = []
     for k in range(int(sys.argv[2])):
         read.append(graphs._read_attrs_native(fake.fake_attr_node(k)))
+    # A node with no attribute set, read after those that set many (the buffers are reused): {}.
+    read.append(graphs._read_attrs_native(0x5000))
     print(json.dumps(read))
     """
 )
@@ -284,7 +286,6 @@ def test_launch_attributes_read_natively_are_those_the_builder_set(tmp_path):
             "preferred_carveout": 4294967295,
         },
         {"cooperative": 1, "mem_sync_domain": 1, "cluster_scheduling": 2, "preferred_cluster_dim": [4, 2, 1]},
-        {},  # every attribute at its default: the all-zero shortcut, after a node that set many
     ]
     nodes = []
     for attrs in written:
@@ -292,7 +293,7 @@ def test_launch_attributes_read_natively_are_those_the_builder_set(tmp_path):
         node["attrs"] = attrs
         nodes.append(node)
     read = _in_fake_driver_process(tmp_path, _ATTRS_SCRIPT, _encode(nodes).hex(), str(len(written)))
-    assert read == written  # priority -3 signed, the carveout 0xFFFFFFFF unsigned, dims and maps whole
+    assert read == [*written, {}]  # priority -3 signed, the carveout 0xFFFFFFFF unsigned, dims and maps whole
 
 
 def test_native_attribute_reading_is_kept_only_once_it_agreed_on_a_node_with_attributes(monkeypatch):
