@@ -6,6 +6,9 @@
 #   FOUNDRY_COMMIT=<hash> bash benchmarks/run_cold_h200.sh sglang|vllm [seconds]
 # The result is kept in /tmp/cold-results between calls on the same machine (every call empties
 # $OUT), so COLD_ARGS="--runs load_warm,stock_warm --resume" adds the warm runs in a later call.
+# RESUME_FROM=<a result JSON of this commit, carried in the tree> starts /tmp/cold-results from it on a
+# fresh machine, so that runs which need no archive (stock_cold) join a SAVE and LOAD measured in an
+# earlier lease: COLD_ARGS="--runs stock_cold --resume ..." (the same options otherwise).
 # NAME (default cold-<engine>-h200) names the result files, e.g. for the model runs:
 #   NAME=models-sglang-moe-h200 COLD_ARGS="--runs save,load_cold,stock_cold --weights seeded
 #   --model-config benchmarks/configs/qwen3-moe-4l.json --sampling" bash benchmarks/run_cold_h200.sh sglang
@@ -18,6 +21,9 @@ logs=/tmp/cold-logs-$engine
 results=/tmp/cold-results
 name=${NAME:-cold-$engine-h200}
 mkdir -p "$logs" "$results"
+if [ -n "${RESUME_FROM:-}" ] && [ ! -f "$results/$name.json" ]; then
+  cp "$RESUME_FROM" "$results/$name.json" || exit 5
+fi
 source benchmarks/device_site.sh
 site=/tmp/site-$engine
 engine_ready "$engine" "$logs" "$t0"  # exits 2 (install) or 3 (native build) on failure
