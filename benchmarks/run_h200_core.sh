@@ -8,7 +8,7 @@
 #   the launch cost of restored graphs built ahead and after the mapping (four short benches);
 #   CORE_PARTS=demo: foundry demo, the README's main command (about a minute).
 # Usage on the device, from the repository root: FOUNDRY_COMMIT=<hash> bash benchmarks/run_h200_core.sh
-# Everything it produces goes to $OUT (results JSON, PNG, logs).
+# Everything it produces goes to $OUT: the results JSON, and logs, PNG and profile in extras.tar.gz.
 set -u
 out=${OUT:?set OUT to the results folder}
 bash benchmarks/build_native.sh || exit 1
@@ -90,3 +90,9 @@ else
   [ "${SOAK:-0}" = 1 ] && soak 0
 fi
 for f in launch-ahead.log launch-ahead-upload.log launch-ahead-reinstantiate.log launch-after.log bench.log demo.log soak.log pytest-gpu.log; do [ -f "$out/$f" ] && tail -n 25 "$out/$f"; done
+# At most 8 files come back from the device (its README): the JSON results come back as they are,
+# and everything else (logs, plots, the SAVE profile) in one archive beside them, extras.tar.gz.
+extras=$(cd "$out" && find . -mindepth 1 -type f ! -name '*.json' ! -name extras.tar.gz | sort)
+if [ -n "$extras" ]; then
+  (cd "$out" && tar -czf extras.tar.gz $extras && rm -f $extras && find . -mindepth 1 -type d -empty -delete)
+fi
