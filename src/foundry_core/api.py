@@ -37,7 +37,7 @@ from .driver import call, cu
 from .errors import FoundryError
 from .fingerprint import current_fingerprint
 from .graph_codec import ENCODING, encode, kernel_ids
-from .graphs import GraphError, Rebuilt, Segments, WalkMemo, count_nodes, kernel_names, serialize
+from .graphs import GraphError, Rebuilt, Segments, WalkMemo, count_nodes, json_form, kernel_names, serialize
 from .modules import ModuleError, Recorded, recording
 from .progress import Progress
 from .region import Region, RegionError, Segment, restore_snapshot, snapshot
@@ -282,7 +282,7 @@ def save(
                     entry["collectives"] = desc["collectives"]
                 if blob is None:
                     entry["file"] = f"graphs/{i:04d}.json"
-                    writer.add_json(entry["file"], desc)
+                    writer.add_json(entry["file"], json_form(desc))
                 else:
                     entry["file"] = f"graphs/{i:04d}.bin"
                     entry.update(encoding=ENCODING, rng_state=desc["rng"])

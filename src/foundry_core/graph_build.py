@@ -21,7 +21,7 @@ from cuda.bindings import driver as _drv
 from . import _native
 from .driver import call, cu
 from .graph_codec import _HEADER, encoded_events
-from .graphs import INSTANTIATE_FLAGS, NODE_ATTRIBUTES, GraphError, Rebuilt, _unb64
+from .graphs import INSTANTIATE_FLAGS, NODE_ATTRIBUTES, GraphError, Rebuilt, param_bytes
 from .modules import LoadedModules
 
 CU_EVENT_DISABLE_TIMING = int(_drv.CUevent_flags.CU_EVENT_DISABLE_TIMING)
@@ -101,7 +101,7 @@ def _add_nodes(graph, desc: dict, modules: LoadedModules, kernel_attrs: dict, ev
             func = modules.function(
                 node["image"], node["name"], kernel_attrs.get((node["image"], node["name"]), {})
             )
-            params = _unb64(node["params"])
+            params = param_bytes(node["params"])
             block = ctypes.create_string_buffer(params, max(len(params), 1))
             argv = (ctypes.c_void_p * max(len(node["layout"]), 1))()
             base = ctypes.addressof(block)

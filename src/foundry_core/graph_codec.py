@@ -12,7 +12,7 @@ import ctypes
 import struct
 
 from . import _native
-from .graphs import MEMORYTYPE_DEVICE, MEMORYTYPE_UNIFIED, NODE_ATTRIBUTES, GraphError, _b64, _unb64
+from .graphs import MEMORYTYPE_DEVICE, MEMORYTYPE_UNIFIED, NODE_ATTRIBUTES, GraphError, _b64, param_bytes
 
 FGB_MAGIC = b"FGB1"
 FGB_VERSION = 1
@@ -125,7 +125,7 @@ def encode(desc: dict, ids: dict[tuple[str, str], int]) -> bytes:
                     kernel_rows.append(_KERNEL_ENTRY.pack(ref, n_layout, len(layout), total))
                     layout_rows += [_LAYOUT_ENTRY.pack(o, n) for o, n in layout]
                     n_layout += len(layout)
-                params = _unb64(node["params"])
+                params = param_bytes(node["params"])
                 if len(params) != total:
                     raise EncodingError(f"{where}: {len(params)} parameter bytes, the layout needs {total}")
                 attrs = sorted(node.get("attrs", {}).items(), key=lambda kv: _ATTR_IDS.get(kv[0], -1))

@@ -1,7 +1,7 @@
 """Describing CUDA graphs: a captured graph walked into a plain description, and a restored one.
 
-A captured ``cudaGraph_t`` is walked node by node into a plain description (JSON-able): kernel
-launches with their code identity, launch geometry, parameter bytes and launch attributes;
+A captured ``cudaGraph_t`` is walked node by node into a plain description: kernel launches with
+their code identity, launch geometry, parameter bytes and launch attributes;
 memsets; device-to-device copies; event record/wait; empty nodes; child graphs; and every edge
 with its edge data (programmatic dependent launch edges included). Anything else makes SAVE fail
 with the node type and, where there is one, the kernel name.
@@ -10,7 +10,10 @@ While walking, every 8-byte word of every kernel parameter is audited: a word th
 device memory must fall inside a live segment of the Foundry region, else the graph depends on an
 address a fresh process cannot reproduce and SAVE fails.
 
-SAVE stores each description in FGB1, a compact binary encoding (graph_codec.py). Restore builds a
+SAVE stores each description in FGB1, a compact binary encoding (graph_codec.py); the walk leaves
+each kernel's parameters as bytes, which the encoding stores as they are (:func:`json_form` gives
+the JSON form, base64 text, as descriptions read back from the driver or an archive hold them).
+Restore builds a
 graph from it (graph_build.py) into a :class:`Rebuilt`, defined here with :func:`structure`, which
 reads a built graph back from the driver.
 """
@@ -96,8 +99,23 @@ def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
-def _unb64(text: str) -> bytes:
-    return base64.b64decode(text)
+def param_bytes(value: str | bytes) -> bytes:
+    """A kernel node's ``params``: bytes as :func:`serialize` leaves them, or base64 text where the
+    description is in its JSON form."""
+    return value if isinstance(value, bytes) else base64.b64decode(value)
+
+
+def json_form(desc: dict) -> dict:
+    """``desc`` with every kernel's parameter bytes as base64 text (child graphs too): what the
+    JSON graph form stores (FOUNDRY_GRAPH_ENCODING=json)."""
+    nodes = []
+    for node in desc["nodes"]:
+        if node["type"] == "kernel" and isinstance(node["params"], bytes):
+            node = {**node, "params": _b64(node["params"])}
+        elif node["type"] == "graph":
+            node = {**node, "graph": json_form(node["graph"])}
+        nodes.append(node)
+    return {**desc, "nodes": nodes}
 
 
 def _node_type_name(ty) -> str:
@@ -430,7 +448,7 @@ def _serialize(graph, recorded, auditor, kernels, events, path: str) -> dict:
                     "block": [int(p.blockDimX), int(p.blockDimY), int(p.blockDimZ)],
                     "smem": int(p.sharedMemBytes),
                     "layout": layout,
-                    "params": _b64(params),
+                    "params": params,  # bytes: the encoding stores them as they are (json_form)
                     "attrs": _read_attrs(node),
                 }
             )
