@@ -13,9 +13,8 @@ address a fresh process cannot reproduce and SAVE fails.
 SAVE stores each description in FGB1, a compact binary encoding (graph_codec.py); the walk leaves
 each kernel's parameters as bytes, which the encoding stores as they are (:func:`json_form` gives
 the JSON form, base64 text, as descriptions read back from the driver or an archive hold them).
-Restore builds a
-graph from it (graph_build.py) into a :class:`Rebuilt`, defined here with :func:`structure`, which
-reads a built graph back from the driver.
+Restore builds a graph from it (graph_build.py) into a :class:`Rebuilt`, defined here with
+:func:`structure`, which reads a built graph back from the driver.
 """
 
 from __future__ import annotations
