@@ -61,10 +61,8 @@ def redirect_for_launch(
     if not getattr(cfg, "carry_caches", True):
         return None
     dirs = caches.CacheDirs.create(kinds, label=_label(cfg))
-    env = dirs.environment()
-    _launch_env.update({name: os.environ.get(name) for name in env})
-    os.environ.update(env)
-    caches.sync_pgo_job_id()
+    _launch_env.update({name: os.environ.get(name) for name in dirs.environment()})
+    dirs.redirect()
     _launch_dirs.append(dirs)
     if launcher_records and engine is not None and cfg.mode != "save":
         _launcher_records(cfg, dirs, engine, launcher_records, log or logger)
