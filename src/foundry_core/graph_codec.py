@@ -12,7 +12,15 @@ import ctypes
 import struct
 
 from . import _native
-from .graphs import MEMORYTYPE_DEVICE, MEMORYTYPE_UNIFIED, NODE_ATTRIBUTES, GraphError, _b64, param_bytes
+from .graphs import (
+    MEMORYTYPE_DEVICE,
+    MEMORYTYPE_UNIFIED,
+    NODE_ATTRIBUTES,
+    GraphError,
+    _b64,
+    _param_total,
+    param_bytes,
+)
 
 FGB_MAGIC = b"FGB1"
 FGB_VERSION = 1
@@ -113,7 +121,7 @@ def encode(desc: dict, ids: dict[tuple[str, str], int]) -> bytes:
                 checked = layouts.get(id(node["layout"]))
                 if checked is None or checked[0] is not node["layout"]:
                     layout = tuple((_u32(o, "offset"), _u32(n, "size")) for o, n in node["layout"])
-                    total = max((o + n for o, n in layout), default=0)
+                    total = _param_total(layout)
                     if total > _MAX_PARAM_BYTES:
                         raise EncodingError(f"{where}: {total} parameter bytes")
                     checked = layouts[id(node["layout"])] = (node["layout"], layout, total)
@@ -226,7 +234,7 @@ def _decode(data: memoryview, kernels: list) -> dict:
         if ref >= len(kernels) or first + n > n_layout:
             raise EncodingError(f"kernel entry {k} refers outside the kernel list or layout")
         layout = [list(pair) for pair in layout_pool[first : first + n]]
-        if max((o + s for o, s in layout), default=0) != total:
+        if _param_total(layout) != total:
             raise EncodingError(f"kernel entry {k}: parameter layout and size disagree")
         tables.append((kernels[ref][0], kernels[ref][1], layout, total))
     graphs: list[dict] = [{} for _ in range(n_graphs)]
