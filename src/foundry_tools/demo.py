@@ -152,11 +152,10 @@ def paired_difference(native: list[float], restored: list[float]) -> dict[str, f
     import statistics
 
     diffs = sorted(r - n for n, r in zip(native, restored))
-    if len(diffs) < 4:  # too few for quartiles
-        median = statistics.median(diffs) if diffs else float("nan")
-        return {"median": median, "p25": float("nan"), "p75": float("nan"), "rounds": len(diffs)}
-    q1, _q2, q3 = statistics.quantiles(diffs, n=4)
-    return {"median": statistics.median(diffs), "p25": q1, "p75": q3, "rounds": len(diffs)}
+    nan = float("nan")
+    q1, _q2, q3 = statistics.quantiles(diffs, n=4) if len(diffs) >= 4 else (nan, nan, nan)  # too few
+    median = statistics.median(diffs) if diffs else nan
+    return {"median": median, "p25": q1, "p75": q3, "rounds": len(diffs)}
 
 
 def _time_host_interleaved(
