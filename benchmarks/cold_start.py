@@ -1169,8 +1169,47 @@ def finish_record(
         rec["foundry_report"] = read_start_report(bench, paths)
     rec["compiled_files"] = compiled_files(rec)
     rec["phases"] = phases(rec, bench.engine)
+    if rec["foundry"]:
+        judge_foundry_run(rec)
     if not rec["ok"]:
         rec["log_tail"] = "\n".join(line for _, line in lines[-60:])[-6000:]
+
+
+#: What a Foundry run measured; set aside (``not_counted``) when Foundry did not run in the mode the
+#: run was meant to measure.
+MEASURED = (
+    "ready_s",
+    "ttft_s",
+    "first_request_s",
+    "second_request_s",
+    "outputs",
+    "outputs_sampled",
+    "self_consistent",
+    "self_consistent_sampled",
+    "outputs_differ_between_prompts",
+    "compiled_files",
+    "phases",
+)
+
+
+def judge_foundry_run(rec: dict[str, Any]) -> None:
+    """Adds the first line of Foundry's own error to a failed run's error (the engine's exit status
+    alone says little), and fails a run whose Foundry mode is not the one it was meant to measure:
+    a ``load_*`` run whose archive was missing or refused in ``auto`` mode captured and saved
+    instead (seen on the H200 when another model's SAVE had replaced the archive in a shared
+    workdir). Such a run's measurements go to ``not_counted``, so no comparison or ratio uses them."""
+    report = rec.get("foundry_report") or {}
+    if report.get("error") and not rec["ok"]:
+        first = str(report["error"]).strip().splitlines()[0]
+        rec["error"] = f"{rec.get('error')}; Foundry: {first}"
+    wanted = "save" if kind(rec["name"]) == "save" else "load"
+    mode = report.get("mode")
+    if mode is None or mode == wanted:
+        return
+    rec["ok"] = False
+    why = f"Foundry ran in mode {mode!r}, not {wanted!r}: this run is not a {wanted.upper()}"
+    rec["error"] = f"{rec['error']}; {why}" if rec.get("error") else why
+    rec["not_counted"] = {k: rec.pop(k) for k in MEASURED if k in rec}
 
 
 def compiled_files(rec: dict[str, Any]) -> dict[str, Any]:
@@ -1267,7 +1306,9 @@ def decode_captures(engine: str, report: dict[str, Any] | None) -> int | None:
 def assemble(meta: dict[str, Any], runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """The result document; any run may be missing or failed (its fields are then None)."""
     engine = meta["engine"]
-    rep = {r: (runs.get(r) or {}).get("foundry_report") or {} for r in FOUNDRY_RUNS}
+    reports = {r: (runs.get(r) or {}).get("foundry_report") or {} for r in FOUNDRY_RUNS}
+    # A run whose measurements were set aside (judge_foundry_run) does not speak for its kind.
+    rep = {r: {} if "not_counted" in (runs.get(r) or {}) else reports[r] for r in FOUNDRY_RUNS}
     out = dict(meta)
     out["graphs"] = _first(
         [rep["load_cold"].get("graphs"), rep["save"].get("graphs")]
@@ -1312,7 +1353,7 @@ def assemble(meta: dict[str, Any], runs: dict[str, dict[str, Any]]) -> dict[str,
     )
     out["outputs_differ_between_prompts"] = outputs_differ((runs.get("load_cold") or {}).get("outputs"))
     out["self_consistent"] = {r: _get(runs, r, "self_consistent") for r in RUNS if r in runs}
-    out["modes"] = {r: rep[r].get("mode") for r in FOUNDRY_RUNS if r in runs}
+    out["modes"] = {r: reports[r].get("mode") for r in FOUNDRY_RUNS if r in runs}
     # A stock server must not have loaded the plugin: any Foundry line in its log says it did.
     out["foundry_lines_in_stock_logs"] = {
         r: ((runs.get(r) or {}).get("log_parse") or {}).get("foundry_lines")

@@ -17,9 +17,11 @@ engine=${1:?sglang or vllm}
 limit=${2:-590}
 out=${OUT:?set OUT to the results folder}
 t0=$(date +%s)
-logs=/tmp/cold-logs-$engine
 results=/tmp/cold-results
 name=${NAME:-cold-$engine-h200}
+# Logs and workdir (model, archive, homes) per result name: two benchmarks in one lease must not
+# share an archive (a MoE SAVE once replaced the hybrid model's archive before its LOAD ran).
+logs=/tmp/cold-logs-$name
 mkdir -p "$logs" "$results"
 if [ -n "${RESUME_FROM:-}" ] && [ ! -f "$results/$name.json" ]; then
   cp "$RESUME_FROM" "$results/$name.json" || exit 5
@@ -29,7 +31,7 @@ site=/tmp/site-$engine
 engine_ready "$engine" "$logs" "$t0"  # exits 2 (install) or 3 (native build) on failure
 left=$((limit - $(date +%s) + t0 - 15))
 PYTHONPATH=$site:$PWD/src timeout "$left" python3 benchmarks/cold_start.py --engine "$engine" \
-  --out "$results/$name.json" --logs "$logs" --workdir "/tmp/cold-$engine" \
+  --out "$results/$name.json" --logs "$logs" --workdir "/tmp/cold-$name" \
   --budget $((left - 10)) --timeout "${RUN_TIMEOUT:-240}" ${COLD_ARGS:-}
 echo "cold_start rc=$?"
 cp "$results/$name".* "$out/"

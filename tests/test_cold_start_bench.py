@@ -763,3 +763,42 @@ def test_engine_settings_for_every_run_are_parsed_and_checked():
     ]
     with pytest.raises(SystemExit):
         cs.parse_args([*args, "--engine-env", "VLLM_USE_V2_MODEL_RUNNER"])
+
+
+def test_a_load_run_that_saved_instead_is_failed_and_compared_with_nothing():
+    toks, lps = [[1, 2], [3, 4]], [[-1.0, -2.0]] * 2
+    save_report = {
+        "mode": "save",
+        "graphs": 52,
+        "decode_phase_stream_captures": {"driver": 52, "runtime": 52},
+    }
+    runs = {
+        "save": _run(toks, lps, 60.0, 61.0, report=save_report),
+        "stock_cold": _run(toks, lps, 100.0, 100.0),
+    }
+    # The archive was gone, so the auto-mode "LOAD" captured and saved: same tokens, but no LOAD.
+    load = _run(toks, lps, 59.0, 60.0, report=dict(save_report), compiled={"total": 3})
+    load.update(name="load_cold", foundry=True)
+    cs.judge_foundry_run(load)
+    assert load["ok"] is False and "mode 'save', not 'load'" in load["error"]
+    assert load["not_counted"]["ttft_s"] == 60.0 and "outputs" not in load and "ttft_s" not in load
+    runs["load_cold"] = load
+    result = cs.assemble({"engine": "sglang"}, runs)
+    assert result["tokens_identical_to_save"] is None and result["logprobs_identical_to_stock"] is None
+    assert result["ttft_s_load_cold"] is None and result["ttft_ratio_cold"] is None
+    assert result["load_decode_captures"] is None and result["load_compiles"] is None
+    assert result["modes"] == {"save": "save", "load_cold": "save"}
+    assert "load_cold" in result["errors"]
+    # A LOAD that ran as a LOAD is left alone; a failed one gains Foundry's own first error line.
+    good = _run(toks, lps, 40.0, 41.0, report={"mode": "load"})
+    good.update(name="load_cold_2", foundry=True)
+    cs.judge_foundry_run(good)
+    assert good["ok"] is True and "error" not in good and good["ttft_s"] == 41.0
+    died = {"name": "load_cold", "foundry": True, "ok": False, "error": "ServerDied: status -9"}
+    died["foundry_report"] = {
+        "mode": "load",
+        "ok": False,
+        "error": "Exception: cuGraphAddKernelNode failed\nmore",
+    }
+    cs.judge_foundry_run(died)
+    assert died["error"] == "ServerDied: status -9; Foundry: Exception: cuGraphAddKernelNode failed"
