@@ -535,6 +535,7 @@ static int build_graph(builder *b, uint32_t g, CUgraph *out, char *err, size_t e
     uint8_t type = p[0], n_attrs = p[1];
     const uint8_t *q;
     const char *what = "";
+    char detail[160] = ""; /* a refused kernel launch's configuration, for the error */
     rc = CUDA_SUCCESS;
     switch (type) {
       case FGB_NODE_KERNEL: {
@@ -560,6 +561,11 @@ static int build_graph(builder *b, uint32_t g, CUgraph *out, char *err, size_t e
         kp.kernelParams = n_params ? b->argv : NULL;
         what = "cuGraphAddKernelNode";
         rc = cu.add_kernel(&nodes[i], graph, NULL, 0, &kp);
+        if (rc != CUDA_SUCCESS)
+          snprintf(detail, sizeof detail,
+                   " (function %u, grid %u x %u x %u, block %u x %u x %u, dynamic shared memory %u bytes)",
+                   func, kp.gridDimX, kp.gridDimY, kp.gridDimZ, kp.blockDimX, kp.blockDimY, kp.blockDimZ,
+                   kp.sharedMemBytes);
         for (uint32_t a = 0; rc == CUDA_SUCCESS && a < n_attrs; a++) {
           const uint8_t *at = attrs + (size_t)a * ATTR_BYTES;
           uint32_t id = ld32(at), v0 = ld32(at + 4), v1 = ld32(at + 8), v2 = ld32(at + 12);
@@ -624,8 +630,8 @@ static int build_graph(builder *b, uint32_t g, CUgraph *out, char *err, size_t e
         goto fail_quiet;
     }
     if (rc != CUDA_SUCCESS) {
-      snprintf(err, errlen, "graph %u node %u (%s): %s failed: %s", g, i, type_name(type), what,
-               err_name(rc));
+      snprintf(err, errlen, "graph %u node %u (%s): %s failed: %s%s", g, i, type_name(type), what,
+               err_name(rc), detail);
       goto fail_quiet;
     }
     if (b->standin_bytes && (type == FGB_NODE_MEMSET || type == FGB_NODE_MEMCPY)) {

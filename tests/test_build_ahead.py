@@ -235,6 +235,16 @@ def test_memory_nodes_are_built_on_the_stand_in_and_re_pointed_in_the_executable
     ]
 
 
+def test_a_kernel_node_the_driver_refuses_is_named_with_its_launch(tmp_path):
+    big = _kernel()
+    big["grid"], big["smem"] = [512, 2, 1], 100 * 1024
+    out = _with_fake_driver(tmp_path, [_kernel(), big])
+    assert (
+        "graph 0 node 1 (kernel): cuGraphAddKernelNode failed: CUDA_ERROR_INVALID_VALUE (function 0, "
+        "grid 512 x 2 x 1, block 32 x 1 x 1, dynamic shared memory 102400 bytes)"
+    ) in out["plain"], out
+
+
 @pytest.mark.parametrize(
     "nodes,standin_bytes,refusal",
     [

@@ -50,9 +50,10 @@ class _Graph:
     KERNEL = 0
     handles: dict = {}  # name -> function handle, shared by the graphs of one test (fixture below)
 
-    def __init__(self, names, asked=None):
+    def __init__(self, names, asked=None, smem=None):
         self.names = names
         self.asked = asked if asked is not None else []  # the functions whose name was asked
+        self.smem = smem or [0] * len(names)  # each node's dynamic shared memory
 
     def driver(self):
         names = self.names
@@ -84,7 +85,7 @@ class _Graph:
                     blockDimX=32,
                     blockDimY=1,
                     blockDimZ=1,
-                    sharedMemBytes=0,
+                    sharedMemBytes=self.smem[node],
                 ),
             ),
             cuFuncGetName=get_name,
@@ -101,14 +102,14 @@ def _fresh_handles(monkeypatch):
 def walk(monkeypatch):
     """serialize() over fake kernel nodes, the parts that need a GPU stubbed."""
 
-    def run(names, kernels=None, memo=None, asked=None):
-        monkeypatch.setattr(graphs, "cu", _Graph(names, asked).driver)
+    def run(names, kernels=None, memo=None, asked=None, smem=None, attrs=None):
+        monkeypatch.setattr(graphs, "cu", _Graph(names, asked, smem).driver)
         monkeypatch.setattr(graphs, "_param_layout", lambda func: [])
         monkeypatch.setattr(
             graphs, "_kernel_param_bytes", lambda p, layout, name, words=None, total=None: b""
         )
         monkeypatch.setattr(graphs, "_read_attrs", lambda node: {})
-        monkeypatch.setattr(graphs, "function_attributes", lambda func: {"handle": func})
+        monkeypatch.setattr(graphs, "function_attributes", attrs or (lambda func: {"handle": func}))
         recorded = types.SimpleNamespace(match=lambda func, name: "img")
         segments = graphs.Segments(0x600000000000, 1 << 30, [])
         return graphs.serialize("graph", recorded, segments, {} if kernels is None else kernels, memo)
@@ -192,3 +193,20 @@ def test_the_driver_is_asked_about_each_function_once_per_save(walk):
     assert kernels == {("img", GEMM): {"handle": 100}, ("img", SYMM): {"handle": 101}}
     uncached, _ = walk([GEMM, SYMM, GEMM, GEMM])
     assert uncached["nodes"] == first["nodes"]
+
+
+def test_the_shared_memory_limit_saved_covers_every_nodes_need(walk):
+    """A library sets a kernel's dynamic shared memory limit launch by launch, so after SGLang's
+    captures (largest batch first) it holds the smallest graph's need; the archive must hold the
+    largest, or LOAD's cuGraphAddKernelNode refuses the big graphs' nodes (INVALID_VALUE)."""
+    kernels, memo = {}, graphs.WalkMemo()
+    last_set = lambda func: {"max_dynamic_shared": 61440, "preferred_carveout": -1}  # noqa: E731
+    big, _ = walk([GEMM, SYMM], kernels, memo, smem=[102400, 0], attrs=last_set)
+    small, _ = walk([GEMM, SYMM], kernels, memo, smem=[61440, 0], attrs=last_set)
+    assert [n["smem"] for n in big["nodes"]] == [102400, 0] and small["nodes"][0]["smem"] == 61440
+    assert kernels[("img", GEMM)] == {"max_dynamic_shared": 102400, "preferred_carveout": -1}
+    assert kernels[("img", SYMM)]["max_dynamic_shared"] == 61440  # never lowered
+    # Where the driver did not say, nothing is made up.
+    bare = {}
+    walk([GEMM], bare, smem=[4096])
+    assert "max_dynamic_shared" not in bare[("img", GEMM)]

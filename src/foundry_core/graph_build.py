@@ -19,7 +19,7 @@ from typing import NamedTuple
 from cuda.bindings import driver as _drv
 
 from . import _native
-from .driver import call, cu
+from .driver import CudaError, call, cu
 from .graph_codec import _HEADER, encoded_events
 from .graphs import INSTANTIATE_FLAGS, NODE_ATTRIBUTES, GraphError, Rebuilt, param_bytes
 from .modules import LoadedModules
@@ -44,6 +44,24 @@ def _write_attrs(node, attrs: dict) -> None:
             current = getattr(value, field)
             setattr(value, field, type(current)(raw) if not isinstance(current, int) else raw)
         call(driver.cuGraphKernelNodeSetAttribute, node, driver.CUkernelNodeAttrID(attr_id), value)
+
+
+def _launch_of(node: dict, func) -> str:
+    """A kernel node's launch, for the error when the driver refuses it: the kernel, its
+    configuration and the limits its function has now (a dynamic shared memory request above the
+    function's limit is one way to CUDA_ERROR_INVALID_VALUE)."""
+    driver = cu()
+    limits = []
+    for label, attr in (
+        ("limit", driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES),
+        ("max threads", driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK),
+    ):
+        err, value = driver.cuFuncGetAttribute(attr, func)
+        limits.append(f"{label} {value if int(err) == 0 else err.name}")
+    return (
+        f"kernel {node['name']}, grid {tuple(node['grid'])}, block {tuple(node['block'])}, "
+        f"dynamic shared memory {node['smem']} bytes ({', '.join(limits)})"
+    )
 
 
 def rebuild(
@@ -114,7 +132,10 @@ def _add_nodes(graph, desc: dict, modules: LoadedModules, kernel_attrs: dict, ev
             p.sharedMemBytes = node["smem"]
             p.kernelParams = ctypes.addressof(argv) if node["layout"] else 0
             p.extra = 0
-            handle = call(driver.cuGraphAddKernelNode, graph, None, 0, p)
+            try:
+                handle = call(driver.cuGraphAddKernelNode, graph, None, 0, p)
+            except CudaError as e:
+                raise CudaError(f"{e.call} ({_launch_of(node, func)})", driver.CUresult(e.code)) from None
             keepalive.append((block, argv))
             if node["attrs"]:
                 _write_attrs(handle, node["attrs"])

@@ -438,6 +438,15 @@ def _serialize(graph, recorded, auditor, kernels, events, path: str) -> dict:
                 image = info[3] = recorded.match(func, name)
                 if (image, name) not in kernels:
                     kernels[(image, name)] = function_attributes(func)
+            # Libraries raise a kernel's dynamic shared memory limit to what the launch at hand
+            # needs, launch by launch, so after capture the limit holds the last graph's need
+            # (SGLang captures the largest batch first), not the largest. LOAD sets the limit once
+            # per kernel: it must cover every node's need (a node above it is refused by
+            # cuGraphAddKernelNode with CUDA_ERROR_INVALID_VALUE; seen with Qwen3-Next on SGLang).
+            smem = int(p.sharedMemBytes)
+            attrs = kernels[(image, name)]
+            if smem > attrs.get("max_dynamic_shared", smem):
+                attrs["max_dynamic_shared"] = smem
             out_nodes.append(
                 {
                     "type": "kernel",
@@ -445,7 +454,7 @@ def _serialize(graph, recorded, auditor, kernels, events, path: str) -> dict:
                     "name": name,
                     "grid": [int(p.gridDimX), int(p.gridDimY), int(p.gridDimZ)],
                     "block": [int(p.blockDimX), int(p.blockDimY), int(p.blockDimZ)],
-                    "smem": int(p.sharedMemBytes),
+                    "smem": smem,
                     "layout": layout,
                     "params": params,  # bytes: the encoding stores them as they are (json_form)
                     "attrs": _read_attrs(node),

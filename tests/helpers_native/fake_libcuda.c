@@ -71,7 +71,10 @@ EXPORT CUresult cuGraphDestroy(CUgraph g) {
 
 EXPORT CUresult cuGraphAddKernelNode_v2(CUgraphNode *n, CUgraph g, const CUgraphNode *d, size_t nd,
                                         const foundry_kernel_node_params *p) {
-  (void)g, (void)d, (void)nd, (void)p;
+  (void)g, (void)d, (void)nd;
+  /* Every function's dynamic shared memory limit is the default 48 KiB here: a node asking more is
+   * refused, as the driver refuses one above its function's limit. */
+  if (p->sharedMemBytes > 48 * 1024) return INVALID_VALUE;
   *n = handle();
   return CUDA_SUCCESS;
 }
