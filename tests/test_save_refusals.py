@@ -110,3 +110,88 @@ def test_random_kernels_refused_without_rng_detection():
     nested = {"nodes": [{"type": "graph", "graph": graph("triton_poi_fused_randn_1")}], "edges": []}
     with pytest.raises(api.SaveError, match="detect_rng=False"):
         api._refuse_random_kernels(nested)
+
+
+# --- SAVE's trial build (graph_build.check_rebuilds): every graph built once as LOAD will -------------
+
+
+class _Modules:
+    """Stand-in for LoadedModules: what was loaded and whether it was all unloaded."""
+
+    log: list = []
+
+    def __init__(self):
+        self.loaded = []
+
+    def load(self, digest, data):
+        self.loaded.append(digest)
+        _Modules.log.append(("load", digest))
+
+    def unload(self):
+        _Modules.log.append(("unload", tuple(self.loaded)))
+
+
+@pytest.fixture
+def trial(monkeypatch):
+    """check_rebuilds with stand-in modules; ``native`` refuses the encodings in ``native_refuses``,
+    the Python builder the graphs whose description says ``"python_refuses"``."""
+    from foundry_core import graph_build
+
+    _Modules.log = []
+    monkeypatch.setattr(graph_build, "LoadedModules", _Modules)
+    built = []
+
+    def run(walked, blobs, native_refuses=(), with_native=True):
+        class Native:
+            def check(self, blob):
+                built.append(("native", blob))
+                if blob in native_refuses:
+                    raise graphs.GraphError("native graph builder: graph 0 node 1 (kernel): refused")
+
+        def python(desc, modules, attrs):
+            built.append(("python", desc["id"]))
+            if desc.get("python_refuses"):
+                raise driver.CudaError("cuGraphAddKernelNode (kernel k, smem 102400)", _Err())
+
+        monkeypatch.setattr(
+            graph_build.NativeBuilder, "create", lambda m, k: Native() if with_native else None
+        )
+        monkeypatch.setattr(graph_build, "_check_python", python)
+        graph_build.check_rebuilds({"img-a": b"a", "img-b": b"b"}, [["img-a", "k", {}]], walked, blobs)
+        return built
+
+    return run
+
+
+class _Err(int):
+    name = "CUDA_ERROR_INVALID_VALUE"
+
+    def __new__(cls):
+        return int.__new__(cls, 1)
+
+
+def test_the_trial_build_builds_every_graph_natively_and_unloads_what_it_loaded(trial):
+    walked = [("decode/size=512", {"id": 0}), ("decode/size=1", {"id": 1})]
+    assert trial(walked, [b"g0", b"g1"]) == [("native", b"g0"), ("native", b"g1")]
+    assert _Modules.log == [("load", "img-a"), ("load", "img-b"), ("unload", ("img-a", "img-b"))]
+
+
+def test_a_graph_no_builder_can_rebuild_fails_the_trial_naming_it(trial):
+    walked = [("decode/size=1", {"id": 1}), ("decode/size=512", {"id": 0, "python_refuses": True})]
+    with pytest.raises(graphs.GraphError) as refused:
+        trial(walked, [b"g1", b"g0"], native_refuses={b"g0"})
+    assert str(refused.value).startswith("graph 'decode/size=512' would not restore: cuGraphAddKernelNode")
+    assert "CUDA_ERROR_INVALID_VALUE" in str(refused.value)
+    assert _Modules.log[-1] == ("unload", ("img-a", "img-b"))  # unloaded on the way out too
+
+
+def test_what_the_python_builder_rebuilds_passes_as_it_would_at_load(trial):
+    # LOAD falls back to the Python builder where the native one fails: so does the trial.
+    walked = [("decode/size=512", {"id": 0})]
+    assert trial(walked, [b"g0"], native_refuses={b"g0"}) == [("native", b"g0"), ("python", 0)]
+
+
+def test_graphs_kept_in_json_form_are_tried_with_the_python_builder(trial):
+    walked = [("a", {"id": 0}), ("b", {"id": 1})]
+    assert trial(walked, [None, None], with_native=True) == [("python", 0), ("python", 1)]
+    assert trial([("c", {"id": 2})], [b"g"], with_native=False)[-1] == ("python", 2)

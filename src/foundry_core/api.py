@@ -36,6 +36,7 @@ from .archive import Archive, ArchiveError, ArchiveWriter, compare_fingerprint, 
 from .driver import call, cu
 from .errors import FoundryError
 from .fingerprint import current_fingerprint
+from .graph_build import check_rebuilds
 from .graph_codec import ENCODING, encode, kernel_ids
 from .graphs import GraphError, Rebuilt, Segments, WalkMemo, count_nodes, json_form, kernel_names, serialize
 from .modules import ModuleError, Recorded, recording
@@ -190,7 +191,9 @@ def save(
 
     ``timings``: a dict to fill with where the SAVE's time went (seconds): walk_s (reading the
     graphs back from the driver, with the RNG search), snapshot_s (copying eager memory), encode_s,
-    write_s (compression, files, fsync and publishing).
+    check_s (every graph built once from what the archive will hold, as LOAD builds it, and thrown
+    away: a graph the driver would refuse at LOAD fails the SAVE instead; FOUNDRY_SAVE_CHECK=0 skips
+    it), write_s (compression, files, fsync and publishing).
     """
     torch = _torch()
     timings = {} if timings is None else timings
@@ -266,6 +269,13 @@ def save(
             raise SaveError(f"graph {name!r}: {e}") from None
     t3 = time.perf_counter()
     timings["encode_s"] = t3 - t2
+    if os.environ.get("FOUNDRY_SAVE_CHECK", "1").strip() != "0":
+        try:
+            check_rebuilds({d: recorded.images[d].data for d in images}, meta["kernels"], walked, blobs)
+        except (GraphError, ModuleError) as e:
+            raise SaveError(f"the archive would not restore, not saved: {e}") from None
+        t4 = time.perf_counter()
+        timings["check_s"], t3 = t4 - t3, t4
     # Code images, memory snapshots and graph encodings are stored compressed (190 MiB -> 24 MiB in
     # the bench, for up to 0.2 s of inflation per LOAD); FOUNDRY_ARCHIVE_COMPRESS=0 stores them as they are.
     compress = os.environ.get("FOUNDRY_ARCHIVE_COMPRESS", "1").strip() != "0"

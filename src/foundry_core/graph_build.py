@@ -214,6 +214,14 @@ class NativeBuilder:
         flags = _BUILD_INSTANTIATE | (_BUILD_UPLOAD if stream is not None else 0)
         return self._build(self._so.foundry_graph_build, data, (stream or 0, flags), timings)
 
+    def check(self, data: bytes) -> None:
+        """Build the graph ``data`` encodes, without instantiating it, and throw it away: raises
+        :class:`GraphError` with the driver's refusal where a node cannot be added."""
+        rebuilt = self._build(self._so.foundry_graph_build, data, (0, 0), None)
+        call(cu().cuGraphDestroy, rebuilt.graph)
+        for event in rebuilt.events:
+            call(cu().cuEventDestroy, event)
+
     def memory_nodes(self, data: bytes) -> MemoryNodes:
         """What building ``data`` ahead of its memory takes (native/graphbuild.c)."""
         counts = (ctypes.c_uint64 * 4)()
@@ -309,3 +317,44 @@ def retarget(rebuilt: Rebuilt, moved: Moved) -> None:
     )
     if rc != 0:
         raise GraphError(f"re-pointing memory nodes: {err.value.decode(errors='replace')}")
+
+
+def check_rebuilds(images: dict[str, bytes], kernels: list, walked: list, blobs: list) -> None:
+    """Build every graph of a SAVE once the way LOAD will, from what the archive is about to hold
+    (its code images loaded afresh, the kernels resolved in them with the recorded attributes, the
+    encodings), and throw the builds away. The driver checks each node as it is added (a kernel's
+    launch against its function's limits, memory nodes against their memory), so a graph that a
+    LOAD could not rebuild is refused here, before anything is published, instead of failing every
+    later start. Not instantiated: that is LOAD's cost and checks nothing more of the archive.
+
+    ``kernels``: the archive's [image, name, attrs] list; ``walked``: (name, description) pairs;
+    ``blobs``: their encodings (None where the JSON form is stored). Raises :class:`GraphError`
+    naming the graph (or :class:`~foundry_core.modules.ModuleError` for a kernel's code)."""
+    modules = LoadedModules()
+    try:
+        for digest, data in images.items():
+            modules.load(digest, data)
+        native = NativeBuilder.create(modules, kernels) if None not in blobs else None
+        attrs = {(image, name): a for image, name, a in kernels}
+        for (name, desc), blob in zip(walked, blobs):
+            try:
+                if native is not None:
+                    try:
+                        native.check(blob)
+                        continue
+                    except GraphError:
+                        pass  # LOAD falls back to the Python builder too: its answer decides
+                _check_python(desc, modules, attrs)
+            except (GraphError, CudaError) as e:
+                raise GraphError(f"graph {name!r} would not restore: {e}") from None
+    finally:
+        modules.unload()
+
+
+def _check_python(desc: dict, modules: LoadedModules, kernel_attrs: dict) -> None:
+    events = [call(cu().cuEventCreate, CU_EVENT_DISABLE_TIMING) for _ in range(desc.get("events", 0))]
+    try:
+        call(cu().cuGraphDestroy, _build(desc, modules, kernel_attrs, events, []))
+    finally:
+        for event in events:
+            cu().cuEventDestroy(event)
