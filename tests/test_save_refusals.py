@@ -124,6 +124,8 @@ class _Modules:
         self.loaded = []
 
     def load(self, digest, data):
+        if data == b"not a cubin":
+            raise driver.CudaError("cuModuleLoadData", _Err())
         self.loaded.append(digest)
         _Modules.log.append(("load", digest))
 
@@ -141,7 +143,7 @@ def trial(monkeypatch):
     monkeypatch.setattr(graph_build, "LoadedModules", _Modules)
     built = []
 
-    def run(walked, blobs, native_refuses=(), with_native=True):
+    def run(walked, blobs, native_refuses=(), with_native=True, images=None):
         class Native:
             def check(self, blob):
                 built.append(("native", blob))
@@ -157,7 +159,8 @@ def trial(monkeypatch):
             graph_build.NativeBuilder, "create", lambda m, k: Native() if with_native else None
         )
         monkeypatch.setattr(graph_build, "_check_python", python)
-        graph_build.check_rebuilds({"img-a": b"a", "img-b": b"b"}, [["img-a", "k", {}]], walked, blobs)
+        images = images or {"img-a": b"a", "img-b": b"b"}
+        graph_build.check_rebuilds(images, [["img-a", "k", {}]], walked, blobs)
         return built
 
     return run
@@ -195,3 +198,11 @@ def test_graphs_kept_in_json_form_are_tried_with_the_python_builder(trial):
     walked = [("a", {"id": 0}), ("b", {"id": 1})]
     assert trial(walked, [None, None], with_native=True) == [("python", 0), ("python", 1)]
     assert trial([("c", {"id": 2})], [b"g"], with_native=False)[-1] == ("python", 2)
+
+
+def test_a_code_image_the_driver_will_not_load_fails_the_trial_naming_it(trial):
+    from foundry_core.modules import ModuleError
+
+    with pytest.raises(ModuleError, match=r"code image img-b does not load: cuModuleLoadData failed"):
+        trial([("a", {"id": 0})], [b"g"], images={"img-a": b"a", "img-b": b"not a cubin"})
+    assert _Modules.log[-1] == ("unload", ("img-a",))

@@ -273,7 +273,7 @@ def save(
         try:
             check_rebuilds({d: recorded.images[d].data for d in images}, meta["kernels"], walked, blobs)
         except (GraphError, ModuleError) as e:
-            raise SaveError(f"the archive would not restore, not saved: {e}") from None
+            raise SaveError(f"not saved: {e}") from None
         t4 = time.perf_counter()
         timings["check_s"], t3 = t4 - t3, t4
     # Code images, memory snapshots and graph encodings are stored compressed (190 MiB -> 24 MiB in

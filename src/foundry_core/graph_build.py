@@ -22,7 +22,7 @@ from . import _native
 from .driver import CudaError, call, cu
 from .graph_codec import _HEADER, encoded_events
 from .graphs import INSTANTIATE_FLAGS, NODE_ATTRIBUTES, GraphError, Rebuilt, param_bytes
-from .modules import LoadedModules
+from .modules import LoadedModules, ModuleError
 
 CU_EVENT_DISABLE_TIMING = int(_drv.CUevent_flags.CU_EVENT_DISABLE_TIMING)
 
@@ -333,7 +333,10 @@ def check_rebuilds(images: dict[str, bytes], kernels: list, walked: list, blobs:
     modules = LoadedModules()
     try:
         for digest, data in images.items():
-            modules.load(digest, data)
+            try:
+                modules.load(digest, data)
+            except CudaError as e:
+                raise ModuleError(f"code image {digest[:12]} does not load: {e}") from None
         native = NativeBuilder.create(modules, kernels) if None not in blobs else None
         attrs = {(image, name): a for image, name, a in kernels}
         for (name, desc), blob in zip(walked, blobs):

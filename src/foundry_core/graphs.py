@@ -442,7 +442,8 @@ def _serialize(graph, recorded, auditor, kernels, events, path: str) -> dict:
             # needs, launch by launch, so after capture the limit holds the last graph's need
             # (SGLang captures the largest batch first), not the largest. LOAD sets the limit once
             # per kernel: it must cover every node's need (a node above it is refused by
-            # cuGraphAddKernelNode with CUDA_ERROR_INVALID_VALUE; seen with Qwen3-Next on SGLang).
+            # cuGraphAddKernelNode with CUDA_ERROR_INVALID_VALUE, the likely cause of the
+            # Qwen3-Next LOAD that failed on SGLang, docs/performance.md).
             smem = int(p.sharedMemBytes)
             attrs = kernels[(image, name)]
             if smem > attrs.get("max_dynamic_shared", smem):
