@@ -196,9 +196,10 @@ def test_the_driver_is_asked_about_each_function_once_per_save(walk):
 
 
 def test_the_shared_memory_limit_saved_covers_every_nodes_need(walk):
-    """A library sets a kernel's dynamic shared memory limit launch by launch, so after SGLang's
-    captures (largest batch first) it holds the smallest graph's need; the archive must hold the
-    largest, or LOAD's cuGraphAddKernelNode refuses the big graphs' nodes (INVALID_VALUE)."""
+    """A launcher that sets a kernel's dynamic shared memory limit on every launch (FlashInfer's
+    RMSNorm, at two widths per forward) leaves it at the last launch's need after capture; the
+    archive must hold the largest, or LOAD's cuGraphAddKernelNode refuses the bigger nodes
+    (CUDA_ERROR_INVALID_VALUE)."""
     kernels, memo = {}, graphs.WalkMemo()
     last_set = lambda func: {"max_dynamic_shared": 61440, "preferred_carveout": -1}  # noqa: E731
     big, _ = walk([GEMM, SYMM], kernels, memo, smem=[102400, 0], attrs=last_set)

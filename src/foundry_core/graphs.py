@@ -438,10 +438,10 @@ def _serialize(graph, recorded, auditor, kernels, events, path: str) -> dict:
                 image = info[3] = recorded.match(func, name)
                 if (image, name) not in kernels:
                     kernels[(image, name)] = function_attributes(func)
-            # Libraries raise a kernel's dynamic shared memory limit to what the launch at hand
-            # needs, launch by launch, so after capture the limit holds the last graph's need
-            # (SGLang captures the largest batch first), not the largest. LOAD sets the limit once
-            # per kernel: it must cover every node's need (a node above it is refused by
+            # Some launchers set a kernel's dynamic shared memory limit to exactly what the launch
+            # at hand needs (FlashInfer's RMSNorm does, on every launch), so after capture the
+            # limit holds the last launch's need, not the largest. LOAD sets the limit once per
+            # kernel: it must cover every node's need (a node above it is refused by
             # cuGraphAddKernelNode with CUDA_ERROR_INVALID_VALUE, the likely cause of the
             # Qwen3-Next LOAD that failed on SGLang, docs/performance.md).
             smem = int(p.sharedMemBytes)
