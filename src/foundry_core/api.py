@@ -190,7 +190,8 @@ def save(
     random-number kernel is refused instead.
 
     ``timings``: a dict to fill with where the SAVE's time went (seconds): walk_s (reading the
-    graphs back from the driver, with the RNG search), snapshot_s (copying eager memory), encode_s,
+    graphs back from the driver, with the RNG search; of it recorded_s indexing the recorded code
+    images and rng_s the RNG search), snapshot_s (copying eager memory), encode_s,
     check_s (every graph built once from what the archive will hold, as LOAD builds it, and thrown
     away: a graph the driver would refuse at LOAD fails the SAVE instead; FOUNDRY_SAVE_CHECK=0 skips
     it), write_s (compression, files, fsync and publishing).
@@ -212,6 +213,8 @@ def save(
         region.device, model=fingerprint_model or {}, rank=rank, world_size=world_size
     )
     recorded = Recorded()
+    timings["recorded_s"] = time.perf_counter() - t0  # the recorded code images, hashed and indexed
+    rng_s = 0.0
     seg_list = region.segments()
     segments = Segments(region.base, region.size, [(s.addr, s.size) for s in seg_list if s.live])
     kernels: dict = {}
@@ -228,7 +231,9 @@ def save(
                     ) from None
                 desc, pointers = serialize(cu().CUgraph(init_value=raw), recorded, segments, kernels, memo)
                 if detect_rng:
+                    t_rng = time.perf_counter()
                     desc["rng"] = _find_rng_state(graph, pointers, region.device)
+                    rng_s += time.perf_counter() - t_rng
                 else:
                     _refuse_random_kernels(desc)
                     desc["rng"] = None
@@ -242,6 +247,7 @@ def save(
     images = sorted({image for image, _ in kernels})
     t1 = time.perf_counter()
     timings["walk_s"] = t1 - t0
+    timings["rng_s"] = rng_s  # of walk_s: replays that find each graph's RNG state
     snapshots = [(seg, *snapshot(seg, ranges)) for seg, ranges in region.snapshot_candidates()]
     t2 = time.perf_counter()
     timings["snapshot_s"] = t2 - t1
