@@ -188,6 +188,20 @@ def _kernel_param_bytes(
     return b""
 
 
+class _Function:
+    """What the walk keeps of one kernel function: asked of the driver once per SAVE."""
+
+    __slots__ = ("name", "kind", "layout", "image", "layout_words", "param_total")
+
+    def __init__(self, name: str, kind: str | None, layout: list[tuple[int, int]]):
+        self.name = name
+        self.kind = kind  # collective kind (collectives.py) or None
+        self.layout = layout  # the parameters' (offset, size)
+        self.image = None  # digest of the code image that holds it, once matched
+        self.layout_words = _packed_layout(layout)
+        self.param_total = _param_total(layout)
+
+
 @dataclasses.dataclass
 class WalkMemo:
     """What one SAVE learns once and every graph it walks reuses. The SAVE allocates nothing while it
@@ -195,9 +209,8 @@ class WalkMemo:
     same parameter words recur in every graph (each decode graph of an engine points at the same
     buffers)."""
 
-    #: int(CUfunction) -> [name, collective kind, parameter layout, image digest or None,
-    #: packed layout (:func:`_packed_layout`), parameter bytes (:func:`_param_total`)]
-    functions: dict[int, list] = dataclasses.field(default_factory=dict)
+    #: int(CUfunction) -> what the walk keeps of it
+    functions: dict[int, _Function] = dataclasses.field(default_factory=dict)
     #: Words outside the region that the driver said are not device memory (sizes and strides
     #: packed in pairs, flags: a FlashAttention parameter block holds dozens; each question is a
     #: driver call).
@@ -414,28 +427,23 @@ def _serialize(graph, recorded, auditor, kernels, events, path: str) -> dict:
             info = auditor.functions.get(int(func))
             if info is None:
                 name = call(driver.cuFuncGetName, func).decode()
-                layout = _param_layout(func)
-                info = auditor.functions[int(func)] = [
-                    name,
-                    collectives.kind_of(name),
-                    layout,
-                    None,
-                    _packed_layout(layout),
-                    _param_total(layout),
-                ]
-            name, kind, layout, image, layout_words, total = info
+                info = auditor.functions[int(func)] = _Function(
+                    name, collectives.kind_of(name), _param_layout(func)
+                )
+            name, kind, layout = info.name, info.kind, info.layout
             if kind is not None:
                 why = collectives.refusal(kind, name)
                 if why is not None:
                     raise GraphError(f"{label}: {why}")
                 auditor.collectives[kind] = auditor.collectives.get(kind, 0) + 1
-            params = _kernel_param_bytes(p, layout, name, layout_words, total)
+            params = _kernel_param_bytes(p, layout, name, info.layout_words, info.param_total)
             auditor.check_block(
                 params,
                 lambda off, name=name, label=label: f"{label} (kernel {_short(name)}) parameter byte {off}",
             )
+            image = info.image
             if image is None:
-                image = info[3] = recorded.match(func, name)
+                image = info.image = recorded.match(func, name)
                 if (image, name) not in kernels:
                     kernels[(image, name)] = function_attributes(func)
             # Some launchers set a kernel's dynamic shared memory limit to exactly what the launch
