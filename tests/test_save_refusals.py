@@ -112,6 +112,30 @@ def test_random_kernels_refused_without_rng_detection():
         api._refuse_random_kernels(nested)
 
 
+def test_the_rng_search_looks_first_at_the_words_the_random_kernels_carry():
+    """The seed and offset words are found by reading candidates back after replays, one driver call
+    each: the words in the random-number kernels' parameter blocks come first (a handful), all the
+    graph's region pointers only where those do not answer."""
+    seed_ptr, offset_ptr, weights, not_region = 0x7000_0000_1000, 0x7000_0000_1008, 0x7000_0100_0000, 0xBEEF
+
+    def block(*words, tail=b"\x07\x00\x00\x00\x01\x00\x00\x00"):
+        return b"".join(w.to_bytes(8, "little") for w in words) + tail
+
+    philox = {"type": "kernel", "name": "_ZN2at6native43distribution_elementwise_grid_stride_kernelIfLi4E"}
+    desc = {
+        "nodes": [
+            {"type": "kernel", "name": "nvjet_hsh_gemm", "params": block(weights, seed_ptr + 64)},
+            {**philox, "params": block(weights + 8, not_region, seed_ptr, offset_ptr)},
+            {"type": "graph", "graph": {"nodes": [{**philox, "params": block(offset_ptr, seed_ptr + 3)}]}},
+            {"type": "empty"},
+        ]
+    }
+    pointers = {seed_ptr, offset_ptr, weights, weights + 8, seed_ptr + 64, seed_ptr + 3}
+    # The GEMM's words stay out; so does a word that is no region pointer, and one that is unaligned.
+    assert api._rng_candidates(desc, pointers) == [seed_ptr, offset_ptr, weights + 8]
+    assert api._rng_candidates({"nodes": [desc["nodes"][0]]}, pointers) == []
+
+
 # --- SAVE's trial build (graph_build.check_rebuilds): every graph built once as LOAD will -------------
 
 

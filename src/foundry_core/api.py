@@ -38,7 +38,17 @@ from .errors import FoundryError
 from .fingerprint import current_fingerprint
 from .graph_build import check_rebuilds
 from .graph_codec import ENCODING, encode, kernel_ids
-from .graphs import GraphError, Rebuilt, Segments, WalkMemo, count_nodes, json_form, kernel_names, serialize
+from .graphs import (
+    GraphError,
+    Rebuilt,
+    Segments,
+    WalkMemo,
+    count_nodes,
+    json_form,
+    kernel_names,
+    param_bytes,
+    serialize,
+)
 from .modules import ModuleError, Recorded, recording
 from .progress import Progress
 from .region import Region, RegionError, Segment, restore_snapshot, snapshot
@@ -71,13 +81,36 @@ def _read_words(addrs: list[int]) -> list[int]:
     return values
 
 
-def _find_rng_state(graph, pointers: set[int], device: int) -> dict | None:
+def _rng_candidates(desc: dict, pointers: set[int]) -> list[int]:
+    """The region words that the graph's random-number kernels (by name, child graphs included)
+    carry in their parameter blocks: where torch's Philox state points (its seed and offset
+    pointers sit at 8-byte-aligned offsets of the block). A handful, where the graph's region
+    pointers number in the thousands, each read back with a driver call per replay."""
+    words: set[int] = set()
+    for node in _kernel_nodes(desc):
+        if _RANDOM_KERNEL.search(node["name"]):
+            block = param_bytes(node["params"])
+            words.update(int.from_bytes(block[i : i + 8], "little") for i in range(0, len(block) - 7, 8))
+    return sorted(w for w in words & pointers if w % 8 == 0)
+
+
+def _kernel_nodes(desc: dict):
+    for node in desc["nodes"]:
+        if node["type"] == "kernel":
+            yield node
+        elif node["type"] == "graph":
+            yield from _kernel_nodes(node["graph"])
+
+
+def _find_rng_state(graph, desc: dict, pointers: set[int], device: int) -> dict | None:
     """Where a graph that draws Philox random numbers reads its seed and base offset.
 
     Inside a captured graph, torch's Philox kernels read the seed and offset from two device words
     that each replay fills from the generator, which then advances by the graph's increment. We
     find the increment from the generator, and the two words by replaying with two distinct
-    (seed, offset) pairs and keeping the only pointers whose targets followed both.
+    (seed, offset) pairs and keeping the only pointers whose targets followed both: first among
+    the words the random-number kernels carry (:func:`_rng_candidates`), then, where those do not
+    give exactly one of each (a random kernel with another name), among all the graph's pointers.
     """
     torch = _torch()
     gen = torch.cuda.default_generators[device]
@@ -89,27 +122,35 @@ def _find_rng_state(graph, pointers: set[int], device: int) -> dict | None:
         increment = gen.get_offset() - before
         if increment == 0:
             return None
-        candidates = sorted(p for p in pointers if p % 8 == 0)
-        seed_ptrs: set[int] | None = None
-        offset_ptrs: set[int] | None = None
-        for seed, offset in ((0x5EED_F00D_0001, 4096 * 7), (0x0DDB_A11_0042, 4096 * 13)):
-            gen.manual_seed(seed)
-            gen.set_offset(offset)
-            graph.replay()
-            torch.cuda.synchronize(device)
-            values = _read_words(candidates)
-            s = {p for p, v in zip(candidates, values) if v == seed}
-            o = {p for p, v in zip(candidates, values) if v == offset}
-            seed_ptrs = s if seed_ptrs is None else seed_ptrs & s
-            offset_ptrs = o if offset_ptrs is None else offset_ptrs & o
-        if len(seed_ptrs) != 1 or len(offset_ptrs) != 1:
-            raise SaveError(
-                f"graph draws Philox random numbers (offset +{increment} per replay) but its seed/offset "
-                f"words were not identified ({len(seed_ptrs)} seed and {len(offset_ptrs)} offset candidates)"
-            )
-        return {"increment": increment, "seed_ptr": seed_ptrs.pop(), "offset_ptr": offset_ptrs.pop()}
+        everything = sorted(p for p in pointers if p % 8 == 0)
+        for candidates in (_rng_candidates(desc, pointers), everything):
+            seed_ptrs, offset_ptrs = _follow_rng_words(graph, gen, candidates, device)
+            if len(seed_ptrs) == 1 and len(offset_ptrs) == 1:
+                return {"increment": increment, "seed_ptr": seed_ptrs.pop(), "offset_ptr": offset_ptrs.pop()}
+        raise SaveError(
+            f"graph draws Philox random numbers (offset +{increment} per replay) but its seed/offset "
+            f"words were not identified ({len(seed_ptrs)} seed and {len(offset_ptrs)} offset candidates)"
+        )
     finally:
         gen.set_state(state)
+
+
+def _follow_rng_words(graph, gen, candidates: list[int], device: int) -> tuple[set[int], set[int]]:
+    """The words among ``candidates`` that held the generator's seed, and its offset, after each of
+    two replays with distinct (seed, offset) pairs."""
+    seed_ptrs: set[int] | None = None
+    offset_ptrs: set[int] | None = None
+    for seed, offset in ((0x5EED_F00D_0001, 4096 * 7), (0x0DDB_A11_0042, 4096 * 13)):
+        gen.manual_seed(seed)
+        gen.set_offset(offset)
+        graph.replay()
+        _torch().cuda.synchronize(device)
+        values = _read_words(candidates)
+        s = {p for p, v in zip(candidates, values) if v == seed}
+        o = {p for p, v in zip(candidates, values) if v == offset}
+        seed_ptrs = s if seed_ptrs is None else seed_ptrs & s
+        offset_ptrs = o if offset_ptrs is None else offset_ptrs & o
+    return seed_ptrs, offset_ptrs
 
 
 # Kernels that draw from torch's Philox generator: distributions, dropout, multinomial, randperm,
@@ -183,7 +224,8 @@ def save(
     refuses an archive whose fingerprint differs. ``slots`` is free-form JSON an engine needs back
     (e.g. memory-pool sizing). Returns the archive digest. On any refusal nothing is written.
 
-    Each graph is replayed once (three times if it draws random numbers) to find its RNG state, so
+    Each graph is replayed once (three times if it draws random numbers, five if none of its
+    random-number kernels carries the RNG state words) to find its RNG state, so
     whatever its kernels write, the KV cache included, is written then. ``detect_rng=False`` is for
     engines whose graphs sample outside the graph and whose buffers make a replay at this point
     unsafe (SGLang, vLLM): nothing is replayed, and a graph holding a kernel that looks like a
@@ -232,7 +274,7 @@ def save(
                 desc, pointers = serialize(cu().CUgraph(init_value=raw), recorded, segments, kernels, memo)
                 if detect_rng:
                     t_rng = time.perf_counter()
-                    desc["rng"] = _find_rng_state(graph, pointers, region.device)
+                    desc["rng"] = _find_rng_state(graph, desc, pointers, region.device)
                     rng_s += time.perf_counter() - t_rng
                 else:
                     _refuse_random_kernels(desc)
