@@ -13,7 +13,7 @@ The public surface is small::
 Importing this package is cheap: torch, cuda.bindings and the native library load on first use.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.1.1"
 
 import importlib
 from typing import Any
