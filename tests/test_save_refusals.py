@@ -230,3 +230,58 @@ def test_a_code_image_the_driver_will_not_load_fails_the_trial_naming_it(trial):
     with pytest.raises(ModuleError, match=r"code image img-b does not load: cuModuleLoadData failed"):
         trial([("a", {"id": 0})], [b"g"], images={"img-a": b"a", "img-b": b"not a cubin"})
     assert _Modules.log[-1] == ("unload", ("img-a",))
+
+
+class _Generator:
+    def __init__(self):
+        self.seed, self.offset = 1, 0
+
+    def get_state(self):
+        return (self.seed, self.offset)
+
+    def set_state(self, state):
+        self.seed, self.offset = state
+
+    def get_offset(self):
+        return self.offset
+
+    def set_offset(self, offset):
+        self.offset = offset
+
+    def manual_seed(self, seed):
+        self.seed = seed
+
+
+@pytest.mark.parametrize("named", [True, False], ids=["philox-kernel-named", "unnamed-random-kernel"])
+def test_the_rng_search_replays_twice_more_only_when_the_named_kernels_do_not_answer(monkeypatch, named):
+    seed_word, offset_word, other = 0x7000_0000_1000, 0x7000_0000_1008, 0x7000_0000_2000
+    memory, replays, read = {}, [], []
+    gen = _Generator()
+
+    class Graph:
+        def replay(self):  # what a captured Philox kernel's graph does: publish seed and offset
+            replays.append(1)
+            memory[seed_word], memory[offset_word], memory[other] = gen.seed, gen.offset, 7
+            gen.offset += 4
+
+    fake_torch = types.SimpleNamespace(
+        cuda=types.SimpleNamespace(default_generators=[gen], synchronize=lambda device: None)
+    )
+    monkeypatch.setattr(api, "_torch", lambda: fake_torch)
+    monkeypatch.setattr(
+        api, "_read_words", lambda addrs: read.append(len(addrs)) or [memory[a] for a in addrs]
+    )
+    name = "_ZN2at6native43distribution_elementwise_grid_stride_kernelIfLi4E" if named else "my_sampler"
+    block = b"".join(w.to_bytes(8, "little") for w in (seed_word, offset_word))
+    desc = {"nodes": [{"type": "kernel", "name": name, "params": block}]}
+    found = api._find_rng_state(Graph(), desc, {seed_word, offset_word, other}, 0)
+    assert found == {"increment": 4, "seed_ptr": seed_word, "offset_ptr": offset_word}
+    assert len(replays) == 3  # an unnamed kernel: no narrow round at all, all pointers at once
+    assert read == ([2, 2] if named else [3, 3])
+    assert gen.get_state() == (1, 0)  # the generator is given back as it was before the search
+
+    # Named, but the words it carries are not the ones that follow the generator: all pointers next.
+    replays.clear(), read.clear()
+    decoy = {"type": "kernel", "name": "philox_decoy", "params": other.to_bytes(8, "little")}
+    found = api._find_rng_state(Graph(), {"nodes": [decoy]}, {seed_word, offset_word, other}, 0)
+    assert found["seed_ptr"] == seed_word and len(replays) == 5 and read == [1, 1, 3, 3]

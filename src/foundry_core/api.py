@@ -122,14 +122,15 @@ def _find_rng_state(graph, desc: dict, pointers: set[int], device: int) -> dict 
         increment = gen.get_offset() - before
         if increment == 0:
             return None
-        everything = sorted(p for p in pointers if p % 8 == 0)
-        for candidates in (_rng_candidates(desc, pointers), everything):
+        first, everything = _rng_candidates(desc, pointers), sorted(p for p in pointers if p % 8 == 0)
+        for candidates in ([first] if first else []) + ([everything] if everything != first else []):
             seed_ptrs, offset_ptrs = _follow_rng_words(graph, gen, candidates, device)
             if len(seed_ptrs) == 1 and len(offset_ptrs) == 1:
                 return {"increment": increment, "seed_ptr": seed_ptrs.pop(), "offset_ptr": offset_ptrs.pop()}
+        found = (len(seed_ptrs), len(offset_ptrs)) if everything else (0, 0)
         raise SaveError(
             f"graph draws Philox random numbers (offset +{increment} per replay) but its seed/offset "
-            f"words were not identified ({len(seed_ptrs)} seed and {len(offset_ptrs)} offset candidates)"
+            f"words were not identified ({found[0]} seed and {found[1]} offset candidates)"
         )
     finally:
         gen.set_state(state)
