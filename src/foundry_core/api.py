@@ -46,6 +46,7 @@ from .graphs import (
     count_nodes,
     json_form,
     kernel_names,
+    kernel_nodes,
     param_bytes,
     serialize,
 )
@@ -87,19 +88,11 @@ def _rng_candidates(desc: dict, pointers: set[int]) -> list[int]:
     pointers sit at 8-byte-aligned offsets of the block). A handful, where the graph's region
     pointers number in the thousands, each read back with a driver call per replay."""
     words: set[int] = set()
-    for node in _kernel_nodes(desc):
+    for node in kernel_nodes(desc):
         if _RANDOM_KERNEL.search(node["name"]):
             block = param_bytes(node["params"])
             words.update(int.from_bytes(block[i : i + 8], "little") for i in range(0, len(block) - 7, 8))
     return sorted(w for w in words & pointers if w % 8 == 0)
-
-
-def _kernel_nodes(desc: dict):
-    for node in desc["nodes"]:
-        if node["type"] == "kernel":
-            yield node
-        elif node["type"] == "graph":
-            yield from _kernel_nodes(node["graph"])
 
 
 def _find_rng_state(graph, desc: dict, pointers: set[int], device: int) -> dict | None:
@@ -122,15 +115,20 @@ def _find_rng_state(graph, desc: dict, pointers: set[int], device: int) -> dict 
         increment = gen.get_offset() - before
         if increment == 0:
             return None
-        first, everything = _rng_candidates(desc, pointers), sorted(p for p in pointers if p % 8 == 0)
-        for candidates in ([first] if first else []) + ([everything] if everything != first else []):
+        first = _rng_candidates(desc, pointers)
+        everything = sorted(p for p in pointers if p % 8 == 0)
+        rounds = [first] if first else []  # no replays for an empty round
+        if everything != first:
+            rounds.append(everything)
+        seed_ptrs: set[int] = set()
+        offset_ptrs: set[int] = set()
+        for candidates in rounds:
             seed_ptrs, offset_ptrs = _follow_rng_words(graph, gen, candidates, device)
             if len(seed_ptrs) == 1 and len(offset_ptrs) == 1:
                 return {"increment": increment, "seed_ptr": seed_ptrs.pop(), "offset_ptr": offset_ptrs.pop()}
-        found = (len(seed_ptrs), len(offset_ptrs)) if everything else (0, 0)
         raise SaveError(
             f"graph draws Philox random numbers (offset +{increment} per replay) but its seed/offset "
-            f"words were not identified ({found[0]} seed and {found[1]} offset candidates)"
+            f"words were not identified ({len(seed_ptrs)} seed and {len(offset_ptrs)} offset candidates)"
         )
     finally:
         gen.set_state(state)

@@ -579,14 +579,17 @@ def count_nodes(desc: dict) -> int:
     return sum(1 + (count_nodes(n["graph"]) if n["type"] == "graph" else 0) for n in desc["nodes"])
 
 
-def kernel_names(desc: dict) -> list[str]:
-    names = []
+def kernel_nodes(desc: dict):
+    """The kernel nodes of a description, child graphs' included, in order."""
     for n in desc["nodes"]:
         if n["type"] == "kernel":
-            names.append(n["name"])
+            yield n
         elif n["type"] == "graph":
-            names += kernel_names(n["graph"])
-    return names
+            yield from kernel_nodes(n["graph"])
+
+
+def kernel_names(desc: dict) -> list[str]:
+    return [n["name"] for n in kernel_nodes(desc)]
 
 
 # structure() names node types after the driver's enum; the archive's descriptions say event_wait.
