@@ -275,8 +275,12 @@ class NativeBuilder:
         if timings is not None:
             _add_times(timings, times[0], times[1], times[2])
         driver = cu()
+        # ctypes reads a NULL handle back as None (a build not asked to instantiate): keep it 0.
         return Rebuilt(
-            driver.CUgraph(init_value=graph.value), driver.CUgraphExec(init_value=exec_.value), events, []
+            driver.CUgraph(init_value=graph.value or 0),
+            driver.CUgraphExec(init_value=exec_.value or 0),
+            events,
+            [],
         )
 
 
