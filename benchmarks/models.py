@@ -100,9 +100,17 @@ def rows_for(family: str, doc: dict[str, Any]) -> list[dict[str, Any]]:
         elif load is None:
             row["outcome"] = "failed" if doc.get("errors") else "not run"
             row["reason"] = "; ".join(f"{k}: {v}" for k, v in (doc.get("errors") or {}).items())[:500] or None
+        elif any(c is False for c in checks):
+            row["outcome"], row["reason"] = "mismatch", None
+        elif any(c is None for c in checks):
+            # A run that did not happen (e.g. stock ran out of time) proves nothing either way.
+            missing = [k for k in ("save", "stock") if row[f"tokens_identical_to_{k}"] is None]
+            row["outcome"] = "incomplete"
+            row["reason"] = "no comparison with " + " or ".join(missing or ["every run"]) + "; " + (
+                "; ".join(f"{k}: {v}" for k, v in (doc.get("errors") or {}).items())[:400] or "no error recorded"
+            )
         else:
-            row["outcome"] = "validated" if all(c is True for c in checks) else "mismatch"
-            row["reason"] = None
+            row["outcome"], row["reason"] = "validated", None
         rows.append(row)
     return rows
 

@@ -104,6 +104,18 @@ def test_degenerate_outputs_do_not_validate():
     assert greedy["distinct_outputs"] == 1 and greedy["outcome"] == "mismatch"
 
 
+def test_a_missing_stock_run_is_incomplete_not_a_mismatch():
+    runs = _validated_runs()
+    del runs["stock_cold"]
+    doc = _doc(**runs)
+    doc["errors"] = {"stock_cold": "TimeoutError: server not ready"}
+    for r in models.rows_for("dense", doc):
+        assert r["outcome"] == "incomplete" and r["tokens_identical_to_stock"] is None
+        assert "no comparison with stock" in r["reason"] and "TimeoutError" in r["reason"]
+    runs["load_cold"]["outputs"] = _outputs(2)  # and a real difference still wins
+    assert models.rows_for("dense", _doc(**runs))[0]["outcome"] == "mismatch"
+
+
 def test_a_decode_capture_at_load_does_not_validate():
     runs = _validated_runs()
     runs["load_cold"]["foundry_report"]["decode_phase_stream_captures"] = {"driver": 0, "runtime": 3}
