@@ -106,8 +106,14 @@ def rows_for(family: str, doc: dict[str, Any]) -> list[dict[str, Any]]:
             # A run that did not happen (e.g. stock ran out of time) proves nothing either way.
             missing = [k for k in ("save", "stock") if row[f"tokens_identical_to_{k}"] is None]
             row["outcome"] = "incomplete"
-            row["reason"] = "no comparison with " + " or ".join(missing or ["every run"]) + "; " + (
-                "; ".join(f"{k}: {v}" for k, v in (doc.get("errors") or {}).items())[:400] or "no error recorded"
+            row["reason"] = (
+                "no comparison with "
+                + " or ".join(missing or ["every run"])
+                + "; "
+                + (
+                    "; ".join(f"{k}: {v}" for k, v in (doc.get("errors") or {}).items())[:400]
+                    or "no error recorded"
+                )
             )
         else:
             row["outcome"], row["reason"] = "validated", None
