@@ -400,7 +400,9 @@ class Session:
                 self.rank,
                 {"fingerprint": self.fingerprint, "slots": self.slots, "outputs": self.layouts},
             )
-        except (fc.FoundryError, OSError) as e:  # disk full, read-only, a graph that cannot be saved
+        # Disk full, read-only, a graph that cannot be saved, or a defect in Foundry's own SAVE code:
+        # the graphs just captured are untouched and nothing partial is published, so auto serves on.
+        except Exception as e:
             decide.save_failed(self.cfg, self.rank, e, logger)  # auto: serve on; save: raise
             self.report.update(saved=False, save_error=decide.one_line(e))
             return

@@ -297,7 +297,9 @@ class FoundrySession:
                 timings=save_timings,
             )
             self.report["save_timings_s"] = {k: round(v, 3) for k, v in save_timings.items()}
-        except (fc.FoundryError, OSError) as e:  # disk full, read-only, a graph that cannot be saved
+        # Disk full, read-only, a graph that cannot be saved, or a defect in Foundry's own SAVE code:
+        # the graphs just captured are untouched and nothing partial is published, so auto serves on.
+        except Exception as e:
             decide.save_failed(self.cfg, self.rank, e, logger)  # auto: serve on; save: raise
             self.report.update(graphs=len(graph_map), saved=False, save_error=decide.one_line(e))
             return

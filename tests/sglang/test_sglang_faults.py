@@ -110,6 +110,29 @@ def test_a_sidecar_that_cannot_be_written_after_the_core_archive_serves_on(
     assert not list(cfg.archive_dir.glob("*.tmp"))
 
 
+@pytest.mark.parametrize("mode", ["auto", "save"])
+def test_a_defect_in_foundrys_save_code_does_not_stop_an_auto_server(parse, cfg, monkeypatch, logged, mode):
+    """A SAVE that fails with an error Foundry did not foresee (as cuda.bindings' TypeError once did
+    on the GPU) is a failed SAVE like a full disk: auto serves with the captured graphs."""
+
+    def broken_save(path, **kw):
+        raise TypeError("an integer is required")
+
+    cfg = dataclasses.replace(cfg, mode=mode)
+    monkeypatch.setattr(foundry_core, "save", broken_save)
+    session = Session(parse(*BASE_ARGV), cfg, "save", rank=0, gpu_id=0)
+    session.slots, session.graphs = SLOTS, {"decode/size=1": object()}
+    if mode == "save":
+        with pytest.raises(TypeError):
+            session.finish()
+    else:
+        session.finish()
+        assert session.report["ok"] is True and session.report["saved"] is False
+        assert session.report["save_error"] == "an integer is required"
+        assert any("SAVE failed (an integer is required)" in m for m in _warnings(logged))
+    assert archive.read_sidecar(cfg, 0) is None
+
+
 def _archive_writing_save(published: list[str], hold=None):
     """An ``fc.save`` that writes a real archive (the first graph's value as its tag) through the
     archive layer with fc.save's own lock rule; ``hold(tag)`` runs while it holds the lock."""

@@ -97,6 +97,16 @@ def test_failed_core_save_leaves_no_manifest(base_vllm_config, monkeypatch):
     assert not mpath.exists() and s.report["saved"] is False
     assert "pointer outside the region" in s.report["save_error"]
 
+    # A defect in Foundry's own SAVE code (an error nobody foresaw) is a failed SAVE like the rest.
+    def broken_save(path, **kw):
+        raise TypeError("an integer is required")
+
+    monkeypatch.setattr(foundry_core, "save", broken_save)
+    s.save(Adapter())
+    s.publish(0)
+    assert not mpath.exists() and s.report["saved"] is False
+    assert s.report["save_error"] == "an integer is required"
+
 
 def _restored(**slots):
     return types.SimpleNamespace(graphs={"decode/g1": "R1"}, tensors={}, slots=slots, digest="d" * 64)
