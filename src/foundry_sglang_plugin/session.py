@@ -404,7 +404,7 @@ class Session:
         # the graphs just captured are untouched and nothing partial is published, so auto serves on.
         except Exception as e:
             decide.save_failed(self.cfg, self.rank, e, logger)  # auto: serve on; save: raise
-            self.report.update(saved=False, save_error=decide.one_line(e))
+            self.report.update(saved=False, save_error=decide.save_error(e))
             return
         self.report["saved"] = True
         logger.info("Foundry SAVE: %d decode graphs persisted to %s", len(self.graphs), self.path)

@@ -301,7 +301,7 @@ class FoundrySession:
         # the graphs just captured are untouched and nothing partial is published, so auto serves on.
         except Exception as e:
             decide.save_failed(self.cfg, self.rank, e, logger)  # auto: serve on; save: raise
-            self.report.update(graphs=len(graph_map), saved=False, save_error=decide.one_line(e))
+            self.report.update(graphs=len(graph_map), saved=False, save_error=decide.save_error(e))
             return
         # The manifest marks the SAVE finished; it is written by publish(), after vLLM's warmups
         # (which go on compiling after the capture) and the caches they fill are saved too.
@@ -334,7 +334,7 @@ class FoundrySession:
             archive.write_manifest(*pending)
         except OSError as e:
             decide.save_failed(self.cfg, self.rank, e, logger)
-            self.report.update(saved=False, save_error=decide.one_line(e))
+            self.report.update(saved=False, save_error=decide.save_error(e))
             return
         self.report["saved"] = True
 

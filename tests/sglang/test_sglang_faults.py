@@ -128,8 +128,8 @@ def test_a_defect_in_foundrys_save_code_does_not_stop_an_auto_server(parse, cfg,
     else:
         session.finish()
         assert session.report["ok"] is True and session.report["saved"] is False
-        assert session.report["save_error"] == "an integer is required"
-        assert any("SAVE failed (an integer is required)" in m for m in _warnings(logged))
+        assert session.report["save_error"] == "TypeError: an integer is required"
+        assert any("SAVE failed (TypeError: an integer is required)" in m for m in _warnings(logged))
     assert archive.read_sidecar(cfg, 0) is None
 
 

@@ -105,7 +105,7 @@ def test_failed_core_save_leaves_no_manifest(base_vllm_config, monkeypatch):
     s.save(Adapter())
     s.publish(0)
     assert not mpath.exists() and s.report["saved"] is False
-    assert s.report["save_error"] == "an integer is required"
+    assert s.report["save_error"] == "TypeError: an integer is required"
 
 
 def _restored(**slots):

@@ -32,6 +32,15 @@ def one_line(error: BaseException, limit: int = 500) -> str:
     return f"{text[:head]} ... {text[-(limit - head - 5) :]}"
 
 
+def save_error(error: BaseException) -> str:
+    """A failed SAVE's reason on one line; an error Foundry did not foresee (neither Foundry's own nor
+    the operating system's) keeps its type name, which is then most of what it says."""
+    from ..errors import FoundryError
+
+    text = one_line(error)
+    return text if isinstance(error, (FoundryError, OSError)) else f"{type(error).__name__}: {text}"
+
+
 def verify_archive(
     cfg: Any, rank: int, *, device: int, fingerprint: dict, world_size: int
 ) -> tuple[Any, str | None]:
@@ -106,7 +115,7 @@ def save_failed(cfg: Any, rank: int, error: BaseException, log: logging.Logger |
     (log or logger).warning(
         "Foundry rank %d: SAVE failed (%s); serving with the graphs just captured, nothing saved",
         rank,
-        one_line(error),
+        save_error(error),
     )
 
 
