@@ -95,25 +95,25 @@ def rows_for(family: str, doc: dict[str, Any]) -> list[dict[str, Any]]:
             row["logprobs_identical_to_stock"],
             (row["distinct_outputs"] or 0) > 1,
         ]
+        errors = "; ".join(f"{k}: {v}" for k, v in (doc.get("errors") or {}).items())
         if refusal:
             row["outcome"], row["reason"] = "refused", refusal
         elif load is None:
             row["outcome"] = "failed" if doc.get("errors") else "not run"
-            row["reason"] = "; ".join(f"{k}: {v}" for k, v in (doc.get("errors") or {}).items())[:500] or None
+            row["reason"] = errors[:500] or None
         elif any(c is False for c in checks):
             row["outcome"], row["reason"] = "mismatch", None
         elif any(c is None for c in checks):
             # A run that did not happen (e.g. stock ran out of time) proves nothing either way.
-            missing = [k for k in ("save", "stock") if row[f"tokens_identical_to_{k}"] is None]
+            # Only the four comparisons can be None, so at least one run is named.
+            missing = [
+                k
+                for k in ("save", "stock")
+                if None in (row[f"tokens_identical_to_{k}"], row[f"logprobs_identical_to_{k}"])
+            ]
             row["outcome"] = "incomplete"
             row["reason"] = (
-                "no comparison with "
-                + " or ".join(missing or ["every run"])
-                + "; "
-                + (
-                    "; ".join(f"{k}: {v}" for k, v in (doc.get("errors") or {}).items())[:400]
-                    or "no error recorded"
-                )
+                f"no comparison with {' or '.join(missing)}; {errors[:400] or 'no error recorded'}"
             )
         else:
             row["outcome"], row["reason"] = "validated", None
