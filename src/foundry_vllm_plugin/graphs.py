@@ -114,6 +114,55 @@ def lock_workspace() -> None:
         lock_workspace()
 
 
+def _workspace_manager() -> Any | None:
+    try:
+        from vllm.v1.worker.workspace import current_workspace_manager, is_workspace_manager_initialized
+    except ImportError:  # releases without a workspace manager
+        return None
+    return current_workspace_manager() if is_workspace_manager_initialized() else None
+
+
+def workspace_sizes() -> list[int] | None:
+    """The byte size of each of vLLM's shared workspace slots now; ``None`` where there is no manager."""
+    manager = _workspace_manager()
+    if manager is None:
+        return None
+    return [0 if ws is None else int(ws.numel() * ws.element_size()) for ws in manager._current_workspaces]
+
+
+def place_workspaces(sizes: list[int]) -> None:
+    """Allocate vLLM's workspace slots anew at exactly ``sizes`` bytes, in the caller's allocator.
+
+    vLLM grows its shared workspace lazily, first in the memory profiling run, which runs outside
+    the Foundry region at SAVE and at LOAD; fused-MoE kernels in the decode graphs then point into
+    it. Called inside the region's routing at the same step of SAVE and LOAD with the sizes SAVE's
+    profiling reached, the workspace lands at the same region offset in both, and capture finds it
+    large enough not to grow. A LOAD whose profiling needed more than the SAVE's is refused.
+    """
+    import torch
+
+    manager = _workspace_manager()
+    if manager is None:
+        if any(sizes):
+            raise FoundryRestoreError("the archive has vLLM workspace sizes, this vLLM has no workspace manager")
+        return
+    slots = manager._current_workspaces
+    now = workspace_sizes() or []
+    if len(slots) != len(sizes):
+        raise FoundryRestoreError(f"vLLM has {len(slots)} workspace slots, the archive was saved with {len(sizes)}")
+    grown = [i for i, (n, want) in enumerate(zip(now, sizes)) if n > want]
+    if grown:
+        i = grown[0]
+        raise FoundryRestoreError(
+            f"vLLM's workspace slot {i} grew to {now[i]} bytes before the graphs, the SAVE's to {sizes[i]}"
+        )
+    for i in range(len(slots)):
+        slots[i] = None  # the profiling run's buffer (outside the region) goes back to the cache
+    for i, n in enumerate(sizes):
+        if n:
+            slots[i] = torch.empty((n,), dtype=torch.uint8, device=manager._device)
+
+
 class V2Adapter:
     """Model Runner V2: ``runner.cudagraph_manager`` (a ``CudaGraphManager``)."""
 

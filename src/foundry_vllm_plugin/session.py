@@ -107,6 +107,7 @@ class FoundrySession:
         self.kv_layout: dict | None = None  # archive.kv_layout, once vLLM sized the KV cache
         self.setup: dict | None = None  # region layout when the setup ended (segments, cursor)
         self.workspace_locked: bool | None = None  # vLLM's workspace lock right after its capture (SAVE)
+        self.workspace_bytes: list[int] | None = None  # vLLM's workspace slots, placed in the region
         self.restored = None  # the core's Restored: owns the modules and memory the graphs use
         self.verified = None  # the core Archive check_core_archive read, until restore() hands it to load
         self.prepared = None  # LOAD: modules and graphs being rebuilt from open() on
@@ -267,6 +268,7 @@ class FoundrySession:
             "runner": adapter.kind,
             "setup": self.setup,
             "workspace_locked": self.workspace_locked,
+            "workspace_bytes": self.workspace_bytes,
         }
         published = archive.read_manifest(mpath) or {}
         finished_here = published.get("fingerprint") == self.fingerprint

@@ -160,6 +160,15 @@ class FoundryWorker(_VllmGpuWorker):
                     raise graphs.FoundryRestoreError(
                         f"KV cache layout differs from the archive's ({why[:300]})"
                     )
+            # The workspace vLLM's profiling grew outside the region moves into it, at the same
+            # step of SAVE and LOAD (the sizes are SAVE's; older archives did not move it).
+            if s.mode == "save":
+                s.workspace_bytes = graphs.workspace_sizes()
+            else:
+                s.workspace_bytes = s.manifest["sizing"].get("workspace_bytes")
+            if s.workspace_bytes is not None:
+                with s.routing("vllm.workspace"):
+                    graphs.place_workspaces(s.workspace_bytes)
             with s.routing("vllm.kv_cache"):
                 super().initialize_from_config(kv_cache_config)
             s.num_gpu_blocks = int(kv_cache_config.num_blocks)

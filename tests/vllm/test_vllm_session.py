@@ -69,6 +69,7 @@ def test_save_writes_the_manifest_only_after_the_core_archive(base_vllm_config, 
         "runner": "v2",
         "setup": None,
         "workspace_locked": None,
+        "workspace_bytes": None,
     }
     assert (kw["rank"], kw["world_size"]) == (0, 1)
     manifest = archive.read_manifest(mpath)
@@ -246,16 +247,62 @@ def test_restore_leaves_the_workspace_as_the_save_left_it(base_vllm_config, monk
     assert s.report["graphs"] == 1 and s.report["runner"] == "v2" and "restore_s" in s.report
 
 
-def test_save_records_the_workspace_lock_and_reports(base_vllm_config, monkeypatch):
+def test_save_records_the_workspace_lock_and_sizes_and_reports(base_vllm_config, monkeypatch):
     s = _session(base_vllm_config, "save")
     s.workspace_locked = False
+    s.workspace_bytes = [3 << 20]
     seen = {}
     monkeypatch.setattr(foundry_core, "save", lambda path, **kw: seen.update(kw) or "digest")
     s.save(Adapter())
     s.publish(0)
     assert seen["slots"]["workspace_locked"] is False
-    assert archive.read_manifest(archive.manifest_path(s.cfg, 0))["sizing"]["workspace_locked"] is False
+    sizing = archive.read_manifest(archive.manifest_path(s.cfg, 0))["sizing"]
+    assert sizing["workspace_locked"] is False and sizing["workspace_bytes"] == [3 << 20]
     assert s.report["graphs"] == 2 and "save_s" in s.report
+
+
+@pytest.fixture
+def cpu_workspace_manager():
+    """vLLM's own workspace manager on the CPU, reset afterwards."""
+    import torch
+    from vllm.v1.worker import workspace
+
+    saved = workspace._manager
+    workspace.init_workspace_manager(torch.device("cpu"), 1)
+    yield workspace.current_workspace_manager()
+    workspace._manager = saved
+
+
+def test_profiling_workspace_moves_to_a_new_buffer_of_the_saved_size(cpu_workspace_manager):
+    import torch
+
+    # The profiling run grows the workspace (outside the region); the SAVE records that size and
+    # allocates it anew, where the caller routes allocations (the region at SAVE and LOAD).
+    (view,) = cpu_workspace_manager.get_simultaneous(((1000,), torch.uint8))
+    old_ptr = view.data_ptr()
+    sizes = graphs.workspace_sizes()
+    assert sizes == [1024]  # vLLM rounds each part up to 256 bytes
+    graphs.place_workspaces(sizes)
+    assert graphs.workspace_sizes() == [1024]
+    (again,) = cpu_workspace_manager.get_simultaneous(((600,), torch.uint8))
+    assert again.data_ptr() != old_ptr  # the new buffer, large enough: no growth at capture
+    assert again.data_ptr() == cpu_workspace_manager._current_workspaces[0].data_ptr()
+
+
+def test_load_allocates_the_saved_workspace_before_any_profiling(cpu_workspace_manager):
+    assert graphs.workspace_sizes() == [0]
+    graphs.place_workspaces([4096])
+    assert graphs.workspace_sizes() == [4096]
+
+
+def test_load_whose_profiling_needed_a_larger_workspace_is_refused(cpu_workspace_manager):
+    import torch
+
+    cpu_workspace_manager.get_simultaneous(((8192,), torch.uint8))
+    with pytest.raises(FoundryRestoreError, match="grew to 8192 bytes before the graphs, the SAVE's to 4096"):
+        graphs.place_workspaces([4096])
+    with pytest.raises(FoundryRestoreError, match="1 workspace slots, the archive was saved with 2"):
+        graphs.place_workspaces([8192, 0])
 
 
 def test_start_report_is_written_next_to_the_archive(base_vllm_config):
