@@ -144,12 +144,16 @@ def place_workspaces(sizes: list[int]) -> None:
     manager = _workspace_manager()
     if manager is None:
         if any(sizes):
-            raise FoundryRestoreError("the archive has vLLM workspace sizes, this vLLM has no workspace manager")
+            raise FoundryRestoreError(
+                "the archive has vLLM workspace sizes, this vLLM has no workspace manager"
+            )
         return
     slots = manager._current_workspaces
     now = workspace_sizes() or []
     if len(slots) != len(sizes):
-        raise FoundryRestoreError(f"vLLM has {len(slots)} workspace slots, the archive was saved with {len(sizes)}")
+        raise FoundryRestoreError(
+            f"vLLM has {len(slots)} workspace slots, the archive was saved with {len(sizes)}"
+        )
     grown = [i for i, (n, want) in enumerate(zip(now, sizes)) if n > want]
     if grown:
         i = grown[0]
