@@ -39,6 +39,16 @@ def _same(a: Any, b: Any) -> bool | None:
     return None if a is None or b is None else a == b
 
 
+def _self_consistent(doc: dict[str, Any], run: str, mode: str) -> bool | None:
+    """Whether ``run``'s server answered the same request twice with the same tokens and logprobs
+    (cold_start sends each request twice); ``None`` where the run did not record it."""
+    rec = (doc.get("runs") or {}).get(run) or {}
+    if mode == "sampling":
+        return rec.get("self_consistent_sampled")
+    got = rec.get("self_consistent")
+    return None if got is None else all(got.values()) if isinstance(got, dict) else bool(got)
+
+
 def _refusal(doc: dict[str, Any]) -> str | None:
     """The first refusal line a Foundry run's error or log tail holds, if any."""
     for run in ("save", "load_cold"):
@@ -84,6 +94,7 @@ def rows_for(family: str, doc: dict[str, Any]) -> list[dict[str, Any]]:
                 if load is None or other is None
                 else [load.get(k) for k in lp] == [other.get(k) for k in lp]
             )
+        row["save_self_consistent"] = _self_consistent(doc, "save", mode)
         tokens = (load or {}).get("tokens")
         row["prompts"] = len(tokens) if tokens else None
         row["distinct_outputs"] = len({json.dumps(t) for t in tokens}) if tokens else None
@@ -103,6 +114,12 @@ def rows_for(family: str, doc: dict[str, Any]) -> list[dict[str, Any]]:
             row["reason"] = errors[:500] or None
         elif any(c is False for c in checks):
             row["outcome"], row["reason"] = "mismatch", None
+            if row["save_self_consistent"] is False:
+                # Then a difference from SAVE cannot be told from the engine's own run-to-run drift.
+                row["reason"] = (
+                    "the SAVE server itself answered the same request twice differently: the engine is "
+                    "not run-to-run deterministic here, so this comparison cannot show Foundry's part"
+                )
         elif any(c is None for c in checks):
             # A run that did not happen (e.g. stock ran out of time) proves nothing either way.
             # Only the four comparisons can be None, so at least one run is named.

@@ -153,3 +153,14 @@ def test_the_table_file_names_its_sources_and_refuses_another_engines_run(tmp_pa
         models.main(["--engine", "vllm", "--out", str(out), f"moe={sg}"])
     with pytest.raises(SystemExit):
         models.main(["--engine", "sglang", "--out", str(out), f"mixture={sg}"])
+
+
+def test_a_mismatch_where_the_save_server_was_not_self_consistent_says_so():
+    runs = _validated_runs()
+    runs["load_cold"]["outputs_sampled"] = _outputs(2.5)
+    runs["save"]["self_consistent_sampled"] = False
+    runs["save"]["self_consistent"] = {"tokens": True, "logprobs": True}
+    greedy, sampling = models.rows_for("hybrid", _doc(**runs))
+    assert (greedy["outcome"], greedy["reason"], greedy["save_self_consistent"]) == ("validated", None, True)
+    assert sampling["outcome"] == "mismatch" and sampling["save_self_consistent"] is False
+    assert "not run-to-run deterministic" in sampling["reason"]
