@@ -297,6 +297,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "starts with a dash)",
     )
     p.add_argument(
+        "--one-prompt-per-request",
+        action="store_true",
+        help="send each prompt as its own request, one after another, instead of all in one request: "
+        "the engine then cannot batch them differently from run to run (vLLM's hybrid path drifts "
+        "when it does); the outputs are compared the same way",
+    )
+    p.add_argument(
         "--resume",
         action="store_true",
         help="keep the runs already in --out (same engine, commit and workdir) and add these to them: "
@@ -844,11 +851,15 @@ def wait_ready(base: str, proc: subprocess.Popen, deadline: float) -> str:
 
 
 def completion_body(
-    engine: str, model_id: str, max_tokens: int = MAX_TOKENS, sampling: dict[str, Any] | None = None
+    engine: str,
+    model_id: str,
+    max_tokens: int = MAX_TOKENS,
+    sampling: dict[str, Any] | None = None,
+    prompts: list[Any] | None = None,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {
         "model": model_id,
-        "prompt": PROMPTS,
+        "prompt": PROMPTS if prompts is None else prompts,
         "max_tokens": max_tokens,
         "temperature": 0,
         "logprobs": TOP_LOGPROBS,
@@ -923,6 +934,7 @@ class Bench:
     sampling: bool = False
     engine_env: dict[str, str] = dataclasses.field(default_factory=dict)  # --engine-env, every run
     engine_args: list[str] = dataclasses.field(default_factory=list)  # --engine-arg, every run
+    one_prompt_per_request: bool = False  # --one-prompt-per-request
 
 
 def kill_group(proc: subprocess.Popen) -> None:
@@ -1010,6 +1022,28 @@ def put_away(paths: RunPaths) -> None:
             live.rename(kept)
 
 
+def complete(base: str, body: dict[str, Any], deadline: float, one_by_one: bool) -> tuple[int, Any, float]:
+    """POST ``body`` to /v1/completions: the status, the response and when the first answer came.
+    With ``one_by_one``, each of its prompts is a request of its own, in order, answered as one
+    response whose choices are indexed by prompt (or the first failing request's status and body)."""
+    url = base + "/v1/completions"
+    if not one_by_one:
+        status, resp = http_json(url, body, timeout=max(5.0, deadline - time.monotonic()))
+        return status, resp, time.monotonic()
+    choices, usage, first = [], None, None
+    for i, prompt in enumerate(body["prompt"]):
+        status, resp = http_json(
+            url, dict(body, prompt=[prompt]), timeout=max(5.0, deadline - time.monotonic())
+        )
+        first = first or time.monotonic()
+        if status != 200:
+            return status, resp, first
+        (choice,) = resp.get("choices") or [None]
+        choices.append(dict(choice or {}, index=i))
+        usage = usage or resp.get("usage")
+    return 200, {"choices": choices, "usage": usage}, first
+
+
 def request_phase(
     engine: str,
     proc: subprocess.Popen,
@@ -1019,24 +1053,26 @@ def request_phase(
     deadline: float,
     max_tokens: int = MAX_TOKENS,
     sampling: bool = False,
+    one_by_one: bool = False,
 ) -> None:
     """Ready, first request (TTFT), second request (self-consistency), and with ``sampling`` two
-    seeded-sampling requests; fills ``rec`` as it goes."""
+    seeded-sampling requests; fills ``rec`` as it goes. ``one_by_one``: each prompt its own request
+    (the TTFT is then the first prompt's answer)."""
     rec["stage"] = "starting"
     rec["model_id"] = wait_ready(base, proc, deadline)
     t_ready = time.monotonic()
     rec["ready_s"] = round(t_ready - t0, 3)
     rec["stage"] = "first request"
     body = completion_body(engine, rec["model_id"], max_tokens)
-    status, resp = http_json(base + "/v1/completions", body, timeout=max(5.0, deadline - time.monotonic()))
-    t_first = time.monotonic()
+    # One by one, the TTFT is the first prompt's answer, as a user's first request would see it.
+    status, resp, t_first = complete(base, body, deadline, one_by_one)
     if status != 200:
         raise RuntimeError(f"first /v1/completions answered {status}: {str(resp)[:500]}")
     rec["ttft_s"] = round(t_first - t0, 3)
     rec["first_request_s"] = round(t_first - t_ready, 3)
     rec["outputs"] = extract_outputs(resp)
     rec["stage"] = "second request"
-    status, resp2 = http_json(base + "/v1/completions", body, timeout=max(5.0, deadline - time.monotonic()))
+    status, resp2, _ = complete(base, body, deadline, one_by_one)
     rec["second_request_s"] = round(time.monotonic() - t_first, 3)
     if status != 200:
         raise RuntimeError(f"second /v1/completions answered {status}: {str(resp2)[:500]}")
@@ -1054,7 +1090,7 @@ def request_phase(
     body = completion_body(engine, rec["model_id"], max_tokens, SAMPLING)
     sampled = []
     for _ in range(2):
-        status, got = http_json(base + "/v1/completions", body, timeout=max(5.0, deadline - time.monotonic()))
+        status, got, _ = complete(base, body, deadline, one_by_one)
         if status != 200:
             raise RuntimeError(f"sampling /v1/completions answered {status}: {str(got)[:500]}")
         sampled.append(extract_outputs(got))
@@ -1122,6 +1158,7 @@ def run_one(bench: Bench, run: str, timeout_s: float, runs: dict[str, Any]) -> d
             t0 + timeout_s,
             max_tokens=bench.max_tokens,
             sampling=bench.sampling,
+            one_by_one=bench.one_prompt_per_request,
         )
         rec["ok"] = True
         rec["stage"] = "done"
@@ -1579,6 +1616,7 @@ def setup(opts: argparse.Namespace, meta: dict[str, Any]) -> Bench:
         # absent from the namespaces other benchmarks build for setup() (engine_faults.py)
         engine_env=dict(e.split("=", 1) for e in getattr(opts, "engine_env", [])),
         engine_args=list(getattr(opts, "engine_arg", [])),
+        one_prompt_per_request=bool(getattr(opts, "one_prompt_per_request", False)),
     )
 
 
@@ -1589,7 +1627,11 @@ def resumed_runs(out_path: Path, meta: dict[str, Any], opts: argparse.Namespace)
         earlier = json.loads(out_path.read_text())
     except FileNotFoundError:
         return {}
-    same = {k: earlier.get(k) == meta[k] for k in ("engine", "commit")}
+    same = {k: earlier.get(k) == meta[k] for k in ("engine", "commit", "max_tokens", "sampling")}
+    # Runs compared with each other must have sent their requests alike.
+    same["one_prompt_per_request"] = (
+        bool(earlier.get("one_prompt_per_request")) == meta["one_prompt_per_request"]
+    )
     same["workdir"] = opts.workdir is not None and earlier.get("workdir") == str(Path(opts.workdir).resolve())
     if not all(same.values()):
         raise SystemExit(f"--resume: {out_path} is another benchmark's result ({same})")
@@ -1626,6 +1668,7 @@ def main(argv: list[str] | None = None) -> int:
         "prompts": PROMPTS,
         "max_tokens": opts.max_tokens,
         "sampling": SAMPLING if opts.sampling else None,
+        "one_prompt_per_request": opts.one_prompt_per_request,
     }
     runs: dict[str, dict[str, Any]] = resumed_runs(out_path, meta, opts) if opts.resume else {}
 

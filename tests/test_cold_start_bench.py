@@ -802,3 +802,58 @@ def test_a_load_run_that_saved_instead_is_failed_and_compared_with_nothing():
     }
     cs.judge_foundry_run(died)
     assert died["error"] == "ServerDied: status -9; Foundry: Exception: cuGraphAddKernelNode failed"
+
+
+def test_one_prompt_per_request_sends_each_prompt_alone_and_answers_like_one_request():
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    seen = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append(body["prompt"])
+            choices = [
+                {
+                    "index": i,
+                    "token_ids": [sum(p)],
+                    "logprobs": {"token_logprobs": [-1.0], "top_logprobs": []},
+                }
+                for i, p in enumerate(body["prompt"])
+            ]
+            raw = json.dumps({"choices": choices, "usage": {"n": len(choices)}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        body = cs.completion_body("vllm", "m", 4)
+        deadline = cs.time.monotonic() + 30
+        status, together, _ = cs.complete(base, body, deadline, one_by_one=False)
+        assert status == 200 and seen == [cs.PROMPTS]
+        seen.clear()
+        status, alone, first = cs.complete(base, body, deadline, one_by_one=True)
+        assert status == 200 and seen == [[p] for p in cs.PROMPTS] and first <= cs.time.monotonic()
+        assert cs.extract_outputs(alone) == cs.extract_outputs(together)
+        assert [c["index"] for c in alone["choices"]] == list(range(len(cs.PROMPTS)))
+    finally:
+        server.shutdown()
+
+
+def test_resume_refuses_runs_that_sent_their_requests_otherwise(tmp_path):
+    out = tmp_path / "r.json"
+    earlier = {"engine": "sglang", "commit": cs.commit(), "workdir": str((tmp_path / "w").resolve())}
+    earlier.update(max_tokens=cs.MAX_TOKENS, sampling=None, one_prompt_per_request=True)
+    out.write_text(json.dumps(earlier))
+    argv = ["--engine", "sglang", "--out", str(out), "--logs", str(tmp_path / "logs")]
+    argv += ["--workdir", str(tmp_path / "w"), "--runs", "stock_cold", "--resume"]
+    with pytest.raises(SystemExit, match="'one_prompt_per_request': False"):
+        cs.main(argv)
