@@ -5,9 +5,11 @@
 # Downloads each engine's resolved list (../shared/tools/device-wheels/lists) with that folder's
 # fetch.sh into .devwheels/<engine>/cache, then writes
 #   .devwheels/lists/<engine>.list   the engine's wheel file names (carry .devwheels/lists)
-#   .devwheels/parts-<engine>/part-* one engine's wheels in 50 MiB pieces (SGLang 22, vLLM 18 on
-#                                    2026-12-02): a lease that runs one engine sends only these
-#   .devwheels/parts50/part-*        both engines' wheels (30 pieces): a lease that runs both
+#   .devwheels/parts-<engine>/part-* one engine's wheels in 44 MiB pieces (SGLang 25, vLLM 21 on
+#                                    2026-12-03): a lease that runs one engine sends only these
+#   .devwheels/parts-both/part-*     both engines' wheels (35 pieces): a lease that runs both
+# A call carries the whole tracked tree (~16 MB on 2026-12-03, mostly benchmarks/results) beside its
+# piece, and the device refuses more than 64 MiB in all: hence 44 MiB, not 50.
 # Send each piece of one set with its own call, carrying only that piece, e.g.
 #   run(command="mkdir -p /tmp/dw && cp .devwheels/parts-sglang/* /tmp/dw/ && ls /tmp/dw | wc -l",
 #       carry=[".devwheels/parts-sglang/part-aa"])
@@ -17,6 +19,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 shared=../shared/tools/device-wheels
 grep -qx '/.devwheels/' .git/info/exclude 2>/dev/null || echo /.devwheels/ >>.git/info/exclude
 mkdir -p .devwheels/lists .devwheels/union
+piece=44m
 for engine in sglang vllm; do
   list=$(ls "$shared/lists" | grep "^$engine-")
   bash "$shared/fetch.sh" "$shared/lists/$list" ".devwheels/$engine" >/dev/null
@@ -24,8 +27,8 @@ for engine in sglang vllm; do
   ls ".devwheels/$engine/cache" | grep '\.whl$' >".devwheels/lists/$engine.list"
   cp -ln ".devwheels/$engine/cache/"*.whl .devwheels/union/ 2>/dev/null || true
   rm -rf ".devwheels/parts-$engine" && mkdir -p ".devwheels/parts-$engine"
-  tar -cf - -C ".devwheels/$engine/cache" . | split -b 50m - ".devwheels/parts-$engine/part-"
+  tar -cf - -C ".devwheels/$engine/cache" . | split -b "$piece" - ".devwheels/parts-$engine/part-"
 done
-rm -rf .devwheels/parts50 && mkdir -p .devwheels/parts50
-tar -cf - -C .devwheels/union . | split -b 50m - .devwheels/parts50/part-
-for set in parts-sglang parts-vllm parts50; do echo "$set: $(ls .devwheels/$set | wc -l) pieces"; done
+rm -rf .devwheels/parts50 .devwheels/parts-both && mkdir -p .devwheels/parts-both
+tar -cf - -C .devwheels/union . | split -b "$piece" - .devwheels/parts-both/part-
+for set in parts-sglang parts-vllm parts-both; do echo "$set: $(ls .devwheels/$set | wc -l) pieces"; done
