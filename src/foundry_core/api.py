@@ -30,6 +30,7 @@ import functools
 import os
 import re
 import time
+from collections.abc import Sequence
 
 from . import __version__
 from .archive import Archive, ArchiveError, ArchiveWriter, compare_fingerprint, open_archive
@@ -54,6 +55,9 @@ from .modules import ModuleError, Recorded, recording
 from .progress import Progress
 from .region import Region, RegionError, Segment, restore_snapshot, snapshot
 from .restore import Prepared, differences, drop, finish_rebuild, rebuild_archive, take_whole
+from .symmetric import SymmetricBuffer, require_idle
+from .symmetric import check as check_symmetric
+from .symmetric import ranges as symmetric_ranges
 from .trust import check_location, warn_if_world_writable
 
 ARCHIVE_KIND = "foundry-graphs"
@@ -215,6 +219,7 @@ def save(
     lock_timeout: float = 0.0,
     detect_rng: bool = True,
     timings: dict | None = None,
+    symmetric: Sequence[SymmetricBuffer] = (),
 ) -> str:
     """Persist ``graphs`` (name -> ``torch.cuda.CUDAGraph(keep_graph=True)``) with their device context.
 
@@ -236,6 +241,11 @@ def save(
     check_s (every graph built once from what the archive will hold, as LOAD builds it, and thrown
     away: a graph the driver would refuse at LOAD fails the SAVE instead; FOUNDRY_SAVE_CHECK=0 skips
     it), write_s (compression, files, fsync and publishing).
+
+    ``symmetric``: the torch symmetric-memory buffers the graphs address (tensor-parallel
+    all-reduce), each recorded with :meth:`SymmetricBuffer.of` after its rendezvous. Pointers into
+    them pass the audit; they are stored, and LOAD refuses unless the same buffers are mapped at the
+    same addresses (symmetric.py).
     """
     torch = _torch()
     timings = {} if timings is None else timings
@@ -257,7 +267,12 @@ def save(
     timings["recorded_s"] = time.perf_counter() - t0  # the recorded code images, hashed and indexed
     rng_s = 0.0
     seg_list = region.segments()
-    segments = Segments(region.base, region.size, [(s.addr, s.size) for s in seg_list if s.live])
+    try:
+        outside = symmetric_ranges(symmetric)
+    except ValueError as e:
+        raise SaveError(str(e)) from None
+    live = [(s.addr, s.size) for s in seg_list if s.live]
+    segments = Segments(region.base, region.size, live, outside)
     kernels: dict = {}
     memo = WalkMemo()  # what the walk learns once, shared by the graphs
     walked = []
@@ -305,6 +320,8 @@ def save(
         "saved_with": __version__,
         "collectives": _collective_totals(desc for _name, desc in walked),
     }
+    if symmetric:
+        meta["symmetric"] = [b.to_json() for b in symmetric]
     # Graphs are stored in the FGB1 binary encoding (FOUNDRY_GRAPH_ENCODING=json keeps the JSON form).
     as_json = os.environ.get("FOUNDRY_GRAPH_ENCODING", ENCODING).strip().lower() == "json"
     ids = kernel_ids(meta["kernels"])
@@ -337,6 +354,8 @@ def save(
                 entry = {"name": name, "nodes": count_nodes(desc), "rng": desc["rng"] is not None}
                 if desc.get("collectives"):  # what the graph communicates with (foundry inspect)
                     entry["collectives"] = desc["collectives"]
+                if desc.get("symmetric_pointers"):
+                    entry["symmetric_pointers"] = desc["symmetric_pointers"]
                 if blob is None:
                     entry["file"] = f"graphs/{i:04d}.json"
                     writer.add_json(entry["file"], json_form(desc))
@@ -408,6 +427,17 @@ def _check_verified(archive, path, expected: dict, expected_digest: str | None) 
             f"archive {path}: archive digest {archive.digest} does not match the pinned digest {expected_digest}"
         )
     compare_fingerprint(archive.fingerprint, expected)
+
+
+def _check_symmetric(archive, path, symmetric: Sequence[SymmetricBuffer]) -> None:
+    try:
+        saved = [SymmetricBuffer.from_json(row) for row in archive.meta.get("symmetric", [])]
+    except (TypeError, ValueError) as e:
+        raise ArchiveError(
+            f"archive {path}: manifest.json has a damaged symmetric-memory record: {e}"
+        ) from None
+    check_symmetric(saved, symmetric)
+    require_idle(symmetric)
 
 
 @functools.cache
@@ -529,6 +559,7 @@ def load(
     archive: Archive | None = None,
     upload: bool = False,
     prepared: Prepared | None = None,
+    symmetric: Sequence[SymmetricBuffer] = (),
 ) -> Restored:
     """Rebuild the graphs of the archive at ``path`` in this process, without capture or warmup.
 
@@ -554,6 +585,10 @@ def load(
     device now (cuGraphUpload). Off by default, which leaves the graphs as torch leaves a captured
     one after instantiating it: the first replay of each does the upload (about 2.5 ms for a
     1,700-node graph on an H200).
+
+    ``symmetric``: the torch symmetric-memory buffers this process rendezvoused, as for
+    :func:`save`. An archive whose graphs address symmetric memory is refused unless every buffer
+    it recorded is given, mapped at the same addresses on every rank, with its signal pad clear.
     """
     torch = _torch()
     timings = {}
@@ -592,6 +627,7 @@ def load(
             raise RegionError(
                 f"archive was saved for cuda:{meta['device']}, the region is on cuda:{region.device}"
             )
+        _check_symmetric(archive, path, symmetric)
     except BaseException:
         drop(rebuilding, building)
         raise

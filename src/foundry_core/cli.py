@@ -73,6 +73,12 @@ def cmd_inspect(args) -> int:
     if totals is not None:  # archives saved before collectives were counted have no entry
         shown = ", ".join(f"{k} {n}" for k, n in totals.items()) or "none"
         print(f"\ncollective kernels: {shown} (NCCL kernels are refused at SAVE)")
+    for rec in meta.get("symmetric", []):  # torch symmetric memory the graphs address, checked at LOAD
+        peers = ", ".join(f"{p:#x}" for p in rec["buffer_ptrs"])
+        print(
+            f"symmetric {rec['name']}: rank {rec['rank']} of {rec['world_size']}, {_human(rec['buffer_size'])} "
+            f"per rank at {peers}; multicast {rec['multicast_ptr']:#x}"
+        )
     rows = []
     by_image: dict[str, int] = {}
     for image, _name, _attrs in meta.get("kernels", []):

@@ -73,12 +73,28 @@ class GraphError(FoundryError, RuntimeError):
 
 
 class Segments:
-    """Live region segments, for the pointer audit."""
+    """Live region segments, for the pointer audit; ``outside``: (start, size, what) of the ranges
+    outside the region that the graphs may address too (torch symmetric memory, recorded with the
+    archive and checked at LOAD: symmetric.py)."""
 
-    def __init__(self, region_base: int, region_size: int, live: list[tuple[int, int]]):
+    def __init__(
+        self,
+        region_base: int,
+        region_size: int,
+        live: list[tuple[int, int]],
+        outside: list[tuple[int, int, str]] | None = None,
+    ):
         self.base, self.size = region_base, region_size
         self._starts = [a for a, _ in sorted(live)]
         self._ends = [a + s for a, s in sorted(live)]
+        outside = sorted(outside or [])
+        self._out_starts = [a for a, _n, _w in outside]
+        self._out_ends = [a + n for a, n, _w in outside]
+
+    def outside(self, addr: int) -> bool:
+        """True when ``addr`` lies in one of the recorded ranges outside the region."""
+        i = bisect.bisect_right(self._out_starts, addr) - 1
+        return i >= 0 and addr < self._out_ends[i]
 
     def in_region(self, addr: int) -> bool:
         return self.base <= addr < self.base + self.size
@@ -233,6 +249,7 @@ class _Auditor:
         # The bytes are restored as they were, so LOAD behaves exactly as the captured graph did.
         self.dead_words = 0
         self.collectives: dict[str, int] = {}  # collective kind -> kernel nodes (collectives.py)
+        self.symmetric: set[int] = set()  # words pointing into recorded symmetric memory
         self.functions, self.not_memory, self.live = memo.functions, memo.not_memory, memo.live
 
     def check_word(self, value: int, where: Callable[[], str]) -> bool:
@@ -248,6 +265,9 @@ class _Auditor:
             self.dead_words += 1
             return True
         if value in self.not_memory:
+            return False
+        if self.segments.outside(value):
+            self.symmetric.add(value)
             return False
         err, _ = cu().cuPointerGetAttribute(cu().CUpointer_attribute.CU_POINTER_ATTRIBUTE_MEMORY_TYPE, value)
         if int(err) == 0:
@@ -265,6 +285,7 @@ class _Auditor:
         words = struct.unpack_from(f"<{len(data) // 8}Q", data)
         new = {v for v in words if v >= _POINTER_FLOOR}
         new -= self.not_memory
+        new -= self.symmetric
         known = new & self.live
         self.pointers |= known
         new -= known
@@ -404,6 +425,8 @@ def serialize(
         desc["unmapped_region_words"] = auditor.dead_words
     if auditor.collectives:
         desc["collectives"] = dict(sorted(auditor.collectives.items()))
+    if auditor.symmetric:  # distinct addresses into symmetric memory (foundry inspect)
+        desc["symmetric_pointers"] = len(auditor.symmetric)
     return desc, auditor.pointers
 
 

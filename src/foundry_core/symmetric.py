@@ -1,0 +1,170 @@
+"""Torch symmetric memory that a tensor-parallel decode graph addresses: recorded at SAVE, checked at LOAD.
+
+A decode graph whose all-reduce runs through ``torch.ops.symm_mem`` holds addresses outside the
+Foundry region: the local symmetric buffer (copy nodes into and out of it), the device-side arrays
+of every rank's buffer and signal-pad addresses (kernel parameters) and, through those arrays, the
+peers' buffers mapped into this process. Torch's symmetric-memory allocator maps each of them where
+the driver chooses (torch 2.11 reserves with no address hint), so nothing guarantees that a new
+process sees them where SAVE did. Foundry does not move them: it records them and refuses a LOAD
+whose symmetric memory lies elsewhere, before any graph is built (fail closed). The premise is that
+a LOAD which retraces the SAVE's startup (the same allocations and rendezvous, made before the
+engine's memory setup diverges between SAVE and LOAD) gets the same addresses from the driver; it
+has not been measured on two GPUs yet. The check turns a wrong premise into a refusal, never into a
+graph replayed against other memory.
+
+What is recorded per symmetric buffer: the rank and world size, the buffer and signal-pad sizes,
+every rank's buffer and signal-pad address as mapped here, the multicast address (0 without one)
+and the two device-side pointer arrays. The pointer audit of a SAVE accepts pointers into exactly
+these ranges (:meth:`SymmetricBuffer.ranges`); a pointer anywhere else outside the region is still
+refused.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+from collections.abc import Iterable, Sequence
+
+from .driver import call, cu
+from .errors import FoundryError
+
+POINTER_BYTES = 8
+
+
+class SymmetricMismatch(FoundryError, RuntimeError):
+    """This process's symmetric memory is not where the archive's graphs expect it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SymmetricBuffer:
+    """One rendezvoused symmetric-memory buffer, as this rank maps it."""
+
+    name: str
+    rank: int
+    world_size: int
+    buffer_size: int
+    signal_pad_size: int
+    buffer_ptrs: tuple[int, ...]
+    signal_pad_ptrs: tuple[int, ...]
+    buffer_ptrs_dev: int
+    signal_pad_ptrs_dev: int
+    multicast_ptr: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(
+                f"symmetric buffer {self.name!r}: rank {self.rank} outside world size {self.world_size}"
+            )
+        if len(self.buffer_ptrs) != self.world_size or len(self.signal_pad_ptrs) != self.world_size:
+            raise ValueError(
+                f"symmetric buffer {self.name!r}: one buffer and one signal pad per rank expected"
+            )
+
+    @classmethod
+    def of(cls, handle, name: str) -> SymmetricBuffer:
+        """The record of ``handle``, a ``torch.distributed._symmetric_memory.rendezvous`` result."""
+        return cls(
+            name=name,
+            rank=int(handle.rank),
+            world_size=int(handle.world_size),
+            buffer_size=int(handle.buffer_size),
+            signal_pad_size=int(handle.signal_pad_size),
+            buffer_ptrs=tuple(int(p) for p in handle.buffer_ptrs),
+            signal_pad_ptrs=tuple(int(p) for p in handle.signal_pad_ptrs),
+            buffer_ptrs_dev=int(handle.buffer_ptrs_dev),
+            signal_pad_ptrs_dev=int(handle.signal_pad_ptrs_dev),
+            multicast_ptr=int(handle.multicast_ptr or 0),
+        )
+
+    def ranges(self) -> list[tuple[int, int, str]]:
+        """(start, size, what) of every range a graph may address through this buffer."""
+        out = []
+        for r in range(self.world_size):
+            who = "local" if r == self.rank else f"peer {r}"
+            out.append((self.buffer_ptrs[r], self.buffer_size, f"{self.name}: {who} buffer"))
+            out.append((self.signal_pad_ptrs[r], self.signal_pad_size, f"{self.name}: {who} signal pad"))
+        if self.multicast_ptr:
+            out.append((self.multicast_ptr, self.buffer_size, f"{self.name}: multicast"))
+        table = POINTER_BYTES * self.world_size
+        out.append((self.buffer_ptrs_dev, table, f"{self.name}: buffer address array"))
+        out.append((self.signal_pad_ptrs_dev, table, f"{self.name}: signal-pad address array"))
+        return out
+
+    def to_json(self) -> dict:
+        return {
+            f.name: list(getattr(self, f.name)) if f.name.endswith("_ptrs") else getattr(self, f.name)
+            for f in dataclasses.fields(self)
+        }
+
+    @classmethod
+    def from_json(cls, row: dict) -> SymmetricBuffer:
+        names = {f.name for f in dataclasses.fields(cls)}
+        if set(row) != names:
+            raise ValueError(f"symmetric buffer record has fields {sorted(row)}, expected {sorted(names)}")
+        return cls(**{k: tuple(int(p) for p in v) if k.endswith("_ptrs") else v for k, v in row.items()})
+
+
+def differences(saved: SymmetricBuffer, here: SymmetricBuffer) -> list[str]:
+    """What differs between SAVE's record of a buffer and this process's, as short phrases."""
+    out = []
+    for f in dataclasses.fields(SymmetricBuffer):
+        a, b = getattr(saved, f.name), getattr(here, f.name)
+        if a == b:
+            continue
+        if f.name.endswith("_ptrs"):
+            rank = next(r for r, (x, y) in enumerate(zip(a, b)) if x != y) if len(a) == len(b) else None
+            if rank is not None:
+                out.append(f"{f.name}[{rank}] {b[rank]:#x} (SAVE: {a[rank]:#x})")
+                continue
+        shown = (f"{b:#x}", f"{a:#x}") if f.name.endswith(("_dev", "_ptr")) else (repr(b), repr(a))
+        out.append(f"{f.name} {shown[0]} (SAVE: {shown[1]})")
+    return out
+
+
+def check(saved: Sequence[SymmetricBuffer], here: Sequence[SymmetricBuffer]) -> None:
+    """Raises :class:`SymmetricMismatch` unless ``here`` maps every buffer SAVE recorded, by name,
+    exactly as SAVE did."""
+    got = {b.name: b for b in here}
+    for rec in saved:
+        cur = got.pop(rec.name, None)
+        if cur is None:
+            raise SymmetricMismatch(
+                f"the archive's graphs address torch symmetric memory {rec.name!r} "
+                f"({rec.buffer_size} bytes, rank {rec.rank} of {rec.world_size}); allocate and rendezvous it "
+                "as at SAVE before loading"
+            )
+        diff = differences(rec, cur)
+        if diff:
+            raise SymmetricMismatch(
+                f"torch symmetric memory {rec.name!r} is not where the archive's graphs expect it: "
+                f"{'; '.join(diff[:3])}; SAVE again on this setup"
+            )
+    if got:
+        raise SymmetricMismatch(
+            f"symmetric memory {sorted(got)} was given, but the archive's graphs address none of that name"
+        )
+
+
+def ranges(buffers: Iterable[SymmetricBuffer]) -> list[tuple[int, int, str]]:
+    """Every range of ``buffers``, sorted by address; overlapping ranges are refused (ValueError):
+    a record that overlaps itself or another is not a mapping torch made."""
+    out = sorted(r for b in buffers for r in b.ranges())
+    for (a, n, what), (b, _m, other) in zip(out, out[1:]):
+        if b < a + n:
+            raise ValueError(f"symmetric memory ranges overlap: {what} and {other}")
+    return out
+
+
+def require_idle(buffers: Iterable[SymmetricBuffer]) -> None:
+    """Raises :class:`SymmetricMismatch` unless every local signal pad reads all zero. Torch's
+    symmetric-memory kernels leave a pad at zero once no collective is in flight and spin without a
+    timeout on a slot they expect to change: a graph replayed over a pad that is not clear would hang
+    its rank or its peer instead of failing. Read with a device-to-host copy (no kernel)."""
+    for b in buffers:
+        pad = (ctypes.c_ubyte * b.signal_pad_size)()
+        call(cu().cuMemcpyDtoH, ctypes.addressof(pad), b.signal_pad_ptrs[b.rank], b.signal_pad_size)
+        if any(pad):
+            raise SymmetricMismatch(
+                f"torch symmetric memory {b.name!r}: rank {b.rank}'s signal pad is not clear (a collective "
+                "is in flight); load before the first collective, or after every rank has finished it"
+            )
