@@ -285,3 +285,79 @@ def test_fingerprint_is_json_and_shape_sensitive():
     assert Qwen3Config.preset("tiny").fingerprint() == Qwen3Config.preset("tiny").fingerprint()
     tiny = Qwen3Config.preset("tiny").fingerprint()
     assert Qwen3Config.preset("tiny", max_seq_len=128).fingerprint() != tiny
+
+
+# -- tensor parallel --------------------------------------------------------------------------------
+
+
+def _tp_shards(tp_size: int, seed: int = 3) -> list[Qwen3Model]:
+    """``tp_size`` shards of one model, their all-reduce a sum across threads (one per rank)."""
+    import threading
+
+    shards = [
+        build_model(TINY, seed=seed, dtype=torch.float32, tp_rank=r, tp_size=tp_size) for r in range(tp_size)
+    ]
+    barrier = threading.Barrier(tp_size)
+    slots: list = [None] * tp_size
+
+    def reduce_for(rank: int):
+        def all_reduce(x: torch.Tensor) -> torch.Tensor:
+            slots[rank] = x
+            barrier.wait()
+            total = sum(slots[1:], slots[0])  # the same order on every rank
+            barrier.wait()
+            return total
+
+        return all_reduce
+
+    for rank, shard in enumerate(shards):
+        for layer in shard.layers:
+            layer.all_reduce = reduce_for(rank)
+    return shards
+
+
+def _run_ranks(shards, fn) -> list:
+    import threading
+
+    out: list = [None] * len(shards)
+    threads = [
+        threading.Thread(target=lambda r=r: out.__setitem__(r, fn(shards[r]))) for r in range(len(shards))
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+def test_tensor_parallel_shards_compute_the_whole_model():
+    whole = build_model(TINY, seed=3, dtype=torch.float32)
+    shards = _tp_shards(2)
+    assert shards[0].layers[0].self_attn.num_kv_heads == TINY.num_kv_heads // 2
+    assert shards[0].layers[0].mlp.down_proj.shape == (TINY.hidden_size, TINY.intermediate_size // 2)
+    # Each shard holds its contiguous block of the whole model's matrices.
+    q = whole.layers[1].self_attn.q_proj
+    assert torch.equal(torch.cat([s.layers[1].self_attn.q_proj for s in shards]), q)
+    down = whole.layers[0].mlp.down_proj
+    assert torch.equal(torch.cat([s.layers[0].mlp.down_proj for s in shards], dim=1), down)
+    ids = torch.randint(0, TINY.vocab_size, (2, 7), generator=torch.Generator().manual_seed(4))
+
+    def steps(model):
+        model.allocate_kv_cache(max_batch=2, max_seq_len=16)
+        with torch.no_grad():
+            model.prefill(ids[:, :5])
+            return [model.decode(ids[:, t], torch.full((2,), t)) for t in (5, 6)]
+
+    expected = steps(whole)
+    per_rank = _run_ranks(shards, steps)
+    for got in per_rank:
+        for a, b in zip(got, expected):
+            torch.testing.assert_close(a, b, atol=ATOL, rtol=RTOL)
+    assert all(torch.equal(a, b) for a, b in zip(per_rank[0], per_rank[1]))  # ranks agree bitwise
+
+
+def test_tensor_parallel_refuses_a_split_that_does_not_divide():
+    with pytest.raises(ValueError, match="tp_size=3 must divide num_kv_heads=2"):
+        build_model(TINY, seed=0, tp_rank=0, tp_size=3)
+    with pytest.raises(ValueError, match="tp_rank=2 outside tp_size=2"):
+        build_model(TINY, seed=0, tp_rank=2, tp_size=2)

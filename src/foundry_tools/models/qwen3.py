@@ -183,14 +183,21 @@ def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: Qwen3Config, *, device, dtype) -> None:
+    """GQA attention over this rank's share of the heads (all of them unless tensor-parallel): q, k,
+    v column-parallel by head, o row-parallel, so the output is this rank's partial sum."""
+
+    def __init__(self, cfg: Qwen3Config, *, device, dtype, tp_size: int = 1) -> None:
         super().__init__()
         h, d = cfg.hidden_size, cfg.head_dim
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, d
-        self.q_proj = _weight(cfg.num_heads * d, h, device=device, dtype=dtype)
-        self.k_proj = _weight(cfg.num_kv_heads * d, h, device=device, dtype=dtype)
-        self.v_proj = _weight(cfg.num_kv_heads * d, h, device=device, dtype=dtype)
-        self.o_proj = _weight(h, cfg.num_heads * d, device=device, dtype=dtype)
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            cfg.num_heads // tp_size,
+            cfg.num_kv_heads // tp_size,
+            d,
+        )
+        self.q_proj = _weight(self.num_heads * d, h, device=device, dtype=dtype)
+        self.k_proj = _weight(self.num_kv_heads * d, h, device=device, dtype=dtype)
+        self.v_proj = _weight(self.num_kv_heads * d, h, device=device, dtype=dtype)
+        self.o_proj = _weight(h, self.num_heads * d, device=device, dtype=dtype)
         self.q_norm = RMSNorm(d, cfg.rms_norm_eps, device=device, dtype=dtype)
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps, device=device, dtype=dtype)
 
@@ -235,9 +242,11 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: Qwen3Config, *, device, dtype) -> None:
+    """SwiGLU; gate and up column-parallel, down row-parallel under tensor parallelism."""
+
+    def __init__(self, cfg: Qwen3Config, *, device, dtype, tp_size: int = 1) -> None:
         super().__init__()
-        h, i = cfg.hidden_size, cfg.intermediate_size
+        h, i = cfg.hidden_size, cfg.intermediate_size // tp_size
         self.gate_proj = _weight(i, h, device=device, dtype=dtype)
         self.up_proj = _weight(i, h, device=device, dtype=dtype)
         self.down_proj = _weight(h, i, device=device, dtype=dtype)
@@ -246,17 +255,24 @@ class MLP(nn.Module):
         return F.linear(F.silu(F.linear(x, self.gate_proj)) * F.linear(x, self.up_proj), self.down_proj)
 
 
+def _identity(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: Qwen3Config, *, device, dtype) -> None:
+    def __init__(self, cfg: Qwen3Config, *, device, dtype, tp_size: int = 1) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, device=device, dtype=dtype)
-        self.self_attn = Attention(cfg, device=device, dtype=dtype)
+        self.self_attn = Attention(cfg, device=device, dtype=dtype, tp_size=tp_size)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, device=device, dtype=dtype)
-        self.mlp = MLP(cfg, device=device, dtype=dtype)
+        self.mlp = MLP(cfg, device=device, dtype=dtype, tp_size=tp_size)
+        # Sums the ranks' partial outputs of the row-parallel projections (tensor parallel only).
+        self.all_reduce = _identity
 
     def forward(self, x, cos, sin, k_cache, v_cache, positions, mask):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, k_cache, v_cache, positions, mask)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        attn = self.self_attn(self.input_layernorm(x), cos, sin, k_cache, v_cache, positions, mask)
+        x = x + self.all_reduce(attn)
+        return x + self.all_reduce(self.mlp(self.post_attention_layernorm(x)))
 
 
 class Qwen3Model(nn.Module):
@@ -266,14 +282,20 @@ class Qwen3Model(nn.Module):
     (the LM head runs in the model dtype, its output is upcast), so sampling code sees one dtype.
     """
 
-    def __init__(self, config: Qwen3Config, *, device, dtype) -> None:
+    def __init__(self, config: Qwen3Config, *, device, dtype, tp_size: int = 1) -> None:
         super().__init__()
         self.config = config
         cfg = config
+        if cfg.num_kv_heads % tp_size or cfg.intermediate_size % tp_size:
+            raise ValueError(
+                f"tp_size={tp_size} must divide num_kv_heads={cfg.num_kv_heads} and "
+                f"intermediate_size={cfg.intermediate_size}"
+            )
+        self.tp_size = tp_size
         # Registration order is the initialization order used by build_model; keep it fixed.
         self.embed_tokens = _weight(cfg.vocab_size, cfg.hidden_size, device=device, dtype=dtype)
         self.layers = nn.ModuleList(
-            DecoderLayer(cfg, device=device, dtype=dtype) for _ in range(cfg.num_layers)
+            DecoderLayer(cfg, device=device, dtype=dtype, tp_size=tp_size) for _ in range(cfg.num_layers)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, device=device, dtype=dtype)
         self.lm_head = (
@@ -337,7 +359,7 @@ class Qwen3Model(nn.Module):
             cfg.num_layers,
             2,
             max_batch,
-            cfg.num_kv_heads,
+            cfg.num_kv_heads // self.tp_size,
             max_seq_len,
             cfg.head_dim,
             device=device,
@@ -405,6 +427,10 @@ class Qwen3Model(nn.Module):
         return self._logits(h[:, 0])
 
 
+#: Parameters split across tensor-parallel ranks, by name suffix -> the dimension split.
+_TP_SPLIT = {"q_proj": 0, "k_proj": 0, "v_proj": 0, "gate_proj": 0, "up_proj": 0, "o_proj": 1, "down_proj": 1}
+
+
 @torch.no_grad()
 def build_model(
     config: Qwen3Config,
@@ -412,6 +438,8 @@ def build_model(
     seed: int,
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.bfloat16,
+    tp_rank: int = 0,
+    tp_size: int = 1,
 ) -> Qwen3Model:
     """Build a Qwen3Model with random weights that are a pure function of (config, seed, device type, dtype).
 
@@ -424,16 +452,31 @@ def build_model(
     the device addresses of the weights reproducible across processes; see the module docstring.
     The model is returned in eval mode with ``requires_grad=False`` on every parameter, so capture
     records no autograd state.
+
+    ``tp_size > 1``: rank ``tp_rank``'s shard of the same model (heads and MLP columns split in
+    contiguous blocks, as vLLM and SGLang split them): each split matrix is drawn whole, in the same
+    order, and this rank's block kept, so every rank holds a slice of one model. Each layer's
+    ``all_reduce`` must then be set to a sum over the ranks before the model runs.
     """
+    if not 0 <= tp_rank < tp_size:
+        raise ValueError(f"tp_rank={tp_rank} outside tp_size={tp_size}")
     device = torch.device(device)
-    model = Qwen3Model(config, device=device, dtype=dtype)
+    model = Qwen3Model(config, device=device, dtype=dtype, tp_size=tp_size)
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
     for name, p in model.named_parameters():
         if name.endswith("norm.weight"):
             p.fill_(1.0)
-        else:
+            continue
+        dim = _TP_SPLIT.get(name.rsplit(".", 1)[-1]) if tp_size > 1 else None
+        if dim is None:
             p.normal_(0.0, 0.02, generator=gen)
+            continue
+        shape = list(p.shape)
+        shape[dim] *= tp_size
+        whole = torch.empty(shape, device=device, dtype=dtype).normal_(0.0, 0.02, generator=gen)
+        p.copy_(whole.chunk(tp_size, dim)[tp_rank])
+        del whole
     return model.eval()
 
 
