@@ -8,6 +8,7 @@ The public surface is small::
     save(path, graphs=..., region=..., tensors=..., fingerprint_model=..., slots=...)
     prepare(path, device=...)    start rebuilding modules and graphs early, on a thread
     load(path, region=..., fingerprint_model=..., prepared=...) -> Restored (.graphs, .tensors, .slots)
+    SymmetricBuffer.of(handle, name)  torch symmetric memory a multi-GPU graph addresses (save/load symmetric=)
     verify(path)                 check an archive against this machine
 
 Importing this package is cheap: torch, cuda.bindings and the native library load on first use.
@@ -48,6 +49,8 @@ _PUBLIC = {
     "PlacementError": "region",
     "Region": "region",
     "RegionError": "region",
+    "SymmetricBuffer": "symmetric",
+    "SymmetricMismatch": "symmetric",
 }
 
 
@@ -88,6 +91,8 @@ __all__ = [
     "Restored",
     "RestoredGraph",
     "SaveError",
+    "SymmetricBuffer",
+    "SymmetricMismatch",
     "load",
     "load_config",
     "prepare",

@@ -194,6 +194,47 @@ def cmd_demo(args) -> int:
     return 0 if ok else 1
 
 
+def cmd_tp(args) -> int:
+    from foundry_tools.tp import orchestrate, visible_gpus
+
+    gpus = visible_gpus()
+    if gpus < args.world_size:
+        print(
+            f"foundry tp: --world-size {args.world_size} needs {args.world_size} NVIDIA GPUs, this machine "
+            f"shows {gpus}; nothing was run."
+        )
+        return 2
+    result = orchestrate(args)
+    for r in result["ranks"]:
+        print(
+            f"  rank {r['rank']}: {r['graphs']} graph, {r['symm_mem_collectives']} symmetric-memory "
+            f"collective kernels, {r['nccl_kernels']} NCCL; capture {r['capture_s']:.3f} s, restore "
+            f"{r['restore_s']:.3f} s; {r['steps_identical']}/{r['steps']} steps identical to SAVE, "
+            f"{r['load_decode_captures']} captures at LOAD"
+        )
+    if "reproduce" in result:
+        rep = result["reproduce"]
+        print(
+            f"  second SAVE: fingerprints equal {rep['fingerprints_equal']}, offsets equal {rep['offsets_equal']}"
+        )
+    print(f"foundry tp: {'OK' if result['ok'] else 'FAILED'} (world size {result['world_size']})")
+    if args.out:
+        import torch
+
+        result = {
+            "date": datetime.date.today().isoformat(),
+            "commit": _git_commit(),
+            "machine": f"{torch.cuda.device_count()}x {torch.cuda.get_device_name(0)}",
+            "command": "foundry " + " ".join(sys.argv[1:]),
+            "foundry_version": __version__,
+            **result,
+        }
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+        print(f"  results written to {args.out}")
+    return 0 if result["ok"] else 1
+
+
 def cmd_bench(args) -> int:
     from foundry_tools.bench import plot, print_table, summarize
     from foundry_tools.demo import gpu_available, orchestrate
@@ -299,6 +340,20 @@ def build_parser() -> argparse.ArgumentParser:
     add_arguments(s)
     add_soak_arguments(s)
     s.set_defaults(preset="1.7b", func=cmd_soak)
+
+    what = (
+        "the embedded model tensor-parallel over this host's GPUs: SAVE per rank, LOAD in fresh processes, "
+        "all-reduce through torch symmetric memory inside the graph, outputs compared"
+    )
+    t = sub.add_parser("tp", help=what, description=what, formatter_class=fmt)
+    from foundry_tools.tp import add_arguments as add_tp_arguments
+
+    add_tp_arguments(t)
+    t.add_argument("--workdir", default=None, help="where the archives and reference outputs go")
+    t.add_argument("--out", default=None, help="write the results as JSON here")
+    t.add_argument("--reproduce", action="store_true", help="SAVE twice; fingerprints and offsets must match")
+    t.add_argument("--timeout", type=float, default=600.0, help="seconds each phase may take")
+    t.set_defaults(func=cmd_tp)
 
     what = "show an archive's graphs, kernels, modules, bytes and fingerprint"
     i = sub.add_parser("inspect", help=what, description=what, formatter_class=fmt)

@@ -1,0 +1,413 @@
+"""``foundry tp``: the embedded decoder tensor-parallel over the GPUs of one host, its decode graph
+saved per rank and restored in fresh processes, the all-reduce inside the graph through torch
+symmetric memory.
+
+    foundry tp --world-size 2 --out tp2.json
+
+The parent touches no GPU. It starts one process per rank for SAVE, then one per rank for LOAD (and,
+with ``--reproduce``, a second SAVE into another folder whose fingerprints and offsets must equal the
+first's). Every rank, in SAVE and in LOAD alike: sets its device, joins a gloo process group (no
+NCCL anywhere), allocates and rendezvouses one symmetric buffer (torch's CUDA backend), then
+reserves its Foundry region and builds its shard of the model in it. SAVE captures one decode
+graph (one padded batch size) whose row-parallel projections sum through
+``torch.ops.symm_mem.one_shot_all_reduce``, saves it with the symmetric buffer recorded, and runs a
+fixed prefill-then-decode sequence through it; LOAD restores the graph without capturing anything
+and runs the same sequence; every step's logits must be ``torch.equal`` to SAVE's, on every rank.
+
+One GPU runs ``--world-size 1``: the same symmetric-memory path with a group of one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from .options import HelpFormatter, address
+
+BUFFER = "tp"  # the symmetric buffer's name in the archive
+PROMPT_LEN = 6
+STEPS = 8
+
+
+def visible_gpus() -> int:
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _Rank:
+    """One rank's setup, identical in SAVE and LOAD: the order of every allocation is fixed."""
+
+    def __init__(self, args):
+        import torch
+        import torch.distributed as dist
+        import torch.distributed._symmetric_memory as symm_mem
+
+        import foundry_core as fc
+        from foundry_core.symmetric import SymmetricBuffer
+
+        from .models import Qwen3Config, build_model
+
+        self.t0 = time.perf_counter()
+        self.args, self.rank, self.world = args, args.rank, args.world_size
+        torch.cuda.set_device(self.rank)  # before any device memory: the region is reserved on it
+        self.device = torch.device("cuda", self.rank)
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=self.rank, world_size=self.world
+        )
+        self.group = dist.group.WORLD.group_name
+        if hasattr(symm_mem, "enable_symm_mem_for_group"):  # needed before torch 2.9; a no-op later
+            symm_mem.enable_symm_mem_for_group(self.group)
+        cfg = Qwen3Config.preset(args.preset, max_seq_len=args.max_seq_len)
+        self.cfg, self.bs = cfg, args.batch_size
+        if getattr(args, "shift_symmetric", False):  # test aid: SAVE's mapping will not repeat
+            self._shift = symm_mem.empty(1 << 20, dtype=torch.uint8, device=self.device)
+            symm_mem.rendezvous(self._shift, self.group)
+        self.buffer = symm_mem.empty(self.bs * cfg.hidden_size, dtype=torch.bfloat16, device=self.device)
+        handle = symm_mem.rendezvous(self.buffer, self.group)
+        self.symmetric = SymmetricBuffer.of(handle, BUFFER)
+        self.region = fc.Region(args.region_base, args.region_size, self.rank)
+        with self.region.routing():
+            self.model = build_model(
+                cfg, seed=args.seed, device=self.device, tp_rank=self.rank, tp_size=self.world
+            )
+            self.model.allocate_kv_cache(max_batch=self.bs, max_seq_len=args.max_seq_len)
+            self.ids = torch.zeros(self.bs, dtype=torch.long, device=self.device)
+            self.positions = torch.zeros(self.bs, dtype=torch.long, device=self.device)
+        for layer in self.model.layers:
+            layer.all_reduce = self.all_reduce
+        gen = torch.Generator().manual_seed(args.seed + 1)
+        self.prompts = torch.randint(0, cfg.vocab_size, (self.bs, PROMPT_LEN), generator=gen).to(self.device)
+        self.setup_s = time.perf_counter() - self.t0
+
+    def all_reduce(self, x):
+        """Sum ``x`` over the ranks through the symmetric buffer: a copy into it, then torch's
+        one-shot kernel, which reads every rank's buffer through the peer mappings."""
+        import torch
+
+        staged = self.buffer[: x.numel()]
+        staged.view_as(x).copy_(x)
+        return torch.ops.symm_mem.one_shot_all_reduce(staged, "sum", self.group).view_as(x)
+
+    def fingerprint(self) -> dict:
+        return {
+            **self.cfg.fingerprint(),
+            "tp_size": self.world,
+            "batch_size": self.bs,
+            "seed": self.args.seed,
+            "all_reduce": "symm_mem.one_shot",
+        }
+
+    def sequence(self, replay, logits) -> list:
+        """The fixed sequence compared between SAVE and LOAD: a fresh cache, an eager prefill of the
+        prompts, then STEPS graph replays, each step's greedy token fed back on the device."""
+        import torch
+
+        self.model.kv_cache.zero_()
+        with torch.no_grad():
+            first = self.model.prefill(self.prompts)
+        self.ids.copy_(first.argmax(-1))
+        self.positions.fill_(PROMPT_LEN)
+        out = []
+        for _ in range(STEPS):
+            replay()
+            out.append(logits.detach().cpu().clone())
+            self.ids.copy_(logits.argmax(-1))
+            self.positions.add_(1)
+        torch.cuda.synchronize()
+        return out
+
+
+def run_save(args) -> dict:
+    import torch
+
+    import foundry_core as fc
+
+    fc.start_recording()
+    rank = _Rank(args)
+    rank.region.end_setup()
+    t0 = time.perf_counter()
+    with rank.region.routing(), torch.no_grad():
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                rank.model.decode(rank.ids, rank.positions)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph(keep_graph=True)
+        with torch.cuda.graph(graph, pool=rank.region.graph_pool_id()):
+            logits = rank.model.decode(rank.ids, rank.positions)
+        graph.instantiate()
+    torch.cuda.synchronize()
+    t1 = time.perf_counter()
+    timings: dict = {}
+    digest = fc.save(
+        args.archive,
+        graphs={"decode": graph},
+        region=rank.region,
+        tensors={"ids": rank.ids, "positions": rank.positions, "logits": logits},
+        fingerprint_model=rank.fingerprint(),
+        rank=rank.rank,
+        world_size=rank.world,
+        detect_rng=False,  # no random numbers in decode; a replay here would need every rank at once
+        timings=timings,
+        symmetric=[rank.symmetric],
+    )
+    t2 = time.perf_counter()
+    reference = rank.sequence(graph.replay, logits)
+    torch.save(reference, args.reference)
+    return {
+        "phase": "save",
+        "rank": rank.rank,
+        "setup_s": rank.setup_s,
+        "capture_s": t1 - t0,
+        "save_s": t2 - t1,
+        "ready_s": t1 - rank.t0,
+        "digest": digest,
+        "save_breakdown": timings,
+        "symmetric": rank.symmetric.to_json(),
+    }
+
+
+def run_load(args) -> dict:
+    import torch
+
+    import foundry_core as fc
+
+    fc.start_recording(keep_images=False)  # only to count stream captures: a LOAD must begin none
+    rank = _Rank(args)
+    captures_before = fc.stream_captures()
+    t0 = time.perf_counter()
+    restored = fc.load(
+        args.archive,
+        region=rank.region,
+        fingerprint_model=rank.fingerprint(),
+        rank=rank.rank,
+        world_size=rank.world,
+        symmetric=[rank.symmetric],
+    )
+    torch.cuda.synchronize()
+    t1 = time.perf_counter()
+    graph, logits = restored.graphs["decode"], restored.tensors["logits"]
+    results = rank.sequence(graph.replay, logits)
+    captures = fc.stream_captures() - captures_before
+    fc.stop_recording()
+    reference = torch.load(args.reference)
+    identical = [torch.equal(a, b) for a, b in zip(reference, results)]
+    collectives = restored.archive.meta.get("collectives", {})
+    return {
+        "phase": "load",
+        "rank": rank.rank,
+        "setup_s": rank.setup_s,
+        "restore_s": t1 - t0,
+        "ready_s": t1 - rank.t0,
+        "graphs": len(restored.graphs),
+        "load_decode_captures": captures,
+        "symm_mem_collectives": collectives.get("symm_mem", 0),
+        "nccl_kernels": collectives.get("nccl", 0),
+        "steps": len(results),
+        "outputs_identical": len(identical) == STEPS and all(identical),
+        "steps_identical": sum(identical),
+        "greedy_tokens": [int(t) for t in results[-1].argmax(-1)],
+    }
+
+
+def _archive_facts(path: str) -> dict:
+    """What two SAVEs of one configuration must reproduce: fingerprint, offsets, symmetric record."""
+    from foundry_core.archive import open_archive
+
+    a = open_archive(path)
+    return {
+        "fingerprint": a.fingerprint,
+        "layout": a.meta["layout"],
+        "tensors": a.meta["tensors"],
+        "symmetric": a.meta.get("symmetric"),
+    }
+
+
+def _worker(args, phase: str, rank: int, port: int, archive_root: Path) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "foundry_tools.tp",
+        "worker",
+        phase,
+        "--rank",
+        str(rank),
+        "--world-size",
+        str(args.world_size),
+        "--port",
+        str(port),
+        "--archive",
+        str(archive_root / f"rank{rank}"),
+        "--reference",
+        str(archive_root / f"reference-rank{rank}.pt"),
+        "--preset",
+        args.preset,
+        "--batch-size",
+        str(args.batch_size),
+        "--max-seq-len",
+        str(args.max_seq_len),
+        "--seed",
+        str(args.seed),
+        "--region-base",
+        hex(args.region_base),
+        "--region-size",
+        str(args.region_size),
+    ]
+
+
+def _phase(args, phase: str, archive_root: Path) -> list[dict]:
+    """Every rank's process of one phase, started together (each waits for the others in the
+    process group); their results, by rank. One that fails ends the others, which would otherwise
+    wait for it in the group."""
+    port = _free_port()
+    archive_root.mkdir(parents=True, exist_ok=True)
+    logs = [archive_root / f"{phase}-rank{r}.out" for r in range(args.world_size)]
+    procs = []
+    for r, log in enumerate(logs):
+        with open(log, "w") as out:  # a file, not a pipe: nothing blocks on a full pipe meanwhile
+            procs.append(subprocess.Popen(_worker(args, phase, r, port, archive_root), stdout=out, text=True))
+    deadline = time.monotonic() + args.timeout
+    try:
+        while any(proc.poll() is None for proc in procs):
+            failed = [r for r, proc in enumerate(procs) if proc.poll() not in (None, 0)]
+            if failed or time.monotonic() > deadline:
+                why = f"exit {procs[failed[0]].returncode}" if failed else f"no result in {args.timeout} s"
+                raise SystemExit(
+                    f"foundry tp: rank {failed[0] if failed else '?'}'s {phase} process failed ({why})"
+                )
+            time.sleep(0.2)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    results = []
+    for r, proc in enumerate(procs):
+        lines = [ln for ln in logs[r].read_text().splitlines() if ln.startswith("FOUNDRY_RESULT ")]
+        if proc.returncode != 0 or not lines:
+            raise SystemExit(f"foundry tp: rank {r}'s {phase} process failed (exit {proc.returncode})")
+        results.append(json.loads(lines[-1][len("FOUNDRY_RESULT ") :]))
+    return results
+
+
+def orchestrate(args) -> dict:
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="foundry-tp-"))
+    first = workdir / "save1"
+    t0 = time.perf_counter()
+    saves = _phase(args, "save", first)
+    loads = _phase(args, "load", first)
+    ranks = []
+    for s, ld in zip(saves, loads):
+        ranks.append(
+            {
+                "rank": s["rank"],
+                "graphs": ld["graphs"],
+                "load_decode_captures": ld["load_decode_captures"],
+                "symm_mem_collectives": ld["symm_mem_collectives"],
+                "nccl_kernels": ld["nccl_kernels"],
+                "outputs_identical": ld["outputs_identical"],
+                "steps_identical": ld["steps_identical"],
+                "steps": ld["steps"],
+                "capture_s": round(s["capture_s"], 4),
+                "restore_s": round(ld["restore_s"], 4),
+                "ready_s_save": round(s["ready_s"], 3),
+                "ready_s_load": round(ld["ready_s"], 3),
+                "greedy_tokens": ld["greedy_tokens"],
+                "symmetric": s["symmetric"],
+            }
+        )
+    result = {
+        "world_size": args.world_size,
+        "preset": args.preset,
+        "batch_size": args.batch_size,
+        "ranks": ranks,
+        "ranks_agree": len({json.dumps(r["greedy_tokens"]) for r in ranks}) == 1,
+    }
+    if args.reproduce:
+        second = workdir / "save2"
+        _phase(args, "save", second)
+        rows = []
+        for r in range(args.world_size):
+            a, b = _archive_facts(str(first / f"rank{r}")), _archive_facts(str(second / f"rank{r}"))
+            rows.append({k: a[k] == b[k] for k in a})
+        result["reproduce"] = {"fingerprints_equal": all(x["fingerprint"] for x in rows), "per_rank": rows}
+        result["reproduce"]["offsets_equal"] = all(
+            x["layout"] and x["tensors"] and x["symmetric"] for x in rows
+        )
+    result["elapsed_s"] = round(time.perf_counter() - t0, 2)
+    result["ok"] = (
+        all(
+            r["outputs_identical"] and r["load_decode_captures"] == 0 and r["nccl_kernels"] == 0
+            for r in ranks
+        )
+        and all(r["symm_mem_collectives"] > 0 for r in ranks)
+        and result["ranks_agree"]
+        and (
+            not args.reproduce
+            or (result["reproduce"]["fingerprints_equal"] and result["reproduce"]["offsets_equal"])
+        )
+    )
+    return result
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from foundry_core.config import DEFAULT_REGION_BASE, DEFAULT_REGION_SIZE
+
+    p.add_argument("--world-size", type=int, default=2, help="ranks, one GPU each")
+    p.add_argument("--preset", default="small", help="embedded model size (tiny, small, 0.6b, 1.7b)")
+    p.add_argument("--batch-size", type=int, default=8, help="the one padded decode batch size")
+    p.add_argument("--max-seq-len", type=int, default=256, help="KV cache length per sequence")
+    p.add_argument("--seed", type=int, default=1234, help="seed of the random weights")
+    p.add_argument(
+        "--region-base", type=address, default=hex(DEFAULT_REGION_BASE), help="region base address"
+    )
+    p.add_argument("--region-size", type=int, default=DEFAULT_REGION_SIZE, help="region size in bytes")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m foundry_tools.tp",
+        description="One rank of foundry tp.",
+        formatter_class=HelpFormatter,
+    )
+    p.add_argument("role", choices=("worker",))
+    p.add_argument("phase", choices=("save", "load"))
+    p.add_argument("--rank", type=int, required=True)
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--archive", required=True)
+    p.add_argument("--reference", required=True)
+    p.add_argument(
+        "--shift-symmetric",
+        action="store_true",
+        help="map another symmetric buffer first, so that this process's mapping differs from SAVE's (tests)",
+    )
+    add_arguments(p)
+    args = p.parse_args(argv)
+    os.makedirs(os.path.dirname(os.path.abspath(args.archive)), exist_ok=True)
+    result = run_save(args) if args.phase == "save" else run_load(args)
+    print("FOUNDRY_RESULT " + json.dumps(result), flush=True)
+    import torch.distributed as dist
+
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("FOUNDRY_NO_PROGRESS", "1")
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""``foundry tp``: SAVE per rank, LOAD in fresh processes, all-reduce through torch symmetric memory
+inside the decode graph (needs as many GPUs as ranks; one GPU runs a group of one)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+
+def _gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def _tp(tmp_path, world: int, *extra):
+    out = tmp_path / "tp.json"
+    cmd = [
+        sys.executable,
+        "-m",
+        "foundry_core.cli",
+        "tp",
+        "--world-size",
+        str(world),
+        "--workdir",
+        str(tmp_path),
+    ]
+    proc = subprocess.run([*cmd, "--out", str(out), *extra], capture_output=True, text=True, timeout=900)
+    assert out.exists(), f"tp wrote no result\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-4000:]}"
+    return json.loads(out.read_text()), proc
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_tensor_parallel_decode_restores_bit_exact(tmp_path, world):
+    if _gpus() < world:
+        pytest.skip(f"needs {world} GPUs, this machine has {_gpus()}")
+    result, proc = _tp(tmp_path, world, "--preset", "tiny", "--reproduce")
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    for rank in result["ranks"]:
+        assert rank["outputs_identical"] and rank["load_decode_captures"] == 0
+        assert rank["symm_mem_collectives"] > 0 and rank["nccl_kernels"] == 0
+    assert result["reproduce"]["fingerprints_equal"] and result["reproduce"]["offsets_equal"]
+
+
+def test_load_refuses_symmetric_memory_elsewhere(tmp_path):
+    """A LOAD whose symmetric buffer is mapped elsewhere than at SAVE (another buffer mapped first) is
+    refused before any graph is built, naming the difference."""
+    if _gpus() < 1:
+        pytest.skip("needs a GPU")
+    result, proc = _tp(tmp_path, 1, "--preset", "tiny")
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    cmd = [
+        sys.executable,
+        "-m",
+        "foundry_tools.tp",
+        "worker",
+        "load",
+        "--rank",
+        "0",
+        "--world-size",
+        "1",
+        "--port",
+        "29517",
+        "--archive",
+        str(tmp_path / "save1" / "rank0"),
+        "--reference",
+        str(tmp_path / "save1" / "reference-rank0.pt"),
+        "--preset",
+        "tiny",
+        "--shift-symmetric",
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode != 0
+    assert "SymmetricMismatch" in proc.stderr and "not where the archive's graphs expect it" in proc.stderr, (
+        proc.stderr[-3000:]
+    )
