@@ -6,7 +6,8 @@
 #   On one H200 the bench (about 6 min) and the GPU tests (about 3 min) do not both fit one 600 s
 #   call: CORE_PARTS=bench, then CORE_PARTS=tests, in two calls (default: both). CORE_PARTS=probe:
 #   the launch cost of restored graphs built ahead and after the mapping (four short benches);
-#   CORE_PARTS=demo: foundry demo, the README's main command (about a minute).
+#   CORE_PARTS=demo: foundry demo, the README's main command (about a minute). CORE_PARTS=tp:
+#   foundry tp over every GPU (world size 1 on one H200) and the tensor-parallel GPU tests.
 # Usage on the device, from the repository root: FOUNDRY_COMMIT=<hash> bash benchmarks/run_h200_core.sh
 # Everything it produces goes to $OUT: the results JSON, and logs, PNG and profile in extras.tar.gz.
 set -u
@@ -67,6 +68,20 @@ demo() {  # gpu
   echo "demo rc=$?" >>"$out/demo.log"
 }
 
+tp() {  # gpus, as a CUDA_VISIBLE_DEVICES list: one rank each
+  # foundry tp: the embedded model tensor-parallel over these GPUs (a group of one on one GPU), the
+  # all-reduce through torch symmetric memory inside the graph; SAVE twice (--reproduce), LOAD once.
+  # Then the tensor-parallel GPU tests alone (tp is also in gpu_tests).
+  local world
+  world=$(echo "$1" | tr ',' '\n' | wc -l)
+  CUDA_VISIBLE_DEVICES=$1 timeout "$(left)" python -m foundry_core.cli tp --world-size "$world" --reproduce \
+    --workdir /tmp/tp --out "$out/tp-h200x$world.json" >"$out/tp.log" 2>&1
+  echo "tp rc=$?" >>"$out/tp.log"
+  CUDA_VISIBLE_DEVICES=$1 timeout "$(left)" python -m pytest -q -m gpu tests/gpu/test_tensor_parallel.py \
+    >>"$out/tp.log" 2>&1
+  echo "pytest tp rc=$?" >>"$out/tp.log"
+}
+
 gpu_tests() {  # gpu
   if [ "$(left)" -gt 60 ]; then
     CUDA_VISIBLE_DEVICES=$1 FOUNDRY_BUILDER=native timeout "$(left)" python -m pytest -q -m gpu tests/gpu \
@@ -86,10 +101,11 @@ else
   case " $parts " in *" probe "*) probe 0 ;; esac
   case " $parts " in *" bench "*) bench 0 ;; esac
   case " $parts " in *" demo "*) demo 0 ;; esac
+  case " $parts " in *" tp "*) tp 0 ;; esac
   case " $parts " in *" tests "*) gpu_tests 0 ;; esac
   [ "${SOAK:-0}" = 1 ] && soak 0
 fi
-for f in launch-ahead.log launch-ahead-upload.log launch-ahead-reinstantiate.log launch-after.log bench.log demo.log soak.log pytest-gpu.log; do [ -f "$out/$f" ] && tail -n 25 "$out/$f"; done
+for f in launch-ahead.log launch-ahead-upload.log launch-ahead-reinstantiate.log launch-after.log bench.log demo.log tp.log soak.log pytest-gpu.log; do [ -f "$out/$f" ] && tail -n 25 "$out/$f"; done
 # At most 8 files come back from the device (its README): the JSON results come back as they are,
 # and everything else (logs, plots, the SAVE profile) in one archive beside them, extras.tar.gz.
 extras=$(cd "$out" && find . -mindepth 1 -type f ! -name '*.json' ! -name extras.tar.gz | sort)
