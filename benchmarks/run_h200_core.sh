@@ -92,7 +92,9 @@ gpu_tests() {  # gpu
   fi
 }
 
-if [ "$n_gpus" -ge 2 ]; then
+if [ "${CORE_PARTS:-}" = tp ]; then
+  tp "$(seq -s, 0 $((n_gpus - 1)))"
+elif [ "$n_gpus" -ge 2 ]; then
   bench 0 &
   (soak 1; gpu_tests 1) &
   wait
@@ -101,7 +103,6 @@ else
   case " $parts " in *" probe "*) probe 0 ;; esac
   case " $parts " in *" bench "*) bench 0 ;; esac
   case " $parts " in *" demo "*) demo 0 ;; esac
-  case " $parts " in *" tp "*) tp 0 ;; esac
   case " $parts " in *" tests "*) gpu_tests 0 ;; esac
   [ "${SOAK:-0}" = 1 ] && soak 0
 fi
