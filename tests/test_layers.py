@@ -147,7 +147,7 @@ def test_version_and_help_import_neither_torch_nor_the_tools():
         from foundry_core import cli
 
         seen = {}
-        for argv in (["--version"], ["--help"], ["demo", "--help"], ["bench", "--help"], ["soak", "--help"]):
+        for argv in (["--version"], ["--help"], ["demo", "--help"], ["bench", "--help"], ["soak", "--help"], ["tp", "--help"]):
             try:
                 cli.main(argv)
             except SystemExit:
@@ -161,7 +161,7 @@ def test_version_and_help_import_neither_torch_nor_the_tools():
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     seen = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert set(seen) == {"--version", "--help", "demo --help", "bench --help", "soak --help"}
+    assert set(seen) == {"--version", "--help", "demo --help", "bench --help", "soak --help", "tp --help"}
     for argv, modules in seen.items():
         assert modules == ["foundry_tools", "foundry_tools.options"] or modules == [], (argv, modules)
     assert "usage: foundry soak" in proc.stdout and "(default: 10000)" in proc.stdout

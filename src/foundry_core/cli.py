@@ -293,6 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
         HelpFormatter,
         add_arguments,
         add_soak_arguments,
+        add_tp_arguments,
     )
 
     fmt = HelpFormatter
@@ -346,8 +347,6 @@ def build_parser() -> argparse.ArgumentParser:
         "all-reduce through torch symmetric memory inside the graph, outputs compared"
     )
     t = sub.add_parser("tp", help=what, description=what, formatter_class=fmt)
-    from foundry_tools.tp import add_arguments as add_tp_arguments
-
     add_tp_arguments(t)
     t.add_argument("--workdir", default=None, help="where the archives and reference outputs go")
     t.add_argument("--out", default=None, help="write the results as JSON here")

@@ -163,3 +163,16 @@ def add_soak_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--workdir", default=None, help="archive, baseline and the CPU suite's log go here")
     p.add_argument("--out", default=None, help="write the reliability record as JSON here")
+
+
+def add_tp_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``foundry tp`` that each rank's process takes too."""
+    p.add_argument("--world-size", type=int, default=2, help="ranks, one GPU each")
+    p.add_argument("--preset", default="small", help="embedded model size (tiny, small, 0.6b, 1.7b)")
+    p.add_argument("--batch-size", type=int, default=8, help="the one padded decode batch size")
+    p.add_argument("--max-seq-len", type=int, default=256, help="KV cache length per sequence")
+    p.add_argument("--seed", type=int, default=1234, help="seed of the random weights")
+    p.add_argument(
+        "--region-base", type=address, default=hex(DEFAULT_REGION_BASE), help="region base address"
+    )
+    p.add_argument("--region-size", type=int, default=DEFAULT_REGION_SIZE, help="region size in bytes")

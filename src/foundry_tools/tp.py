@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .options import HelpFormatter, address
+from .options import HelpFormatter, add_tp_arguments
 
 BUFFER = "tp"  # the symmetric buffer's name in the archive
 PROMPT_LEN = 6
@@ -366,20 +366,6 @@ def orchestrate(args) -> dict:
     return result
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    from foundry_core.config import DEFAULT_REGION_BASE, DEFAULT_REGION_SIZE
-
-    p.add_argument("--world-size", type=int, default=2, help="ranks, one GPU each")
-    p.add_argument("--preset", default="small", help="embedded model size (tiny, small, 0.6b, 1.7b)")
-    p.add_argument("--batch-size", type=int, default=8, help="the one padded decode batch size")
-    p.add_argument("--max-seq-len", type=int, default=256, help="KV cache length per sequence")
-    p.add_argument("--seed", type=int, default=1234, help="seed of the random weights")
-    p.add_argument(
-        "--region-base", type=address, default=hex(DEFAULT_REGION_BASE), help="region base address"
-    )
-    p.add_argument("--region-size", type=int, default=DEFAULT_REGION_SIZE, help="region size in bytes")
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m foundry_tools.tp",
@@ -397,7 +383,7 @@ def main(argv=None) -> int:
         action="store_true",
         help="map another symmetric buffer first, so that this process's mapping differs from SAVE's (tests)",
     )
-    add_arguments(p)
+    add_tp_arguments(p)
     args = p.parse_args(argv)
     os.makedirs(os.path.dirname(os.path.abspath(args.archive)), exist_ok=True)
     result = run_save(args) if args.phase == "save" else run_load(args)
