@@ -78,7 +78,9 @@ class _Rank:
         if getattr(args, "shift_symmetric", False):  # test aid: SAVE's mapping will not repeat
             self._shift = symm_mem.empty(1 << 20, dtype=torch.uint8, device=self.device)
             symm_mem.rendezvous(self._shift, self.group)
-        self.buffer = symm_mem.empty(self.bs * cfg.hidden_size, dtype=torch.bfloat16, device=self.device)
+        # Large enough for the eager prefill's sums too (every prompt token's hidden state).
+        staged = self.bs * PROMPT_LEN * cfg.hidden_size
+        self.buffer = symm_mem.empty(staged, dtype=torch.bfloat16, device=self.device)
         handle = symm_mem.rendezvous(self.buffer, self.group)
         self.symmetric = SymmetricBuffer.of(handle, BUFFER)
         self.region = fc.Region(args.region_base, args.region_size, self.rank)
@@ -204,6 +206,9 @@ def run_load(args) -> dict:
     torch.cuda.synchronize()
     t1 = time.perf_counter()
     graph, logits = restored.graphs["decode"], restored.tensors["logits"]
+    for name, mine in (("ids", rank.ids), ("positions", rank.positions)):
+        if restored.tensors[name].data_ptr() != mine.data_ptr():  # the region retraced SAVE's setup
+            raise RuntimeError(f"input {name!r} is not where SAVE's graph reads it")
     results = rank.sequence(graph.replay, logits)
     captures = fc.stream_captures() - captures_before
     fc.stop_recording()
