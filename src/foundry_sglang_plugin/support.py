@@ -208,6 +208,15 @@ def check_supported(server_args: Any) -> None:
                 f"more than one decode graph shape under tensor parallelism ({shown}, "
                 "pass exactly one --cuda-graph-bs-decode N)"
             )
+        # Even within the contract above, SAVE would be refused by the pointer audit: the plugin does
+        # not yet hand SGLang's symmetric-memory buffers to foundry_core.save (symmetric=), and without
+        # NVLink multicast (off on the lent machines) SGLang 0.5.17 gathers the logits through NCCL
+        # inside the decode graph. Refused here, before any GPU work, rather than at SAVE.
+        reasons.append(
+            "tensor parallelism is not restorable through this plugin yet (SGLang's symmetric-memory "
+            "buffers are not recorded with the archive, and without NVLink multicast the logits all-gather "
+            "runs through NCCL)"
+        )
 
     if reasons:
         raise FoundryUnsupportedError(reasons)

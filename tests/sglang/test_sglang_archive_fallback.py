@@ -24,14 +24,7 @@ pytestmark = pytest.mark.sglang
 BASE_ARGV = ["--cuda-graph-backend-prefill", "disabled"]
 HINT = {"gpu_id": 0, "tp_rank": 0, "dp_rank": None}
 PIN = "ab" * 32
-TP2 = [
-    "--tp-size",
-    "2",
-    "--enable-torch-symm-mem",
-    "--disable-custom-all-reduce",
-    "--cuda-graph-bs-decode",
-    "8",
-]
+DP2 = ["--dp-size", "2"]  # two ranks, each with its own archive
 SLOTS = {"memory_pool_config": {"max_total_num_tokens": 1024}, "max_mamba_cache_size": None}
 
 
@@ -211,10 +204,10 @@ def test_auto_keeps_loading_when_the_pool_sizing_agrees(launch, core):
 
 
 def test_auto_with_several_ranks_refuses_instead_of_falling_back(launch, core):
-    sa, cfg = launch("auto", *TP2)
+    sa, cfg = launch("auto", *DP2)
     core.refuse = _mismatch()
     with pytest.raises(FoundrySessionError) as err:
-        Session.begin(sa, HINT)
+        Session.begin(sa, {**HINT, "dp_rank": 0})
     text = str(err.value)
     assert "\n" not in text
     assert text.startswith(
