@@ -173,6 +173,12 @@ def add_tp_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-seq-len", type=int, default=256, help="KV cache length per sequence")
     p.add_argument("--seed", type=int, default=1234, help="seed of the random weights")
     p.add_argument(
+        "--all-reduce",
+        default="auto",
+        choices=("auto", "one_shot", "multimem"),
+        help="torch symmetric-memory kernel: multimem needs NVLink multicast; auto takes it where the GPUs have it",
+    )
+    p.add_argument(
         "--region-base", type=address, default=hex(DEFAULT_REGION_BASE), help="region base address"
     )
     p.add_argument("--region-size", type=int, default=DEFAULT_REGION_SIZE, help="region size in bytes")

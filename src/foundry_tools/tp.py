@@ -83,6 +83,14 @@ class _Rank:
         self.buffer = symm_mem.empty(staged, dtype=torch.bfloat16, device=self.device)
         handle = symm_mem.rendezvous(self.buffer, self.group)
         self.symmetric = SymmetricBuffer.of(handle, BUFFER)
+        # The multicast kernel only where the GPUs have NVLink multicast (off on the lent machines);
+        # the one-shot kernel reads the peers' buffers through ordinary peer mappings.
+        multicast = self.symmetric.multicast_ptr != 0
+        if args.all_reduce == "multimem" and not multicast:
+            raise SystemExit(
+                "foundry tp: --all-reduce multimem needs NVLink multicast, which these GPUs lack"
+            )
+        self.multimem = args.all_reduce == "multimem" or (args.all_reduce == "auto" and multicast)
         self.region = fc.Region(args.region_base, args.region_size, self.rank)
         with self.region.routing():
             self.model = build_model(
@@ -104,6 +112,9 @@ class _Rank:
 
         staged = self.buffer[: x.numel()]
         staged.view_as(x).copy_(x)
+        if self.multimem:  # in place, in the buffer: the caller adds it to the residual at once
+            torch.ops.symm_mem.multimem_all_reduce_(staged, "sum", self.group)
+            return staged.view_as(x)
         return torch.ops.symm_mem.one_shot_all_reduce(staged, "sum", self.group).view_as(x)
 
     def fingerprint(self) -> dict:
@@ -112,7 +123,7 @@ class _Rank:
             "tp_size": self.world,
             "batch_size": self.bs,
             "seed": self.args.seed,
-            "all_reduce": "symm_mem.one_shot",
+            "all_reduce": "symm_mem.multimem" if self.multimem else "symm_mem.one_shot",
         }
 
     def sequence(self, replay, logits) -> list:
@@ -183,6 +194,7 @@ def run_save(args) -> dict:
         "digest": digest,
         "save_breakdown": timings,
         "symmetric": rank.symmetric.to_json(),
+        "all_reduce": rank.fingerprint()["all_reduce"],
     }
 
 
@@ -270,6 +282,8 @@ def _worker(args, phase: str, rank: int, port: int, archive_root: Path) -> list[
         str(args.max_seq_len),
         "--seed",
         str(args.seed),
+        "--all-reduce",
+        args.all_reduce,
         "--region-base",
         hex(args.region_base),
         "--region-size",
@@ -335,6 +349,7 @@ def orchestrate(args) -> dict:
                 "ready_s_load": round(ld["ready_s"], 3),
                 "greedy_tokens": ld["greedy_tokens"],
                 "symmetric": s["symmetric"],
+                "all_reduce": s["all_reduce"],
             }
         )
     result = {
