@@ -124,3 +124,47 @@ def test_load_refuses_an_archive_whose_record_is_damaged():
         _check_symmetric(archive, "a/rank0", [])
     with pytest.raises(SymmetricMismatch, match="allocate and rendezvous"):
         _check_symmetric(types.SimpleNamespace(meta={"symmetric": [_buffer().to_json()]}), "a/rank0", [])
+
+
+def _copy_driver(src: int, dst: int):
+    """A driver whose graph holds one device-to-device copy from ``src`` to ``dst``."""
+    ty = types.SimpleNamespace(
+        CU_GRAPH_NODE_TYPE_KERNEL=0,
+        CU_GRAPH_NODE_TYPE_MEMCPY=1,
+        CU_GRAPH_NODE_TYPE_MEMSET=2,
+        CU_GRAPH_NODE_TYPE_HOST=3,
+        CU_GRAPH_NODE_TYPE_GRAPH=4,
+        CU_GRAPH_NODE_TYPE_EMPTY=5,
+        CU_GRAPH_NODE_TYPE_WAIT_EVENT=6,
+        CU_GRAPH_NODE_TYPE_EVENT_RECORD=7,
+        CU_GRAPH_NODE_TYPE_MEM_ALLOC=10,
+        CU_GRAPH_NODE_TYPE_MEM_FREE=11,
+        CU_GRAPH_NODE_TYPE_CONDITIONAL=13,
+    )
+    copy = types.SimpleNamespace(
+        srcMemoryType=2, dstMemoryType=2, srcDevice=src, dstDevice=dst, srcXInBytes=0, srcY=0, srcZ=0,
+        dstXInBytes=0, dstY=0, dstZ=0, srcPitch=0, srcHeight=0, dstPitch=0, dstHeight=0,
+        WidthInBytes=4096, Height=1, Depth=1,
+    )  # fmt: skip
+    d = types.SimpleNamespace(CUgraphNodeType=ty)
+    d.cuGraphGetNodes = lambda g, n: (0, [1] if n else None, 1)
+    d.cuGraphNodeGetType = lambda node: (0, ty.CU_GRAPH_NODE_TYPE_MEMCPY)
+    d.cuGraphGetEdges = lambda g, n: (0, None, None, None, 0)
+    d.cuGraphMemcpyNodeGetParams = lambda node: (0, copy)
+    return d
+
+
+def test_a_copy_into_recorded_symmetric_memory_is_saved(monkeypatch):
+    """The copy a symmetric-memory all-reduce stages its input with (found on the H200: the first
+    SAVE of foundry tp was refused at this node before copies consulted the record)."""
+    from foundry_core import driver
+
+    fake = _copy_driver(BASE + 0x100, PEER0)
+    monkeypatch.setattr(driver, "cu", lambda: fake)
+    monkeypatch.setattr(graphs, "cu", lambda: fake)
+    segs = graphs.Segments(BASE, 1 << 30, [(BASE, 1 << 20)], symmetric.ranges([_buffer()]))
+    desc, pointers = graphs.serialize(object(), recorded=None, segments=segs, kernels={})
+    assert desc["nodes"][0]["dst"] == PEER0 and desc["symmetric_pointers"] == 1 and pointers == {BASE + 0x100}
+    segs = graphs.Segments(BASE, 1 << 30, [(BASE, 1 << 20)])
+    with pytest.raises(graphs.GraphError, match="memcpy destination 0x7f0000000000 is not in a live Foundry"):
+        graphs.serialize(object(), recorded=None, segments=segs, kernels={})

@@ -516,6 +516,9 @@ def _serialize(graph, recorded, auditor, kernels, events, path: str) -> dict:
                 )
             src, dst = int(p.srcDevice), int(p.dstDevice)
             for which, addr in (("source", src), ("destination", dst)):
+                if auditor.segments.outside(addr):  # recorded symmetric memory (a copy into its buffer)
+                    auditor.symmetric.add(addr)
+                    continue
                 if not auditor.segments.in_region(addr) or not auditor.segments.live(addr):
                     raise GraphError(
                         f"{label}: memcpy {which} {addr:#x} is not in a live Foundry region allocation"
