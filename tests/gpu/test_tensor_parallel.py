@@ -33,6 +33,11 @@ def _tp(tmp_path, world: int, *extra):
     return json.loads(out.read_text()), proc
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="torch maps symmetric memory at another base in every fresh process (H200, 2026-12-03, 3fe662f: "
+    "benchmarks/results/tp-h200x1-3fe662f-refused.json), so LOAD refuses; passes once Foundry places it",
+)
 @pytest.mark.parametrize("world", [1, 2])
 def test_tensor_parallel_decode_restores_bit_exact(tmp_path, world):
     if _gpus() < world:
@@ -45,35 +50,19 @@ def test_tensor_parallel_decode_restores_bit_exact(tmp_path, world):
     assert result["reproduce"]["fingerprints_equal"] and result["reproduce"]["offsets_equal"]
 
 
+def _worker(tmp_path, phase: str, *extra: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "foundry_tools.tp", "worker", phase, "--rank", "0", "--world-size", "1"]
+    cmd += ["--port", "29517", "--archive", str(tmp_path / "rank0"), "--reference", str(tmp_path / "ref.pt")]
+    return subprocess.run([*cmd, "--preset", "tiny", *extra], capture_output=True, text=True, timeout=600)
+
+
 def test_load_refuses_symmetric_memory_elsewhere(tmp_path):
     """A LOAD whose symmetric buffer is mapped elsewhere than at SAVE (another buffer mapped first) is
     refused before any graph is built, naming the difference."""
     if _gpus() < 1:
         pytest.skip("needs a GPU")
-    result, proc = _tp(tmp_path, 1, "--preset", "tiny")
-    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
-    cmd = [
-        sys.executable,
-        "-m",
-        "foundry_tools.tp",
-        "worker",
-        "load",
-        "--rank",
-        "0",
-        "--world-size",
-        "1",
-        "--port",
-        "29517",
-        "--archive",
-        str(tmp_path / "save1" / "rank0"),
-        "--reference",
-        str(tmp_path / "save1" / "reference-rank0.pt"),
-        "--preset",
-        "tiny",
-        "--shift-symmetric",
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    proc = _worker(tmp_path, "save")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = _worker(tmp_path, "load", "--shift-symmetric")
     assert proc.returncode != 0
-    assert "SymmetricMismatch" in proc.stderr and "not where the archive's graphs expect it" in proc.stderr, (
-        proc.stderr[-3000:]
-    )
+    assert "SymmetricMismatch" in proc.stderr and "buffer_ptrs[0]" in proc.stderr, proc.stderr[-3000:]
