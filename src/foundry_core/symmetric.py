@@ -5,12 +5,11 @@ Foundry region: the local symmetric buffer (copy nodes into and out of it), the 
 of every rank's buffer and signal-pad addresses (kernel parameters) and, through those arrays, the
 peers' buffers mapped into this process. Torch's symmetric-memory allocator maps each of them where
 the driver chooses (torch 2.11 reserves with no address hint), so nothing guarantees that a new
-process sees them where SAVE did. Foundry does not move them: it records them and refuses a LOAD
-whose symmetric memory lies elsewhere, before any graph is built (fail closed). The premise is that
-a LOAD which retraces the SAVE's startup (the same allocations and rendezvous, made before the
-engine's memory setup diverges between SAVE and LOAD) gets the same addresses from the driver; it
-has not been measured on two GPUs yet. The check turns a wrong premise into a refusal, never into a
-graph replayed against other memory.
+process sees them where SAVE did. Foundry does not move them (yet): it records them and refuses a
+LOAD whose symmetric memory lies elsewhere, before any graph is built (fail closed). On one H200
+(2026-12-03, ``foundry tp --world-size 1``) a fresh process that retraced the SAVE's setup got the
+same layout at another base every time, so today every such LOAD is refused; restoring one needs
+torch's symmetric reservations placed at fixed addresses (benchmarks/results/tp-h200x1-3fe662f-refused.json).
 
 What is recorded per symmetric buffer: the rank and world size, the buffer and signal-pad sizes,
 every rank's buffer and signal-pad address as mapped here, the multicast address (0 without one)
