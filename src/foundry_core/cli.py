@@ -217,7 +217,8 @@ def cmd_tp(args) -> int:
         print(
             f"  second SAVE: fingerprints equal {rep['fingerprints_equal']}, offsets equal {rep['offsets_equal']}"
         )
-    print(f"foundry tp: {'OK' if result['ok'] else 'FAILED'} (world size {result['world_size']})")
+    failed = f": {result['failed']}" if result.get("failed") else ""
+    print(f"foundry tp: {'OK' if result['ok'] else 'FAILED'} (world size {result['world_size']}){failed}")
     if args.out:
         import torch
 

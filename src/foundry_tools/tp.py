@@ -291,36 +291,48 @@ def _worker(args, phase: str, rank: int, port: int, archive_root: Path) -> list[
     ]
 
 
+class PhaseFailed(Exception):
+    """A rank's process of one phase failed; the message names the rank and its last error line."""
+
+
+def _last_error(err: Path) -> str:
+    """The last line of a rank's stderr that names an error (a traceback's last line), or ''."""
+    lines = [ln for ln in err.read_text(errors="replace").splitlines() if "Error" in ln or "Mismatch" in ln]
+    return lines[-1].removeprefix("[rank0]: ").removeprefix("[rank1]: ").strip()[:400] if lines else ""
+
+
 def _phase(args, phase: str, archive_root: Path) -> list[dict]:
     """Every rank's process of one phase, started together (each waits for the others in the
     process group); their results, by rank. One that fails ends the others, which would otherwise
-    wait for it in the group."""
+    wait for it in the group; :class:`PhaseFailed` then names it with its last error line."""
     port = _free_port()
     archive_root.mkdir(parents=True, exist_ok=True)
-    logs = [archive_root / f"{phase}-rank{r}.out" for r in range(args.world_size)]
+    outs = [archive_root / f"{phase}-rank{r}.out" for r in range(args.world_size)]
+    errs = [archive_root / f"{phase}-rank{r}.err" for r in range(args.world_size)]
     procs = []
-    for r, log in enumerate(logs):
-        with open(log, "w") as out:  # a file, not a pipe: nothing blocks on a full pipe meanwhile
-            procs.append(subprocess.Popen(_worker(args, phase, r, port, archive_root), stdout=out, text=True))
+    for r in range(args.world_size):
+        # Files, not pipes: nothing blocks on a full pipe meanwhile.
+        with open(outs[r], "w") as out, open(errs[r], "w") as err:
+            procs.append(
+                subprocess.Popen(_worker(args, phase, r, port, archive_root), stdout=out, stderr=err)
+            )
     deadline = time.monotonic() + args.timeout
     try:
         while any(proc.poll() is None for proc in procs):
-            failed = [r for r, proc in enumerate(procs) if proc.poll() not in (None, 0)]
-            if failed or time.monotonic() > deadline:
-                why = f"exit {procs[failed[0]].returncode}" if failed else f"no result in {args.timeout} s"
-                raise SystemExit(
-                    f"foundry tp: rank {failed[0] if failed else '?'}'s {phase} process failed ({why})"
-                )
+            if any(proc.poll() not in (None, 0) for proc in procs) or time.monotonic() > deadline:
+                break
             time.sleep(0.2)
     finally:
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
+                proc.wait()
     results = []
     for r, proc in enumerate(procs):
-        lines = [ln for ln in logs[r].read_text().splitlines() if ln.startswith("FOUNDRY_RESULT ")]
+        lines = [ln for ln in outs[r].read_text().splitlines() if ln.startswith("FOUNDRY_RESULT ")]
         if proc.returncode != 0 or not lines:
-            raise SystemExit(f"foundry tp: rank {r}'s {phase} process failed (exit {proc.returncode})")
+            why = _last_error(errs[r]) or f"exit {proc.returncode}"
+            raise PhaseFailed(f"rank {r}'s {phase} process failed: {why}")
         results.append(json.loads(lines[-1][len("FOUNDRY_RESULT ") :]))
     return results
 
@@ -329,8 +341,18 @@ def orchestrate(args) -> dict:
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="foundry-tp-"))
     first = workdir / "save1"
     t0 = time.perf_counter()
-    saves = _phase(args, "save", first)
-    loads = _phase(args, "load", first)
+    try:
+        saves = _phase(args, "save", first)
+        loads = _phase(args, "load", first)
+    except PhaseFailed as e:  # a result all the same: the failure is the finding
+        elapsed = round(time.perf_counter() - t0, 2)
+        return {
+            "world_size": args.world_size,
+            "ok": False,
+            "failed": str(e),
+            "ranks": [],
+            "elapsed_s": elapsed,
+        }
     ranks = []
     for s, ld in zip(saves, loads):
         ranks.append(
@@ -361,7 +383,11 @@ def orchestrate(args) -> dict:
     }
     if args.reproduce:
         second = workdir / "save2"
-        _phase(args, "save", second)
+        try:
+            _phase(args, "save", second)
+        except PhaseFailed as e:
+            result.update(ok=False, failed=f"second SAVE: {e}", elapsed_s=round(time.perf_counter() - t0, 2))
+            return result
         rows = []
         for r in range(args.world_size):
             a, b = _archive_facts(str(first / f"rank{r}")), _archive_facts(str(second / f"rank{r}"))
