@@ -5,11 +5,12 @@
 # Downloads each engine's resolved list (../shared/tools/device-wheels/lists) with that folder's
 # fetch.sh into .devwheels/<engine>/cache, then writes
 #   .devwheels/lists/<engine>.list   the engine's wheel file names (carry .devwheels/lists)
-#   .devwheels/parts-<engine>/part-* one engine's wheels in 44 MiB pieces (SGLang 25, vLLM 21 on
+#   .devwheels/parts-<engine>/part-* one engine's wheels in pieces (44 MiB: SGLang 25, vLLM 21 on
 #                                    2026-12-03): a lease that runs one engine sends only these
-#   .devwheels/parts-both/part-*     both engines' wheels (35 pieces): a lease that runs both
+#   .devwheels/parts-both/part-*     both engines' wheels (34 pieces): a lease that runs both
 # A call carries the whole tracked tree (~16 MB on 2026-12-03, mostly benchmarks/results) beside its
-# piece, and the device refuses more than 64 MiB in all: hence 44 MiB, not 50.
+# piece, and the device refuses more than 64 MiB in all: the pieces are cut to what the tree leaves
+# (less 4 MiB of margin), at most 44 MiB. Cut them again when benchmarks/results has grown.
 # Send each piece of one set with its own call, carrying only that piece, e.g.
 #   run(command="mkdir -p /tmp/dw && cp .devwheels/parts-sglang/* /tmp/dw/ && ls /tmp/dw | wc -l",
 #       carry=[".devwheels/parts-sglang/part-aa"])
@@ -19,7 +20,11 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 shared=../shared/tools/device-wheels
 grep -qx '/.devwheels/' .git/info/exclude 2>/dev/null || echo /.devwheels/ >>.git/info/exclude
 mkdir -p .devwheels/lists .devwheels/union
-piece=44m
+tree_mib=$(($(git ls-files -z | du --files0-from=- -cb | tail -n 1 | cut -f1) / 1048576 + 1))
+piece=$((64 - tree_mib - 4))
+[ "$piece" -gt 44 ] && piece=44
+[ "$piece" -ge 16 ] || { echo "the tracked tree takes ${tree_mib} MiB: too little is left for a piece" >&2; exit 1; }
+piece=${piece}m
 for engine in sglang vllm; do
   list=$(ls "$shared/lists" | grep "^$engine-")
   bash "$shared/fetch.sh" "$shared/lists/$list" ".devwheels/$engine" >/dev/null
