@@ -168,6 +168,20 @@ def test_inspect_shows_each_graphs_collectives_and_the_totals(tmp_path, capsys):
         "kernels": [],
         "images": [],
         "collectives": {"symm_mem": 2},
+        "symmetric": [
+            {
+                "name": "tp",
+                "rank": 0,
+                "world_size": 2,
+                "buffer_size": 64 << 20,
+                "signal_pad_size": 9216,
+                "buffer_ptrs": [0x7F0000000000, 0x7F0040000000],
+                "signal_pad_ptrs": [0x7F0004000000, 0x7F0044000000],
+                "buffer_ptrs_dev": 0x600000001000,
+                "signal_pad_ptrs_dev": 0x600000001200,
+                "multicast_ptr": 0,
+            }
+        ],
     }
     with ArchiveWriter(tmp_path / "a") as w:
         w.add_bytes("graphs/0000.json", json.dumps(desc).encode())
@@ -178,6 +192,9 @@ def test_inspect_shows_each_graphs_collectives_and_the_totals(tmp_path, capsys):
     rows = {line.split()[0]: line for line in out.splitlines() if line.startswith("decode/")}
     assert rows["decode/bs=8"].rstrip().endswith("symm_mem 2") and rows["decode/bs=1"].rstrip().endswith("-")
     assert "collective kernels: symm_mem 2 (NCCL kernels are refused at SAVE)" in out
+    assert (
+        "symmetric tp: rank 0 of 2, 64.0 MiB per rank at 0x7f0000000000, 0x7f0040000000; multicast 0x0" in out
+    )
 
 
 def test_the_driver_is_asked_about_each_function_once_per_save(walk):
