@@ -264,10 +264,7 @@ class _Auditor:
                 return False
             self.dead_words += 1
             return True
-        if value in self.not_memory:
-            return False
-        if self.segments.outside(value):
-            self.symmetric.add(value)
+        if value in self.not_memory or self.symmetric_word(value):
             return False
         err, _ = cu().cuPointerGetAttribute(cu().CUpointer_attribute.CU_POINTER_ATTRIBUTE_MEMORY_TYPE, value)
         if int(err) == 0:
@@ -276,6 +273,13 @@ class _Auditor:
                 "graph uses inside Region.routing() (or capture with pool=region.graph_pool_id())"
             )
         self.not_memory.add(value)
+        return False
+
+    def symmetric_word(self, value: int) -> bool:
+        """True (and counted) when ``value`` points into the recorded symmetric memory."""
+        if self.segments.outside(value):
+            self.symmetric.add(value)
+            return True
         return False
 
     def check_block(self, data: bytes, where: Callable[[int], str]) -> None:
@@ -516,8 +520,7 @@ def _serialize(graph, recorded, auditor, kernels, events, path: str) -> dict:
                 )
             src, dst = int(p.srcDevice), int(p.dstDevice)
             for which, addr in (("source", src), ("destination", dst)):
-                if auditor.segments.outside(addr):  # recorded symmetric memory (a copy into its buffer)
-                    auditor.symmetric.add(addr)
+                if auditor.symmetric_word(addr):  # a copy into (or out of) a symmetric buffer
                     continue
                 if not auditor.segments.in_region(addr) or not auditor.segments.live(addr):
                     raise GraphError(

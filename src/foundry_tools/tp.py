@@ -295,10 +295,11 @@ class PhaseFailed(Exception):
     """A rank's process of one phase failed; the message names the rank and its last error line."""
 
 
-def _last_error(err: Path) -> str:
-    """The last line of a rank's stderr that names an error (a traceback's last line), or ''."""
+def _last_error(err: Path, rank: int) -> str:
+    """The last line of rank ``rank``'s stderr that names an error (a traceback's last line), without
+    the ``[rankN]: `` prefix torch.distributed puts on it, or ''."""
     lines = [ln for ln in err.read_text(errors="replace").splitlines() if "Error" in ln or "Mismatch" in ln]
-    return lines[-1].removeprefix("[rank0]: ").removeprefix("[rank1]: ").strip()[:400] if lines else ""
+    return lines[-1].removeprefix(f"[rank{rank}]: ").strip()[:400] if lines else ""
 
 
 def _phase(args, phase: str, archive_root: Path) -> list[dict]:
@@ -331,7 +332,7 @@ def _phase(args, phase: str, archive_root: Path) -> list[dict]:
     for r, proc in enumerate(procs):
         lines = [ln for ln in outs[r].read_text().splitlines() if ln.startswith("FOUNDRY_RESULT ")]
         if proc.returncode != 0 or not lines:
-            why = _last_error(errs[r]) or f"exit {proc.returncode}"
+            why = _last_error(errs[r], r) or f"exit {proc.returncode}"
             raise PhaseFailed(f"rank {r}'s {phase} process failed: {why}")
         results.append(json.loads(lines[-1][len("FOUNDRY_RESULT ") :]))
     return results
