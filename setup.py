@@ -17,6 +17,7 @@ setup(
                 "native/modules.c",
                 "native/graphbuild.c",
                 "native/inflate.c",
+                "native/symmetric.c",
             ],
             include_dirs=["native"],
             extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-fvisibility=hidden"],

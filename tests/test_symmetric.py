@@ -1,12 +1,14 @@
 """Torch symmetric memory recorded with an archive (symmetric.py): the record, the LOAD check and the
 SAVE's pointer audit, on the CPU. A real rendezvous needs GPUs: tests/test_gpu_tp.py."""
 
+import contextlib
+import ctypes
 import struct
 import types
 
 import pytest
 
-from foundry_core import graphs, symmetric
+from foundry_core import _native, graphs, symmetric
 from foundry_core.archive import ArchiveError
 from foundry_core.symmetric import SymmetricBuffer, SymmetricMismatch
 
@@ -168,3 +170,148 @@ def test_a_copy_into_recorded_symmetric_memory_is_saved(monkeypatch):
     segs = graphs.Segments(BASE, 1 << 30, [(BASE, 1 << 20)])
     with pytest.raises(graphs.GraphError, match="memcpy destination 0x7f0000000000 is not in a live Foundry"):
         graphs.serialize(object(), recorded=None, segments=segs, kernels={})
+
+
+# ---- placement: native/symmetric.c steering a table entry, on a stand-in table ----
+
+RESERVE = ctypes.CFUNCTYPE(
+    ctypes.c_int,
+    ctypes.POINTER(ctypes.c_uint64),
+    ctypes.c_size_t,
+    ctypes.c_size_t,
+    ctypes.c_uint64,
+    ctypes.c_ulonglong,
+)
+WINDOW = 0x620000000000
+ALIGN = 512 << 20
+
+
+class _StandInReserve:
+    """A stand-in cuMemAddressReserve: records each request and honours its hint unless told to
+    decline hints (then it answers as a driver placing elsewhere would)."""
+
+    def __init__(self):
+        self.calls: list[tuple[int, int]] = []  # (size, hint)
+        self.decline = False
+        self.fn = RESERVE(self._reserve)
+        self.addr = ctypes.cast(self.fn, ctypes.c_void_p).value
+
+    def _reserve(self, ptr, size, alignment, hint, flags):
+        self.calls.append((size, hint))
+        ptr[0] = 0x7F1234000000 if (self.decline or not hint) else hint
+        return 0
+
+
+@pytest.fixture
+def table():
+    """A table of entry points with the stand-in third, as torch 2.11 keeps cuMemAddressReserve."""
+    lib = _native.lib()
+    driver = _StandInReserve()
+    entries = (ctypes.c_void_p * 8)(0x1111, 0x2222, driver.addr, 0x4444, 0, 0, 0, 0)
+    yield lib, driver, entries
+    lib.foundry_symm_arm(-1)
+    lib.foundry_symm_hook_remove()
+
+
+def _reserve_through(entries, size, hint=0) -> int:
+    got = ctypes.c_uint64(0)
+    assert RESERVE(entries[2])(ctypes.byref(got), size, 0, hint, 0) == 0
+    return got.value
+
+
+def test_the_reserve_entry_is_found_only_where_it_is_unique():
+    entries = (ctypes.c_void_p * 4)(0x1111, 0x2222, 0x3333, 0x4444)
+    base = ctypes.addressof(entries)
+    assert symmetric.find_reserve_slot(base, [0x3333], search=4) == base + 16
+    with pytest.raises(symmetric.SymmetricPlacementError, match="0 cuMemAddressReserve entries"):
+        symmetric.find_reserve_slot(base, [0x9999], search=4)
+    entries[3] = 0x3333
+    with pytest.raises(symmetric.SymmetricPlacementError, match="2 cuMemAddressReserve entries"):
+        symmetric.find_reserve_slot(base, [0x3333], search=4)
+
+
+def test_armed_requests_are_placed_in_the_window_in_order(table):
+    lib, driver, entries = table
+    device = 60
+    assert lib.foundry_symm_window(device, WINDOW, 64 << 30, ALIGN) == 0
+    slot = symmetric.find_reserve_slot(ctypes.addressof(entries), [driver.addr], search=8)
+    assert lib.foundry_symm_hook_install(slot) == 0
+    assert entries[2] != driver.addr  # torch's calls now reach the placing entry
+    assert _reserve_through(entries, 3 << 20) == 0x7F1234000000  # not armed: the driver chooses
+    lib.foundry_symm_arm(device)
+    first = _reserve_through(entries, 66 << 20)
+    second = _reserve_through(entries, 2 << 20)
+    assert _reserve_through(entries, 2 << 20, hint=0x7E0000000000) == 0x7E0000000000  # a caller's hint stands
+    lib.foundry_symm_arm(-1)
+    assert (first, second) == (WINDOW, WINDOW + ALIGN)
+    assert driver.calls[1:3] == [(66 << 20, WINDOW), (2 << 20, WINDOW + ALIGN)]
+    assert symmetric.placements(device) == [(WINDOW, 66 << 20), (WINDOW + ALIGN, 2 << 20)]
+    assert not lib.foundry_symm_misplaced(device)
+    assert lib.foundry_symm_hook_remove() == 0
+    assert entries[2] == driver.addr  # the original entry is back
+
+
+def test_a_declined_hint_or_a_full_window_marks_the_window_misplaced(table):
+    lib, driver, entries = table
+    assert lib.foundry_symm_window(61, WINDOW, 1 << 30, ALIGN) == 0
+    assert lib.foundry_symm_window(61, WINDOW + ALIGN, 1 << 30, ALIGN) != 0  # one window per device
+    assert "already has a symmetric-memory window" in symmetric._error()
+    assert (
+        lib.foundry_symm_hook_install(symmetric.find_reserve_slot(ctypes.addressof(entries), [driver.addr]))
+        == 0
+    )
+    lib.foundry_symm_arm(61)
+    _reserve_through(entries, ALIGN)
+    _reserve_through(entries, ALIGN)
+    assert not lib.foundry_symm_misplaced(61)
+    assert _reserve_through(entries, 2 << 20) == 0x7F1234000000  # no room left: placed by the driver
+    assert lib.foundry_symm_misplaced(61)
+    assert "window on device 61 is full" in symmetric._error()
+    assert lib.foundry_symm_window(62, WINDOW, 64 << 30, ALIGN) == 0
+    lib.foundry_symm_arm(62)
+    driver.decline = True
+    assert _reserve_through(entries, 2 << 20) == 0x7F1234000000
+    assert lib.foundry_symm_misplaced(62)
+    assert "at 0x7f1234000000 instead of 0x620000000000" in symmetric._error()
+
+
+def test_the_hook_is_not_put_back_over_someone_elses(table):
+    lib, driver, entries = table
+    slot = symmetric.find_reserve_slot(ctypes.addressof(entries), [driver.addr])
+    assert lib.foundry_symm_hook_install(slot) == 0
+    assert lib.foundry_symm_hook_install(slot) == 0  # again over the same entry: a no-op
+    assert lib.foundry_symm_hook_install(slot + 8) != 0
+    theirs = entries[2]
+    entries[2] = 0x5555
+    assert lib.foundry_symm_hook_remove() != 0
+    assert "replaced by another hook" in symmetric._error()
+    entries[2] = theirs
+    assert lib.foundry_symm_hook_remove() == 0
+
+
+class _Region:
+    def __init__(self, device):
+        self.base, self.size, self.device, self.routed = 0x600000000000, (100 << 30) + (1 << 20), device, 0
+
+    @contextlib.contextmanager
+    def routing(self):
+        self.routed += 1
+        yield self
+
+
+def test_placed_arms_around_its_block_and_refuses_a_misplacement(table, monkeypatch):
+    lib, driver, entries = table
+    slot = symmetric.find_reserve_slot(ctypes.addressof(entries), [driver.addr])
+    monkeypatch.setattr(symmetric, "_torch_reserve_slot", lambda: slot)
+    region = _Region(device=63)
+    base, _size = symmetric.window(region)
+    assert base == 0x601940000000  # the first 1 GiB boundary past the region's end
+    with symmetric.placed(region):
+        assert _reserve_through(entries, 2 << 20) == base
+    assert region.routed == 1 and entries[2] == driver.addr
+    assert _reserve_through(entries, 2 << 20) == 0x7F1234000000  # disarmed outside
+    driver.decline = True
+    with pytest.raises(symmetric.SymmetricPlacementError, match="instead of"):
+        with symmetric.placed(region):
+            _reserve_through(entries, 2 << 20)
+    assert entries[2] == driver.addr  # put back even so

@@ -9,6 +9,7 @@ The public surface is small::
     prepare(path, device=...)    start rebuilding modules and graphs early, on a thread
     load(path, region=..., fingerprint_model=..., prepared=...) -> Restored (.graphs, .tensors, .slots)
     SymmetricBuffer.of(handle, name)  torch symmetric memory a multi-GPU graph addresses (save/load symmetric=)
+    symmetric.placed(region)     around torch symmetric-memory allocation and rendezvous: fixed addresses
     verify(path)                 check an archive against this machine
 
 Importing this package is cheap: torch, cuda.bindings and the native library load on first use.
@@ -51,6 +52,7 @@ _PUBLIC = {
     "RegionError": "region",
     "SymmetricBuffer": "symmetric",
     "SymmetricMismatch": "symmetric",
+    "SymmetricPlacementError": "symmetric",
 }
 
 
@@ -93,6 +95,7 @@ __all__ = [
     "SaveError",
     "SymmetricBuffer",
     "SymmetricMismatch",
+    "SymmetricPlacementError",
     "load",
     "load_config",
     "prepare",

@@ -3,35 +3,50 @@
 A decode graph whose all-reduce runs through ``torch.ops.symm_mem`` holds addresses outside the
 Foundry region: the local symmetric buffer (copy nodes into and out of it), the device-side arrays
 of every rank's buffer and signal-pad addresses (kernel parameters) and, through those arrays, the
-peers' buffers mapped into this process. Torch's symmetric-memory allocator maps each of them where
-the driver chooses (torch 2.11 reserves with no address hint), so nothing guarantees that a new
-process sees them where SAVE did. Foundry does not move them (yet): it records them and refuses a
-LOAD whose symmetric memory lies elsewhere, before any graph is built (fail closed). On one H200
-(2026-12-03, ``foundry tp --world-size 1``) a fresh process that retraced the SAVE's setup got the
-same layout at another base every time, so today every such LOAD is refused; restoring one needs
-torch's symmetric reservations placed at fixed addresses (benchmarks/results/tp-h200x1-3fe662f-refused.json).
+peers' buffers mapped into this process. Torch's symmetric-memory allocator reserves each mapping
+with no address hint, so the driver chooses, and a fresh process gets another base (one H200,
+2026-12-03: benchmarks/results/tp-h200x1-3fe662f-refused.json).
+
+:func:`placed` makes them repeat: symmetric memory allocated and rendezvoused inside it has its
+mappings reserved at fixed addresses, in a window right after the region (native/symmetric.c
+steers torch's own ``cuMemAddressReserve`` entry, which it checks first), and its address arrays
+allocated in the region. The same setup in SAVE and LOAD then maps everything where SAVE did.
 
 What is recorded per symmetric buffer: the rank and world size, the buffer and signal-pad sizes,
 every rank's buffer and signal-pad address as mapped here, the multicast address (0 without one)
 and the two device-side pointer arrays. The pointer audit of a SAVE accepts pointers into exactly
 these ranges (:meth:`SymmetricBuffer.ranges`); a pointer anywhere else outside the region is still
-refused.
+refused, and a LOAD whose record differs is refused before any graph is built (fail closed).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
+import os
 from collections.abc import Iterable, Sequence
 
+from . import _native
 from .driver import call, cu
 from .errors import FoundryError
 
 POINTER_BYTES = 8
+WINDOW_ALIGN = 1 << 30  # the window starts on a 1 GiB boundary past the region's end
+WINDOW_SIZE = 64 << 30
+PLACEMENT_ALIGN = 512 << 20  # per mapping: at least any multicast granularity the driver asks for
+#: Where torch's table of driver entry points is (``c10::cuda::DriverAPI::get()``), and how many of
+#: its first entries may be searched for ``cuMemAddressReserve`` (torch 2.11 keeps it third).
+DRIVER_API_GETTER = "_ZN3c104cuda9DriverAPI3getEv"
+DRIVER_API_SEARCH = 16
 
 
 class SymmetricMismatch(FoundryError, RuntimeError):
     """This process's symmetric memory is not where the archive's graphs expect it."""
+
+
+class SymmetricPlacementError(FoundryError, RuntimeError):
+    """Torch's symmetric memory could not be placed at fixed addresses (the reason in one line)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,3 +182,92 @@ def require_idle(buffers: Iterable[SymmetricBuffer]) -> None:
                 f"torch symmetric memory {b.name!r}: rank {b.rank}'s signal pad is not clear (a collective "
                 "is in flight); load before the first collective, or after every rank has finished it"
             )
+
+
+def window(region) -> tuple[int, int]:
+    """(base, size) of the window the symmetric memory of ``region``'s device is placed in."""
+    base = -(-(region.base + region.size) // WINDOW_ALIGN) * WINDOW_ALIGN
+    return base, WINDOW_SIZE
+
+
+def find_reserve_slot(table: int, entry_points: Iterable[int], search: int = DRIVER_API_SEARCH) -> int:
+    """The address of the one entry among the first ``search`` pointers at ``table`` that holds one of
+    ``entry_points`` (the driver's ``cuMemAddressReserve``); raises :class:`SymmetricPlacementError`
+    when there is none or more than one: an unknown table layout is not written to."""
+    wanted = {int(p) for p in entry_points if p}
+    hits = [
+        table + i * POINTER_BYTES
+        for i in range(search)
+        if (ctypes.c_void_p.from_address(table + i * POINTER_BYTES).value or 0) in wanted
+    ]
+    if len(hits) != 1:
+        raise SymmetricPlacementError(
+            f"torch's driver entry-point table has {len(hits)} cuMemAddressReserve entries among its first "
+            f"{search} (expected one): unrecognised torch layout, symmetric memory cannot be placed"
+        )
+    return hits[0]
+
+
+def _reserve_entry_points() -> list[int]:
+    """Every address the driver may hand out for ``cuMemAddressReserve``: its exported symbol and what
+    ``cuGetProcAddress`` gives (which torch's table is filled from)."""
+    found = [ctypes.cast(ctypes.CDLL("libcuda.so.1").cuMemAddressReserve, ctypes.c_void_p).value or 0]
+    for version in (12000, 13000):  # torch asks for 12000; a driver older than 13 refuses 13000
+        err, fn, _status = cu().cuGetProcAddress(b"cuMemAddressReserve", version, 0)
+        if int(err) == 0:
+            found.append(int(fn))
+    return found
+
+
+def _torch_reserve_slot() -> int:
+    import torch
+
+    path = os.path.join(os.path.dirname(torch.__file__), "lib", "libc10_cuda.so")
+    try:
+        getter = getattr(ctypes.CDLL(path), DRIVER_API_GETTER)
+    except (OSError, AttributeError) as e:
+        raise SymmetricPlacementError(
+            f"cannot find torch's driver entry-point table ({DRIVER_API_GETTER} in {path}): {e}"
+        ) from None
+    getter.restype = ctypes.c_void_p
+    return find_reserve_slot(int(getter()), _reserve_entry_points())
+
+
+@contextlib.contextmanager
+def placed(region):
+    """Torch symmetric memory that this thread allocates and rendezvouses inside the block is mapped
+    at fixed addresses: every mapping torch reserves (local buffer, each peer's, multicast) at the
+    next aligned address of a window past ``region``, and the device-side address arrays in the
+    region (the block routes through it). Two processes that do the same inside it get the same
+    addresses. Raises :class:`SymmetricPlacementError` when torch's table is not recognised, or when
+    the driver would not place a mapping there (torch still got one elsewhere: do not save then)."""
+    lib = _native.lib()
+    base, size = window(region)
+    if lib.foundry_symm_window(region.device, base, size, PLACEMENT_ALIGN) != 0:
+        raise SymmetricPlacementError(_error())
+    if lib.foundry_symm_hook_install(_torch_reserve_slot()) != 0:
+        raise SymmetricPlacementError(_error())
+    lib.foundry_symm_arm(region.device)
+    try:
+        with region.routing():
+            yield
+    finally:
+        lib.foundry_symm_arm(-1)
+        removed = lib.foundry_symm_hook_remove() == 0
+    if not removed:
+        raise SymmetricPlacementError(_error())
+    if lib.foundry_symm_misplaced(region.device):
+        raise SymmetricPlacementError(_error())
+
+
+def placements(device: int) -> list[tuple[int, int]]:
+    """(address, size) of every mapping :func:`placed` put in ``device``'s window, in order."""
+    lib = _native.lib()
+    n = 256
+    addr, size = (ctypes.c_uint64 * n)(), (ctypes.c_uint64 * n)()
+    got = int(lib.foundry_symm_placed(device, n, addr, size))
+    return [(int(addr[i]), int(size[i])) for i in range(got)]
+
+
+def _error() -> str:
+    return (_native.lib().foundry_symm_error() or b"").decode(errors="replace")

@@ -7,12 +7,13 @@ symmetric memory.
 The parent touches no GPU. It starts one process per rank for SAVE, then one per rank for LOAD (and,
 with ``--reproduce``, a second SAVE into another folder whose fingerprints and offsets must equal the
 first's). Every rank, in SAVE and in LOAD alike: sets its device, joins a gloo process group (no
-NCCL anywhere), allocates and rendezvouses one symmetric buffer (torch's CUDA backend), then
-reserves its Foundry region and builds its shard of the model in it. SAVE captures one decode
-graph (one padded batch size) whose row-parallel projections sum through
-``torch.ops.symm_mem.one_shot_all_reduce``, saves it with the symmetric buffer recorded, and runs a
-fixed prefill-then-decode sequence through it; LOAD restores the graph without capturing anything
-and runs the same sequence; every step's logits must be ``torch.equal`` to SAVE's, on every rank.
+NCCL anywhere), reserves its Foundry region, allocates and rendezvouses one symmetric buffer
+(torch's CUDA backend) at fixed addresses (``foundry_core.symmetric.placed``), and builds its shard
+of the model in the region. SAVE captures one decode graph (one padded batch size) whose
+row-parallel projections sum through ``torch.ops.symm_mem.one_shot_all_reduce``, saves it with the
+symmetric buffer recorded, and runs a fixed prefill-then-decode sequence through it; LOAD restores
+the graph without capturing anything and runs the same sequence; every step's logits must be
+``torch.equal`` to SAVE's, on every rank.
 
 One GPU runs ``--world-size 1``: the same symmetric-memory path with a group of one.
 """
@@ -59,7 +60,7 @@ class _Rank:
         import torch.distributed._symmetric_memory as symm_mem
 
         import foundry_core as fc
-        from foundry_core.symmetric import SymmetricBuffer
+        from foundry_core.symmetric import SymmetricBuffer, placed
 
         from .models import Qwen3Config, build_model
 
@@ -75,13 +76,17 @@ class _Rank:
             symm_mem.enable_symm_mem_for_group(self.group)
         cfg = Qwen3Config.preset(args.preset, max_seq_len=args.max_seq_len)
         self.cfg, self.bs = cfg, args.batch_size
-        if getattr(args, "shift_symmetric", False):  # test aid: SAVE's mapping will not repeat
-            self._shift = symm_mem.empty(1 << 20, dtype=torch.uint8, device=self.device)
-            symm_mem.rendezvous(self._shift, self.group)
-        # Large enough for the eager prefill's sums too (every prompt token's hidden state).
-        staged = self.bs * PROMPT_LEN * cfg.hidden_size
-        self.buffer = symm_mem.empty(staged, dtype=torch.bfloat16, device=self.device)
-        handle = symm_mem.rendezvous(self.buffer, self.group)
+        self.region = fc.Region(args.region_base, args.region_size, self.rank)
+        # Symmetric memory first, placed: its mappings in Foundry's window, its address arrays in
+        # the region, so a LOAD that repeats this setup maps them where SAVE did.
+        with placed(self.region):
+            if getattr(args, "shift_symmetric", False):  # test aid: SAVE's mapping will not repeat
+                self._shift = symm_mem.empty(1 << 20, dtype=torch.uint8, device=self.device)
+                symm_mem.rendezvous(self._shift, self.group)
+            # Large enough for the eager prefill's sums too (every prompt token's hidden state).
+            staged = self.bs * PROMPT_LEN * cfg.hidden_size
+            self.buffer = symm_mem.empty(staged, dtype=torch.bfloat16, device=self.device)
+            handle = symm_mem.rendezvous(self.buffer, self.group)
         self.symmetric = SymmetricBuffer.of(handle, BUFFER)
         # The multicast kernel only where the GPUs have NVLink multicast (off on the lent machines);
         # the one-shot kernel reads the peers' buffers through ordinary peer mappings.
@@ -91,7 +96,6 @@ class _Rank:
                 "foundry tp: --all-reduce multimem needs NVLink multicast, which these GPUs lack"
             )
         self.multimem = args.all_reduce == "multimem" or (args.all_reduce == "auto" and multicast)
-        self.region = fc.Region(args.region_base, args.region_size, self.rank)
         with self.region.routing():
             self.model = build_model(
                 cfg, seed=args.seed, device=self.device, tp_rank=self.rank, tp_size=self.world
