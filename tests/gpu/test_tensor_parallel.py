@@ -5,7 +5,12 @@ import json
 import subprocess
 import sys
 
+import types
+
 import pytest
+
+from foundry_core import symmetric
+from foundry_core.config import DEFAULT_REGION_BASE, DEFAULT_REGION_SIZE
 
 pytestmark = pytest.mark.gpu
 
@@ -33,20 +38,20 @@ def _tp(tmp_path, world: int, *extra):
     return json.loads(out.read_text()), proc
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="torch maps symmetric memory at another base in every fresh process (H200, 2026-12-03, 3fe662f: "
-    "benchmarks/results/tp-h200x1-3fe662f-refused.json), so LOAD refuses; passes once Foundry places it",
-)
 @pytest.mark.parametrize("world", [1, 2])
 def test_tensor_parallel_decode_restores_bit_exact(tmp_path, world):
     if _gpus() < world:
         pytest.skip(f"needs {world} GPUs, this machine has {_gpus()}")
     result, proc = _tp(tmp_path, world, "--preset", "tiny", "--reproduce")
     assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    region = types.SimpleNamespace(base=DEFAULT_REGION_BASE, size=DEFAULT_REGION_SIZE)
+    window, size = symmetric.window(region)
     for rank in result["ranks"]:
         assert rank["outputs_identical"] and rank["load_decode_captures"] == 0
         assert rank["symm_mem_collectives"] > 0 and rank["nccl_kernels"] == 0
+        placed = rank["symmetric"]  # every mapping in the window, the address arrays in the region
+        assert all(window <= p < window + size for p in placed["buffer_ptrs"]), placed
+        assert DEFAULT_REGION_BASE <= placed["buffer_ptrs_dev"] < DEFAULT_REGION_BASE + DEFAULT_REGION_SIZE
     assert result["reproduce"]["fingerprints_equal"] and result["reproduce"]["offsets_equal"]
 
 
@@ -57,8 +62,9 @@ def _worker(tmp_path, phase: str, *extra: str) -> subprocess.CompletedProcess:
 
 
 def test_load_refuses_symmetric_memory_elsewhere(tmp_path):
-    """A LOAD whose symmetric buffer is mapped elsewhere than at SAVE (another buffer mapped first) is
-    refused before any graph is built, naming the difference."""
+    """A LOAD whose symmetric buffer is mapped elsewhere than at SAVE (another buffer placed first, so
+    the buffer takes the window's next slot) is refused before any graph is built, naming the
+    difference."""
     if _gpus() < 1:
         pytest.skip("needs a GPU")
     proc = _worker(tmp_path, "save")
