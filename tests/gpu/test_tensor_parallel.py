@@ -4,7 +4,6 @@ inside the decode graph (needs as many GPUs as ranks; one GPU runs a group of on
 import json
 import subprocess
 import sys
-
 import types
 
 import pytest
