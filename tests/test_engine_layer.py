@@ -276,3 +276,16 @@ def test_a_record_write_removes_only_this_hosts_orphaned_temporaries(tmp_path):
     left = {p.name for p in tmp_path.glob("*.tmp")}
     assert left == {names["alive"], names["other host"], names["other record"]}
     assert read_json(record) == {"ok": 1}
+
+
+def test_inductor_pin_sets_what_is_missing_and_names_a_contradiction():
+    from foundry_core.engine import inductor
+
+    config = {"max_autotune": True}
+    assert inductor.pin(config) is None
+    assert config == {"max_autotune": True, "dynamic_scale_rblock": False}
+    assert inductor.pin(config) is None  # idempotent
+    theirs = {"dynamic_scale_rblock": True}
+    why = inductor.pin(theirs)
+    assert why.startswith("dynamic_scale_rblock=True: ") and "halved reduction blocks" in why
+    assert theirs == {"dynamic_scale_rblock": True}  # left as the user set it: the plugin refuses

@@ -7,8 +7,9 @@ Three methods of ``vllm.engine.arg_utils.EngineArgs`` are wrapped (once per proc
   ``vllm serve`` builds its parser through ``AsyncEngineArgs.add_cli_args``, which loads the general
   plugins first for exactly this purpose, so the flags are on the parser it uses.
 * ``from_cli_args``: turns the two flags into the ``additional_config`` entry (see ``settings``).
-* ``create_engine_config``: when the entry is present, asks vLLM for ``FULL_DECODE_ONLY`` graphs,
-  points the compile caches at private folders (:func:`launch_caches`), builds the config as usual,
+* ``create_engine_config``: when the entry is present, asks vLLM for ``FULL_DECODE_ONLY`` graphs
+  and for the Inductor settings a bit-exact LOAD needs (``foundry_core.engine.inductor``), points
+  the compile caches at private folders (:func:`launch_caches`), builds the config as usual,
   refuses unsupported configurations (``check_supported``) before any GPU work, and points vLLM at
   the Foundry worker class.
 """
@@ -60,15 +61,26 @@ def add_foundry_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
 
 
 def prepare_engine_args(engine_args: Any) -> None:
-    """Before vLLM builds the config: request FULL_DECODE_ONLY graphs unless the user chose a mode."""
+    """Before vLLM builds the config: request FULL_DECODE_ONLY graphs unless the user chose a mode,
+    and compile with the Inductor settings under which a LOAD's compiled code computes what the
+    SAVE's did (``foundry_core.engine.inductor``; they enter vLLM's compile-cache key, SAVE and LOAD
+    alike). A user setting that contradicts them is refused."""
+    from foundry_core.engine import inductor
+
     cc = engine_args.compilation_config
     if isinstance(cc, dict):
         cc.setdefault("cudagraph_mode", FOUNDRY_CUDAGRAPH_MODE)
-        return
-    if getattr(cc, "cudagraph_mode", None) is None:
-        from vllm.config.compilation import CUDAGraphMode
+        inductor_config = cc.setdefault("inductor_compile_config", {})
+    else:
+        if getattr(cc, "cudagraph_mode", None) is None:
+            from vllm.config.compilation import CUDAGraphMode
 
-        cc.cudagraph_mode = CUDAGraphMode[FOUNDRY_CUDAGRAPH_MODE]
+            cc.cudagraph_mode = CUDAGraphMode[FOUNDRY_CUDAGRAPH_MODE]
+        inductor_config = cc.inductor_compile_config
+    conflict = inductor.pin(inductor_config)
+    if conflict is not None:
+        key, reason = conflict.split(": ", 1)
+        raise FoundryUnsupportedError(f"inductor_compile_config {key}", reason)
 
 
 def finalize_engine_config(vllm_config: Any) -> Any:

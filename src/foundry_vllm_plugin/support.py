@@ -171,6 +171,16 @@ def _check_hybrid(vllm_config: Any) -> None:
         )
 
 
+def _check_compile(vllm_config: Any) -> None:
+    from foundry_core.engine import inductor
+
+    settings = dict(_get(vllm_config, "compilation_config", "inductor_compile_config", default={}) or {})
+    conflict = inductor.pin(settings)  # on a copy: only whether the user contradicts a pinned setting
+    if conflict is not None:
+        key, reason = conflict.split(": ", 1)
+        raise FoundryUnsupportedError(f"inductor_compile_config {key}", reason)
+
+
 def _check_features(vllm_config: Any) -> None:
     if _get(vllm_config, "speculative_config") is not None:
         raise FoundryUnsupportedError(
@@ -237,6 +247,7 @@ def check_supported(vllm_config: Any) -> None:
     """
     _check_platform(vllm_config)
     _check_graph_mode(vllm_config)
+    _check_compile(vllm_config)
     _check_features(vllm_config)
     _check_parallelism(vllm_config)
     _check_model(vllm_config)

@@ -191,6 +191,10 @@ def _custom_worker(c):
     c.parallel_config.worker_cls = "my_pkg.MyWorker"
 
 
+def _rblock_scaling(c):
+    c.compilation_config.inductor_compile_config["dynamic_scale_rblock"] = True
+
+
 CASES = [
     (
         "enforce_eager",
@@ -205,6 +209,11 @@ CASES = [
     ),
     ("full_mixed", _set_mode("FULL"), "configuration: cudagraph_mode=FULL: only pure-decode full graphs"),
     ("no_graphs", _set_mode("NONE"), "configuration: cudagraph_mode=NONE: Foundry needs FULL_DECODE_ONLY"),
+    (
+        "inductor_rblock_scaling",
+        _rblock_scaling,
+        "configuration: inductor_compile_config dynamic_scale_rblock=True: a new process benchmarks",
+    ),
     ("speculative_decoding", _speculative, "configuration: speculative decoding: draft and verify graphs"),
     ("lora", _lora, "configuration: LoRA: adapter slots"),
     ("pipeline_parallel", _pp, "configuration: pipeline parallelism: stage-to-stage transfers"),

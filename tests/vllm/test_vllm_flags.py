@@ -172,6 +172,29 @@ def test_user_chosen_full_decode_only_is_kept(engine_args_factory, foundry_toml)
     assert list(vllm_config.compilation_config.cudagraph_capture_sizes) == [1, 2, 4, 8]
 
 
+def test_inductor_settings_for_a_bit_exact_load_are_pinned(engine_args_factory, foundry_toml):
+    """Foundry compiles with reduction-block rescaling off (foundry_core.engine.inductor), beside the
+    user's own Inductor settings, and only with Foundry on."""
+    args = engine_args_factory(
+        additional_config={"foundry": {"config": str(foundry_toml)}},
+        compilation_config={"inductor_compile_config": {"max_autotune": False}},
+    )
+    cc = args.create_engine_config().compilation_config
+    assert cc.inductor_compile_config["dynamic_scale_rblock"] is False
+    assert cc.inductor_compile_config["max_autotune"] is False
+    plain = engine_args_factory().create_engine_config().compilation_config
+    assert "dynamic_scale_rblock" not in plain.inductor_compile_config
+
+
+def test_a_user_setting_against_the_pin_is_refused(engine_args_factory, foundry_toml):
+    args = engine_args_factory(
+        additional_config={"foundry": {"config": str(foundry_toml)}},
+        compilation_config={"inductor_compile_config": {"dynamic_scale_rblock": True}},
+    )
+    with pytest.raises(FoundryUnsupportedError, match="inductor_compile_config dynamic_scale_rblock=True"):
+        args.create_engine_config()
+
+
 def test_malformed_additional_config_entry_is_refused(engine_args_factory):
     with pytest.raises(ConfigError, match="must be a table"):
         engine_args_factory(additional_config={"foundry": "yes"}).create_engine_config()

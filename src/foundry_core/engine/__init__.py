@@ -7,6 +7,8 @@ Plugins (``foundry_sglang_plugin``, ``foundry_vllm_plugin``) import this package
   later LOAD (:mod:`foundry_core.engine.caches`);
 * :func:`write_json_atomic` writes the records beside an archive (atomic, fsynced);
 * :class:`FoundryUnsupportedError` is the one refusal both plugins raise at startup;
+* :func:`inductor.pin` gives torch.compile the settings under which a LOAD's compiled code
+  computes what the SAVE's did;
 * :func:`profiling.profiled` profiles a startup phase on the host when ``FOUNDRY_PROFILE_DIR`` is set.
 """
 

@@ -1,0 +1,43 @@
+"""Inductor settings under which a LOAD's compiled code computes exactly what the SAVE's did.
+
+An engine that compiles its model with torch.compile runs that code beside the restored graphs (the
+prefill, mixed batches) and, through the carried caches, a LOAD runs the very kernels the SAVE
+compiled. One Inductor step undoes that: before a reduction kernel first runs, torch (2.11) adds a
+copy of its config with a halved reduction block when the kernel uses many registers
+(``dynamic_scale_rblock``) and then benchmarks the copies against each other in every new process.
+Near-tied timings pick differently from process to process, and a reduction block is a summation
+order: on one H200 (2026-12-03, vLLM 0.26, dense Qwen3-1.7B shape) the LOAD rewrote 17 carried
+``.best_config`` files, 5 with other contents, and its first prefill's logprobs differed from the
+SAVE's. With the step off, each compiled kernel keeps the one config chosen when it was compiled, so
+a LOAD benchmarks nothing and runs the SAVE's choice.
+
+The settings are compile-time settings, part of the engine's compile-cache key: they must be the
+same at SAVE and LOAD, so a plugin applies them at every start with Foundry on (vLLM's plugin, into
+its ``inductor_compile_config``). SGLang's torch.compile code runs only inside its decode graphs,
+which a LOAD restores with the SAVE's kernels: nothing to pin there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import MutableMapping
+from typing import Any
+
+#: Inductor config entries a start with Foundry on compiles with, and why (one line each).
+PINNED: dict[str, tuple[Any, str]] = {
+    "dynamic_scale_rblock": (
+        False,
+        "a new process benchmarks halved reduction blocks again and may pick another summation order",
+    ),
+}
+
+
+def pin(config: MutableMapping[str, Any]) -> str | None:
+    """Put :data:`PINNED` into an engine's Inductor config dict (``config`` is changed in place).
+    Returns the first conflict, ``"key=value: reason"``, when the user set a pinned key to another
+    value (left as the user set it: the caller refuses the start), else None."""
+    for key, (value, reason) in PINNED.items():
+        if key in config and config[key] != value:
+            return f"{key}={config[key]!r}: {reason}"
+    for key, (value, _reason) in PINNED.items():
+        config.setdefault(key, value)
+    return None
