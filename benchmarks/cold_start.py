@@ -1410,8 +1410,8 @@ def assemble(meta: dict[str, Any], runs: dict[str, dict[str, Any]]) -> dict[str,
 
 def cold_repeats(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Every cold pair (the first and its ``--repeat``s): each run's TTFT, each pair's ratio, their
-    median and spread ((max - min) / median), and whether every repeated LOAD's tokens and logprobs
-    equal SAVE's. A ratio whose spread is larger than its distance to a target shows nothing."""
+    median and spread ((max - min) / median), whether every repeated LOAD's tokens and logprobs
+    equal SAVE's, and whether every repeated stock run's equal the first stock run's. A ratio whose spread is larger than its distance to a target shows nothing."""
     loads, stocks = repeats("load_cold", runs), repeats("stock_cold", runs)
     ttft = {
         r: (runs.get(r) or {}).get("ttft_s") if (runs.get(r) or {}).get("ok") else None
@@ -1425,6 +1425,13 @@ def cold_repeats(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
         for r in loads
         for f in ("tokens", "top_logprobs")
     ]
+    # Whether stock itself reproduces across processes: where it does not (an engine whose compile
+    # picks kernels by timing in every new process), no LOAD can be identical to "stock".
+    stock_same = [
+        _same(_outputs(runs, r, f), _outputs(runs, "stock_cold", f))
+        for r in stocks[1:]
+        for f in ("tokens", "top_logprobs")
+    ]
     return {
         "ttft_s_load_cold_runs": [ttft[r] for r in loads],
         "ttft_s_stock_cold_runs": [ttft[r] for r in stocks],
@@ -1432,6 +1439,9 @@ def cold_repeats(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
         "ttft_ratio_cold_median": None if median is None else round(median, 4),
         "ttft_ratio_cold_spread": round((ratios[-1] - ratios[0]) / median, 4) if len(ratios) > 1 else None,
         "repeated_loads_identical_to_save": None if None in same or not same else all(same),
+        "repeated_stocks_identical_to_stock": None
+        if None in stock_same or not stock_same
+        else all(stock_same),
     }
 
 
@@ -1455,7 +1465,8 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
     if len(result.get("ttft_ratio_cold_pairs") or []) > 1:
         lines.append(
             f"  cold pairs {result['ttft_ratio_cold_pairs']}: median {f('ttft_ratio_cold_median')}, "
-            f"spread {f('ttft_ratio_cold_spread')}; repeated LOADs == SAVE {f('repeated_loads_identical_to_save')}"
+            f"spread {f('ttft_ratio_cold_spread')}; repeated LOADs == SAVE {f('repeated_loads_identical_to_save')}, "
+            f"repeated stocks == stock {f('repeated_stocks_identical_to_stock')}"
         )
     if result.get("load_compiles"):
         lines.append(f"  LOAD compiles: {json.dumps(result['load_compiles'], sort_keys=True)}")

@@ -738,6 +738,12 @@ def test_cold_repeats_give_each_pairs_ratio_its_median_and_spread():
     assert out["repeated_loads_identical_to_save"] is True
     runs["load_cold_2"]["outputs"]["tokens"] = [[1, 2], [3, 5]]
     assert cs.cold_repeats(runs)["repeated_loads_identical_to_save"] is False
+    # Stock against stock: unknown while a repeat has no outputs, then whether they agree.
+    assert out["repeated_stocks_identical_to_stock"] is None
+    two = {k: v for k, v in runs.items() if k != "stock_cold_3"}
+    assert cs.cold_repeats(two)["repeated_stocks_identical_to_stock"] is True
+    two["stock_cold_2"] = _run([[1, 2], [3, 9]], lps, 100.0, 100.0)
+    assert cs.cold_repeats(two)["repeated_stocks_identical_to_stock"] is False
     one = cs.cold_repeats({k: runs[k] for k in ("save", "load_cold", "stock_cold")})
     assert one["ttft_ratio_cold_pairs"] == [0.4] and one["ttft_ratio_cold_spread"] is None
     assert "cold pairs" in "\n".join(cs.summary_lines(cs.assemble({"engine": "sglang"}, runs)))
