@@ -114,6 +114,19 @@ def rows_for(family: str, doc: dict[str, Any]) -> list[dict[str, Any]]:
             row["reason"] = errors[:500] or None
         elif any(c is False for c in checks):
             row["outcome"], row["reason"] = "mismatch", None
+            against_save = (row["tokens_identical_to_save"], row["logprobs_identical_to_save"])
+            if against_save == (True, True) and checks[0] and checks[-1]:
+                # Only stock differs. Whether stock reproduces itself decides what that shows.
+                again = doc.get("repeated_stocks_identical_to_stock")
+                row["reason"] = (
+                    "LOAD identical to SAVE; stock differs, and a second stock start differed from the "
+                    "first too: the engine's own output does not reproduce across processes here"
+                    if again is False
+                    else "LOAD identical to SAVE; stock differs (whether stock reproduces itself across "
+                    "processes was not measured: --repeat 2)"
+                    if again is None
+                    else "LOAD identical to SAVE; stock differs, though two stock starts agreed"
+                )
             if row["save_self_consistent"] is False:
                 # Then a difference from SAVE cannot be told from the engine's own run-to-run drift.
                 row["reason"] = (

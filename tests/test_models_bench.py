@@ -164,3 +164,17 @@ def test_a_mismatch_where_the_save_server_was_not_self_consistent_says_so():
     assert (greedy["outcome"], greedy["reason"], greedy["save_self_consistent"]) == ("validated", None, True)
     assert sampling["outcome"] == "mismatch" and sampling["save_self_consistent"] is False
     assert "not run-to-run deterministic" in sampling["reason"]
+
+
+def test_a_mismatch_with_stock_alone_says_whether_stock_reproduces_itself():
+    runs = _validated_runs()
+    runs["stock_cold"]["outputs"] = _outputs(0.5)
+    greedy = models.rows_for("moe", _doc(**runs))[0]
+    assert greedy["outcome"] == "mismatch" and "not measured: --repeat 2" in greedy["reason"]
+    runs["load_cold_2"] = _run(outputs=_outputs(0), sampled=_outputs(1))
+    runs["stock_cold_2"] = _run(outputs=_outputs(0.7), sampled=_outputs(1))
+    greedy = models.rows_for("moe", _doc(**runs))[0]
+    assert greedy["outcome"] == "mismatch"
+    assert "a second stock start differed from the first too" in greedy["reason"]
+    runs["load_cold"]["outputs"] = _outputs(0.9)  # LOAD differs from SAVE: no such excuse
+    assert models.rows_for("moe", _doc(**runs))[0]["reason"] is None
