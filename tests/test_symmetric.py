@@ -315,3 +315,18 @@ def test_placed_arms_around_its_block_and_refuses_a_misplacement(table, monkeypa
         with symmetric.placed(region):
             _reserve_through(entries, 2 << 20)
     assert entries[2] == driver.addr  # put back even so
+
+
+def test_a_cuda_build_of_torch_exports_its_driver_table():
+    """The export placed() starts from, checked without calling it (that needs a driver): a CUDA
+    build of torch must still have it, a CPU build says plainly that it has none."""
+    import os
+
+    import torch
+
+    lib = os.path.join(os.path.dirname(torch.__file__), "lib", "libc10_cuda.so")
+    if not os.path.exists(lib):
+        with pytest.raises(symmetric.SymmetricPlacementError, match="cannot find torch's driver entry-point"):
+            symmetric.driver_table_getter()
+        return
+    assert symmetric.driver_table_getter() is not None

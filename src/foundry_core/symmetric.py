@@ -219,7 +219,9 @@ def _reserve_entry_points() -> list[int]:
     return found
 
 
-def _torch_reserve_slot() -> int:
+def driver_table_getter():
+    """torch's ``c10::cuda::DriverAPI::get`` (ctypes, returning the table's address); raises
+    :class:`SymmetricPlacementError` where this torch has no such export (a CPU build, a rename)."""
     import torch
 
     path = os.path.join(os.path.dirname(torch.__file__), "lib", "libc10_cuda.so")
@@ -230,7 +232,11 @@ def _torch_reserve_slot() -> int:
             f"cannot find torch's driver entry-point table ({DRIVER_API_GETTER} in {path}): {e}"
         ) from None
     getter.restype = ctypes.c_void_p
-    return find_reserve_slot(int(getter()), _reserve_entry_points())
+    return getter
+
+
+def _torch_reserve_slot() -> int:
+    return find_reserve_slot(int(driver_table_getter()()), _reserve_entry_points())
 
 
 @contextlib.contextmanager
