@@ -56,6 +56,8 @@ def foundry_backend_class(base: type) -> type:
                 self._graphs[shape_key] = graph
                 self._outputs[shape_key] = output
                 return
+            if session.mode == "capture":  # a LOAD that failed over to capturing: SGLang's own way
+                return super().capture_one(shape_key, forward_fn, *args, **kwargs)
             with keep_captured_graphs():
                 super().capture_one(shape_key, forward_fn, *args, **kwargs)
             session.record(shape_key, self._graphs[shape_key], self._outputs[shape_key])

@@ -13,7 +13,9 @@ Order of events in a scheduler process (each step is called from a hook in :mod:
    pool sizing (KV, and the Mamba/hybrid state pool); LOAD returns the saved sizing without profiling.
 4. ``capture_begins`` (``DecodeCudaGraphRunner.capture``): the setup a LOAD repeats ends here.
    SAVE calls ``region.end_setup()``; LOAD restores the archive (``fc.load``) and skips
-   ``BaseRunner.warmup`` (the state warmups create lazily is restored with the archive).
+   ``BaseRunner.warmup`` (the state warmups create lazily is restored with the archive). A restore
+   that fails here turns an ``auto`` single-rank start into mode ``capture``: SGLang warms up and
+   captures as it would without Foundry, and nothing is saved (``decide.after_load_failure``).
 5. decode backend (``resolve_decode_backend``): SAVE captures as usual, keeping each graph;
    LOAD installs the restored graph and outputs for each shape instead of warming up and capturing.
 6. ``finish`` (end of ``ModelRunner.init_cuda_graphs``): SAVE persists (``fc.save`` then the
@@ -258,7 +260,7 @@ class Session:
     def capture_begins(self) -> None:
         """Start of the decode runner's capture: everything built so far (model, pools, static
         graph buffers, attention graph state) is the setup a LOAD repeats. SAVE marks that point;
-        LOAD restores the archive there, before any warmup."""
+        LOAD restores the archive there, before any warmup (or, failing, captures instead)."""
         if self.capture_started:
             raise FoundrySessionError(
                 "decode graphs are being captured a second time in this process (PD role switch or "
@@ -269,15 +271,32 @@ class Session:
         self._captures_at_capture = _stream_captures()
         if self.mode == "save":
             self.region.end_setup()
-        else:
+            return
+        try:
             self.restore()
+            return
+        except Exception as e:
+            failure = e
+        self._capture_instead(failure)
+
+    def _capture_instead(self, failure: Exception) -> None:
+        """The restore failed after the archive was accepted: auto mode on one rank captures as stock
+        would and serves (``decide.after_load_failure``); otherwise the start stops with one line."""
+        if self.restored is not None:  # restored, then found not to fit: give its memory back
+            self.restored.unload()
+            self.restored = None
+        line = decide.after_load_failure(
+            self.cfg, self.rank, self.world_size, failure, FoundrySessionError, logger
+        )
+        self.mode = "capture"
+        self.report.update(mode="capture", fallback=line)
 
     def capture_done(self) -> None:
         """End of the decode runner's capture: SAVE captured every shape, LOAD installed them."""
         if self._t_capture is None:
             return
         seconds = time.perf_counter() - self._t_capture
-        self.report["capture_s" if self.mode == "save" else "restore_s"] = round(seconds, 4)
+        self.report["restore_s" if self.mode == "load" else "capture_s"] = round(seconds, 4)
 
     def graph_pool(self) -> Any:
         return self.region.graph_pool_id()
@@ -331,6 +350,8 @@ class Session:
             self._count_captures()
             if self.mode == "save":
                 self._persist()
+            elif self.mode == "capture":  # a LOAD that failed at the graph phase: nothing to persist
+                self.report.update(saved=False)
             else:
                 missing = sorted(set(self.sidecar["outputs"]) - self.installed)
                 if missing:

@@ -340,10 +340,34 @@ class FoundrySession:
             return
         self.report["saved"] = True
 
+    def restore_or_capture(self, adapter: Any) -> bool:
+        """LOAD at the graph phase: True when the graphs were restored and installed. False when the
+        restore failed before any graph was installed and this start captures instead (``auto`` on
+        one rank, ``decide.after_load_failure``; the mode is then ``capture``); otherwise it raises."""
+        t0 = time.perf_counter()
+        try:
+            restored = self._load_checked(adapter)
+        except Exception as e:
+            failure = e
+        else:
+            self._install(adapter, restored, t0)
+            return True
+        line = decide.after_load_failure(
+            self.cfg, self.rank, self.world_size, failure, graphs.FoundryRestoreError, logger
+        )
+        self.mode = "capture"
+        self.report.update(mode="capture", fallback=line)
+        return False
+
     def restore(self, adapter: Any) -> int:
+        t0 = time.perf_counter()
+        return self._install(adapter, self._load_checked(adapter), t0)
+
+    def _load_checked(self, adapter: Any) -> Any:
+        """``foundry_core.load`` of the rank's archive, checked against the manifest and this engine;
+        a restore that does not fit is unloaded again before the error is raised."""
         from foundry_core.engine import prepare
 
-        t0 = time.perf_counter()
         restored = prepare.load(
             archive.core_archive_dir(self.cfg, self.rank),
             cfg=self.cfg,
@@ -357,15 +381,25 @@ class FoundrySession:
         self.verified = self.prepared = None
         sizing = (self.manifest or {}).get("sizing", {})
         slots = dict(getattr(restored, "slots", {}) or {})
-        for key in ("kv_cache_memory_bytes", "num_gpu_blocks", "runner"):
-            if key in slots and slots[key] != sizing.get(key):
-                raise graphs.FoundryRestoreError(
-                    f"archive slot {key}={slots[key]!r} disagrees with the manifest ({sizing.get(key)!r})"
-                )
-        if sizing.get("runner") != adapter.kind:
-            raise graphs.FoundryRestoreError(
+        problem = next(
+            (
+                f"archive slot {key}={slots[key]!r} disagrees with the manifest ({sizing.get(key)!r})"
+                for key in ("kv_cache_memory_bytes", "num_gpu_blocks", "runner")
+                if key in slots and slots[key] != sizing.get(key)
+            ),
+            None,
+        )
+        if problem is None and sizing.get("runner") != adapter.kind:
+            problem = (
                 f"archive was saved from model runner {sizing.get('runner')}, this engine uses {adapter.kind}"
             )
+        if problem is not None:
+            restored.unload()
+            raise graphs.FoundryRestoreError(problem)
+        return restored
+
+    def _install(self, adapter: Any, restored: Any, t0: float) -> int:
+        sizing = (self.manifest or {}).get("sizing", {})
         n = adapter.install(restored, self.manifest.get("graphs", []) if self.manifest else [])
         self.restored = restored
         self.report["archive_digest"] = restored.digest

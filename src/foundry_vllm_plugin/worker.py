@@ -195,9 +195,12 @@ class FoundryWorker(_VllmGpuWorker):
             marks["graphs_begin"] = time.perf_counter()
             s.report["stream_captures"]["before_graphs"] = stream_captures()
             try:
-                if s.mode == "load":
-                    s.restore(adapter)
+                if s.mode == "load" and s.restore_or_capture(adapter):
                     return 0
+                if s.mode == "capture":  # the restore failed: vLLM captures as alone, nothing saved
+                    size = vllm_capture(*cargs, **ckwargs)
+                    s.report["capture_s"] = round(time.perf_counter() - marks["graphs_begin"], 3)
+                    return size
                 try:
                     with graphs.keep_captured_graphs():
                         size = vllm_capture(*cargs, **ckwargs)

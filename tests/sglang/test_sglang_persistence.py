@@ -653,3 +653,33 @@ def test_load_rebuilds_ahead_from_the_region_on_and_hands_it_to_fc_load(parse, c
     save = Session(sa, cfg, "save", rank=0, gpu_id=1)
     save.enter_region(1)
     assert len(started) == 1  # a SAVE has nothing to rebuild
+
+
+@pytest.mark.parametrize("mode", ["auto", "load"])
+def test_a_restore_failing_at_the_capture_captures_instead_in_auto_mode(parse, cfg, monkeypatch, mode):
+    """fc.load accepted the archive at startup but fails when the decode capture begins: auto on one
+    rank captures as SGLang would alone (no graph installed, nothing saved, the archive left for the
+    next start); load mode stops with one line."""
+    import foundry_core as fc
+
+    def failing_load(path, **kw):
+        raise fc.PlacementError("allocation #3 diverged: LOAD placed 4096 bytes at 0x600000200000")
+
+    monkeypatch.setattr(fc, "load", failing_load)
+    monkeypatch.setattr(fc, "stop_recording", lambda: None)
+    cfg = dataclasses.replace(cfg, mode=mode)
+    sa = parse(*BASE_ARGV)
+    archive.write_sidecar(cfg, 0, {"fingerprint": archive.fingerprint(sa, cfg), "slots": {}, "outputs": {}})
+    session = Session(sa, cfg, "load", rank=0, gpu_id=0)
+    session.sidecar = archive.read_sidecar(cfg, 0)
+    if mode == "load":
+        with pytest.raises(FoundrySessionError, match="failed at the graph phase .*allocation #3 diverged"):
+            session.capture_begins()
+        return
+    session.capture_begins()
+    assert session.mode == "capture" and "capturing the graphs as stock would" in session.report["fallback"]
+    session.capture_done()
+    assert "capture_s" in session.report and "restore_s" not in session.report
+    session.finish()  # nothing installed and nothing persisted: no complaint about missing graphs
+    assert session.report["ok"] is True and session.report["saved"] is False
+    assert archive.read_sidecar(cfg, 0) is not None  # another replica may load it

@@ -110,7 +110,11 @@ def test_failed_core_save_leaves_no_manifest(base_vllm_config, monkeypatch):
 
 
 def _restored(**slots):
-    return types.SimpleNamespace(graphs={"decode/g1": "R1"}, tensors={}, slots=slots, digest="d" * 64)
+    ns = types.SimpleNamespace(
+        graphs={"decode/g1": "R1"}, tensors={}, slots=slots, digest="d" * 64, unloads=0
+    )
+    ns.unload = lambda: setattr(ns, "unloads", ns.unloads + 1)
+    return ns
 
 
 def test_restore_passes_the_pinned_digest_and_installs(base_vllm_config, monkeypatch):
@@ -185,9 +189,11 @@ def test_restore_refuses_sizing_that_disagrees_with_the_manifest(base_vllm_confi
         "sizing": {"kv_cache_memory_bytes": 1 << 30, "num_gpu_blocks": 4096, "runner": "v2"},
         "graphs": [],
     }
-    monkeypatch.setattr(foundry_core, "load", lambda path, **kw: _restored(num_gpu_blocks=2048))
+    restored = _restored(num_gpu_blocks=2048)
+    monkeypatch.setattr(foundry_core, "load", lambda path, **kw: restored)
     with pytest.raises(FoundryRestoreError, match="num_gpu_blocks=2048 disagrees"):
         s.restore(Adapter())
+    assert restored.unloads == 1  # its memory given back before the error
 
 
 def test_restore_refuses_an_archive_from_the_other_model_runner(base_vllm_config, monkeypatch):
@@ -433,3 +439,46 @@ def test_a_read_only_archive_dir_at_save_serves_on_in_auto(base_vllm_config, mon
     s.save(Adapter())  # does not raise: the engine serves with the graphs it captured
     s.publish(0)
     assert s.report["saved"] is False and "Read-only file system" in s.report["save_error"]
+
+
+def _failing_load(path, **kw):
+    raise foundry_core.PlacementError("allocation #3 diverged: LOAD placed 4096 bytes at 0x600000200000")
+
+
+@pytest.mark.parametrize("mode, world_size", [("auto", 1), ("load", 1), ("auto", 2)])
+def test_a_restore_failing_at_the_graph_phase_captures_instead_only_in_auto_on_one_rank(
+    base_vllm_config, monkeypatch, mode, world_size
+):
+    s = _session(base_vllm_config, "load")
+    s.cfg, s.world_size = dataclasses.replace(s.cfg, mode=mode), world_size
+    s.manifest = {"sizing": {"kv_cache_memory_bytes": 1 << 30, "num_gpu_blocks": 4096, "runner": "v2"}}
+    monkeypatch.setattr(foundry_core, "load", _failing_load)
+    mpath = archive.manifest_path(s.cfg, 0)
+    archive.write_manifest(mpath, {"config_hash": "abc"}, {}, [])
+    adapter = Adapter()
+    if (mode, world_size) != ("auto", 1):
+        with pytest.raises(
+            FoundryRestoreError, match="failed at the graph phase .*allocation #3 diverged"
+        ) as e:
+            s.restore_or_capture(adapter)
+        assert e.value.__context__ is None  # one line, not chained to the core's traceback
+        assert s.mode == "load"
+        return
+    assert s.restore_or_capture(adapter) is False
+    assert s.mode == "capture" and adapter.installed is None
+    assert "capturing the graphs as stock would" in s.report["fallback"] and s.report["mode"] == "capture"
+    assert mpath.exists()  # the archive is left as it is: another replica may load it
+
+
+def test_a_restore_that_does_not_fit_is_unloaded_before_capturing_instead(base_vllm_config, monkeypatch):
+    s = _session(base_vllm_config, "load")
+    s.cfg = dataclasses.replace(s.cfg, mode="auto")
+    s.manifest = {"sizing": {"kv_cache_memory_bytes": 1, "num_gpu_blocks": 1, "runner": "v1"}}
+    restored = _restored()
+    monkeypatch.setattr(foundry_core, "load", lambda path, **kw: restored)
+    assert s.restore_or_capture(Adapter()) is False
+    assert restored.unloads == 1 and s.restored is None and s.mode == "capture"
+    ok = _session(base_vllm_config, "load")
+    ok.manifest = {"sizing": {"kv_cache_memory_bytes": 1, "num_gpu_blocks": 1, "runner": "v2"}, "graphs": []}
+    monkeypatch.setattr(foundry_core, "load", lambda path, **kw: _restored())
+    assert ok.restore_or_capture(Adapter()) is True and ok.mode == "load"

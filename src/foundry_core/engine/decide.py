@@ -6,7 +6,8 @@ way ``foundry_core.load`` will (files, checksums, location, pinned digest, machi
 fingerprint), reading GPU properties only. :func:`after_refusal` then applies the one policy both
 engines follow: in ``auto`` mode a single-rank engine falls back to a fresh SAVE with a warning;
 with several ranks (which must size their memory pools alike) or in ``load`` mode the start stops
-with one line.
+with one line. :func:`after_load_failure` is the same policy for a restore that fails later, at the
+graph phase: there an ``auto`` start captures and serves without saving.
 """
 
 from __future__ import annotations
@@ -84,6 +85,33 @@ def after_refusal(
             "(they must size their memory pools alike): start once with mode = save"
         )
     line = f"{head}; capturing and saving a fresh one"
+    (log or logger).warning("%s", line)
+    return line
+
+
+def after_load_failure(
+    cfg: Any,
+    rank: int,
+    world_size: int,
+    error: BaseException,
+    fail: type = ArchiveRefused,
+    log: logging.Logger | None = None,
+) -> str:
+    """A LOAD whose archive was accepted but whose restore failed at the graph phase
+    (``foundry_core.load`` raised: placement, a graph the driver would not build, ...; it leaves the
+    region as it found it). In ``auto`` mode a single-rank engine captures its graphs as stock would
+    and serves, with a warning; nothing is saved by that start (a LOAD keeps no code images) and the
+    archive is left as it is (another replica may load it; the next start tries it again). With
+    several ranks (the others restore theirs) or in ``load`` mode the start stops with one line.
+    Returns the warning line; call it outside any ``except`` block, as :func:`after_refusal`."""
+    head = f"Foundry rank {rank}: LOAD of {cfg.rank_archive_dir(rank)} failed at the graph phase ({save_error(error)})"
+    if cfg.mode != "auto":
+        raise fail(f"{head}; mode = load cannot go on")
+    if world_size > 1:
+        raise fail(
+            f"{head}; auto mode captures instead only on a single-rank engine, this one has {world_size} ranks"
+        )
+    line = f"{head}; capturing the graphs as stock would and serving (nothing saved by this start)"
     (log or logger).warning("%s", line)
     return line
 
