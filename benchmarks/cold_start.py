@@ -1411,7 +1411,8 @@ def assemble(meta: dict[str, Any], runs: dict[str, dict[str, Any]]) -> dict[str,
 def cold_repeats(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Every cold pair (the first and its ``--repeat``s): each run's TTFT, each pair's ratio, their
     median and spread ((max - min) / median), whether every repeated LOAD's tokens and logprobs
-    equal SAVE's, and whether every repeated stock run's equal the first stock run's. A ratio whose spread is larger than its distance to a target shows nothing."""
+    equal SAVE's, and whether every repeated stock run's equal the first stock run's. A ratio whose
+    spread is larger than its distance to a target shows nothing."""
     loads, stocks = repeats("load_cold", runs), repeats("stock_cold", runs)
     ttft = {
         r: (runs.get(r) or {}).get("ttft_s") if (runs.get(r) or {}).get("ok") else None

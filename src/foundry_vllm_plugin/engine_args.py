@@ -64,7 +64,7 @@ def prepare_engine_args(engine_args: Any) -> None:
     """Before vLLM builds the config: request FULL_DECODE_ONLY graphs unless the user chose a mode,
     and compile with the Inductor settings under which a LOAD's compiled code computes what the
     SAVE's did (``foundry_core.engine.inductor``; they enter vLLM's compile-cache key, SAVE and LOAD
-    alike). A user setting that contradicts them is refused."""
+    alike). A user setting that contradicts them is kept, and refused by ``check_supported``."""
     from foundry_core.engine import inductor
 
     cc = engine_args.compilation_config
@@ -77,10 +77,7 @@ def prepare_engine_args(engine_args: Any) -> None:
 
             cc.cudagraph_mode = CUDAGraphMode[FOUNDRY_CUDAGRAPH_MODE]
         inductor_config = cc.inductor_compile_config
-    conflict = inductor.pin(inductor_config)
-    if conflict is not None:
-        key, reason = conflict.split(": ", 1)
-        raise FoundryUnsupportedError(f"inductor_compile_config {key}", reason)
+    inductor.pin(inductor_config)  # a user's contrary setting stays: check_supported refuses it
 
 
 def finalize_engine_config(vllm_config: Any) -> Any:
