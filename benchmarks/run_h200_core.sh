@@ -71,9 +71,13 @@ demo() {  # gpu
 tp() {  # gpus, as a CUDA_VISIBLE_DEVICES list: one rank each
   # foundry tp: the embedded model tensor-parallel over these GPUs (a group of one on one GPU), the
   # all-reduce through torch symmetric memory inside the graph; SAVE twice (--reproduce), LOAD once.
-  # Then the tensor-parallel GPU tests alone (tp is also in gpu_tests).
+  # First the placement test alone (seconds; it says whether the rest can work), then foundry tp,
+  # then the tensor-parallel GPU tests (all are also in gpu_tests).
   local world
   world=$(echo "$1" | tr ',' '\n' | wc -l)
+  CUDA_VISIBLE_DEVICES=$1 timeout "$(left)" python -m pytest -q -m gpu tests/gpu/test_symmetric_placement.py \
+    >"$out/tp-placement.log" 2>&1
+  echo "pytest placement rc=$?" >>"$out/tp-placement.log"
   CUDA_VISIBLE_DEVICES=$1 timeout "$(left)" python -m foundry_core.cli tp --world-size "$world" --reproduce \
     --workdir /tmp/tp --out "$out/tp-h200x$world.json" >"$out/tp.log" 2>&1
   echo "tp rc=$?" >>"$out/tp.log"
@@ -106,7 +110,7 @@ else
   case " $parts " in *" tests "*) gpu_tests 0 ;; esac
   [ "${SOAK:-0}" = 1 ] && soak 0
 fi
-for f in launch-ahead.log launch-ahead-upload.log launch-ahead-reinstantiate.log launch-after.log bench.log demo.log tp.log soak.log pytest-gpu.log; do [ -f "$out/$f" ] && tail -n 25 "$out/$f"; done
+for f in launch-ahead.log launch-ahead-upload.log launch-ahead-reinstantiate.log launch-after.log bench.log demo.log tp-placement.log tp.log soak.log pytest-gpu.log; do [ -f "$out/$f" ] && tail -n 25 "$out/$f"; done
 # At most 8 files come back from the device (its README): the JSON results come back as they are,
 # and everything else (logs, plots, the SAVE profile) in one archive beside them, extras.tar.gz.
 extras=$(cd "$out" && find . -mindepth 1 -type f ! -name '*.json' ! -name extras.tar.gz | sort)
