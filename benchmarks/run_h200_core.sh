@@ -7,7 +7,7 @@
 #   call: CORE_PARTS=bench, then CORE_PARTS=tests, in two calls (default: both). CORE_PARTS=probe:
 #   the launch cost of restored graphs built ahead and after the mapping (four short benches);
 #   CORE_PARTS=demo: foundry demo, the README's main command (about a minute). CORE_PARTS=tp:
-#   foundry tp over every GPU (world size 1 on one H200) and the tensor-parallel GPU tests.
+#   foundry tp over every GPU (on one H200: world size 1, and 2 ranks sharing it) and the TP GPU tests.
 # Usage on the device, from the repository root: FOUNDRY_COMMIT=<hash> bash benchmarks/run_h200_core.sh
 # Everything it produces goes to $OUT: the results JSON, and logs, PNG and profile in extras.tar.gz.
 set -u
@@ -71,8 +71,8 @@ demo() {  # gpu
 tp() {  # gpus, as a CUDA_VISIBLE_DEVICES list: one rank each
   # foundry tp: the embedded model tensor-parallel over these GPUs (a group of one on one GPU), the
   # all-reduce through torch symmetric memory inside the graph; SAVE twice (--reproduce), LOAD once.
-  # First the placement test alone (seconds; it says whether the rest can work), then foundry tp,
-  # then the tensor-parallel GPU tests (all are also in gpu_tests).
+  # First the placement test alone (seconds; it says whether the rest can work), then foundry tp
+  # (on one GPU also two ranks sharing it), then the tensor-parallel GPU tests (also in gpu_tests).
   local world
   world=$(echo "$1" | tr ',' '\n' | wc -l)
   CUDA_VISIBLE_DEVICES=$1 timeout "$(left)" python -m pytest -q -m gpu tests/gpu/test_symmetric_placement.py \
@@ -81,6 +81,11 @@ tp() {  # gpus, as a CUDA_VISIBLE_DEVICES list: one rank each
   CUDA_VISIBLE_DEVICES=$1 timeout "$(left)" python -m foundry_core.cli tp --world-size "$world" --reproduce \
     --workdir /tmp/tp --out "$out/tp-h200x$world.json" >"$out/tp.log" 2>&1
   echo "tp rc=$?" >>"$out/tp.log"
+  if [ "$world" -eq 1 ]; then  # two ranks on the one GPU too: everything of TP=2 but NVLink
+    CUDA_VISIBLE_DEVICES=$1 timeout "$(left)" python -m foundry_core.cli tp --world-size 2 --share-gpus \
+      --all-reduce one_shot --reproduce --workdir /tmp/tp-shared --out "$out/tp-h200x1-shared.json" >>"$out/tp.log" 2>&1
+    echo "tp shared rc=$?" >>"$out/tp.log"
+  fi
   CUDA_VISIBLE_DEVICES=$1 timeout "$(left)" python -m pytest -q -m gpu tests/gpu/test_tensor_parallel.py \
     >>"$out/tp.log" 2>&1
   echo "pytest tp rc=$?" >>"$out/tp.log"

@@ -17,3 +17,49 @@ def test_a_failed_rank_is_a_result_naming_it(tmp_path):
     assert result["failed"].startswith("rank 0's save process failed: ")
     assert "Error" in result["failed"] or "exit" in result["failed"]
     assert (tmp_path / "save1" / "save-rank0.err").read_text()  # its stderr kept beside the archive
+
+
+def test_shared_gpus_reach_every_rank_and_let_torch_allow_it(tmp_path, monkeypatch):
+    """--share-gpus: each rank's process gets the flag (it then picks GPU rank mod n) and the
+    environment variable without which torch refuses a rendezvous of ranks on one device."""
+    p = argparse.ArgumentParser()
+    add_tp_arguments(p)
+    args = p.parse_args(["--world-size", "2", "--share-gpus"])
+    args.timeout = 30.0
+    started = []
+
+    class Proc:
+        returncode = 1
+
+        def __init__(self, cmd, stdout, stderr, env):
+            started.append((cmd, env))
+
+        def poll(self):
+            return 1
+
+    monkeypatch.setattr(tp.subprocess, "Popen", Proc)
+    monkeypatch.delenv("TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES", raising=False)
+    try:
+        tp._phase(args, "save", tmp_path)
+    except tp.PhaseFailed as e:
+        assert str(e).startswith("rank 0's save process failed")
+    assert [cmd[cmd.index("--rank") + 1] for cmd, _env in started] == ["0", "1"]
+    assert all("--share-gpus" in cmd for cmd, _env in started)
+    assert all(env["TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES"] == "1" for _cmd, env in started)
+    args.share_gpus = False
+    started.clear()
+    try:
+        tp._phase(args, "save", tmp_path)
+    except tp.PhaseFailed:
+        pass
+    assert not any("--share-gpus" in cmd for cmd, _env in started)
+    assert all("TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES" not in env for _cmd, env in started)
+
+
+def test_the_cli_says_how_many_gpus_a_run_needs(capsys):
+    from foundry_core import cli
+
+    assert cli.main(["tp", "--world-size", "2"]) == 2
+    assert "needs 2 NVIDIA GPUs" in capsys.readouterr().out
+    assert cli.main(["tp", "--world-size", "2", "--share-gpus"]) == 2
+    assert "needs 1 NVIDIA GPU (--share-gpus)" in capsys.readouterr().out

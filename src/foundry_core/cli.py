@@ -198,10 +198,11 @@ def cmd_tp(args) -> int:
     from foundry_tools.tp import orchestrate, visible_gpus
 
     gpus = visible_gpus()
-    if gpus < args.world_size:
+    needed = 1 if args.share_gpus else args.world_size
+    if gpus < needed:
         print(
-            f"foundry tp: --world-size {args.world_size} needs {args.world_size} NVIDIA GPUs, this machine "
-            f"shows {gpus}; nothing was run."
+            f"foundry tp: --world-size {args.world_size} needs {needed} NVIDIA GPU{'s' if needed > 1 else ''}"
+            f"{' (--share-gpus)' if args.share_gpus else ''}, this machine shows {gpus}; nothing was run."
         )
         return 2
     result = orchestrate(args)

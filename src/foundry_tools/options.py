@@ -182,3 +182,10 @@ def add_tp_arguments(p: argparse.ArgumentParser) -> None:
         "--region-base", type=address, default=hex(DEFAULT_REGION_BASE), help="region base address"
     )
     p.add_argument("--region-size", type=int, default=DEFAULT_REGION_SIZE, help="region size in bytes")
+    p.add_argument(
+        "--share-gpus",
+        action="store_true",
+        help="ranks share this host's GPUs round-robin (rank r on GPU r mod n), torch told to allow it "
+        "(TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES): the TP path (processes, peer mappings, placement) "
+        "on fewer GPUs than ranks; its times mean nothing (the ranks' spinning kernels time-slice)",
+    )

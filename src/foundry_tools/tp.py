@@ -15,7 +15,9 @@ symmetric buffer recorded, and runs a fixed prefill-then-decode sequence through
 the graph without capturing anything and runs the same sequence; every step's logits must be
 ``torch.equal`` to SAVE's, on every rank.
 
-One GPU runs ``--world-size 1``: the same symmetric-memory path with a group of one.
+One GPU runs ``--world-size 1`` (the same symmetric-memory path with a group of one), or
+``--world-size 2 --share-gpus``: two ranks on the one device, each mapping the other's buffer, so
+the whole TP path but NVLink runs there; its timings mean nothing (the ranks time-slice).
 """
 
 from __future__ import annotations
@@ -66,8 +68,10 @@ class _Rank:
 
         self.t0 = time.perf_counter()
         self.args, self.rank, self.world = args, args.rank, args.world_size
-        torch.cuda.set_device(self.rank)  # before any device memory: the region is reserved on it
-        self.device = torch.device("cuda", self.rank)
+        # Before any device memory: the region is reserved on it.
+        index = self.rank % torch.cuda.device_count() if args.share_gpus else self.rank
+        torch.cuda.set_device(index)
+        self.device = torch.device("cuda", index)
         dist.init_process_group(
             "gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=self.rank, world_size=self.world
         )
@@ -76,7 +80,7 @@ class _Rank:
             symm_mem.enable_symm_mem_for_group(self.group)
         cfg = Qwen3Config.preset(args.preset, max_seq_len=args.max_seq_len)
         self.cfg, self.bs = cfg, args.batch_size
-        self.region = fc.Region(args.region_base, args.region_size, self.rank)
+        self.region = fc.Region(args.region_base, args.region_size, index)
         # Symmetric memory first, placed: its mappings in Foundry's window, its address arrays in
         # the region, so a LOAD that repeats this setup maps them where SAVE did.
         with placed(self.region):
@@ -292,6 +296,7 @@ def _worker(args, phase: str, rank: int, port: int, archive_root: Path) -> list[
         hex(args.region_base),
         "--region-size",
         str(args.region_size),
+        *(["--share-gpus"] if args.share_gpus else []),
     ]
 
 
@@ -314,13 +319,15 @@ def _phase(args, phase: str, archive_root: Path) -> list[dict]:
     archive_root.mkdir(parents=True, exist_ok=True)
     outs = [archive_root / f"{phase}-rank{r}.out" for r in range(args.world_size)]
     errs = [archive_root / f"{phase}-rank{r}.err" for r in range(args.world_size)]
+    env = dict(os.environ)
+    if args.share_gpus:  # torch refuses a rendezvous of ranks on one device unless told
+        env["TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES"] = "1"
     procs = []
     for r in range(args.world_size):
         # Files, not pipes: nothing blocks on a full pipe meanwhile.
         with open(outs[r], "w") as out, open(errs[r], "w") as err:
-            procs.append(
-                subprocess.Popen(_worker(args, phase, r, port, archive_root), stdout=out, stderr=err)
-            )
+            cmd = _worker(args, phase, r, port, archive_root)
+            procs.append(subprocess.Popen(cmd, stdout=out, stderr=err, env=env))
     deadline = time.monotonic() + args.timeout
     try:
         while any(proc.poll() is None for proc in procs):
@@ -381,6 +388,7 @@ def orchestrate(args) -> dict:
         )
     result = {
         "world_size": args.world_size,
+        "share_gpus": args.share_gpus,
         "preset": args.preset,
         "batch_size": args.batch_size,
         "ranks": ranks,

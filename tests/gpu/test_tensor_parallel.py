@@ -54,6 +54,22 @@ def test_tensor_parallel_decode_restores_bit_exact(tmp_path, world):
     assert result["reproduce"]["fingerprints_equal"] and result["reproduce"]["offsets_equal"]
 
 
+def test_two_ranks_sharing_one_gpu_restore_bit_exact(tmp_path):
+    """TP=2 on one GPU (--share-gpus): two processes, each mapping the other's symmetric buffer, the
+    one-shot all-reduce reading it inside the graph; LOAD in fresh processes, logits equal on both
+    ranks, the mappings placed in the window. Everything of the two-GPU case but NVLink."""
+    if _gpus() < 1:
+        pytest.skip("needs a GPU")
+    result, proc = _tp(tmp_path, 2, "--preset", "tiny", "--share-gpus", "--all-reduce", "one_shot")
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    window, size = symmetric.window(types.SimpleNamespace(base=DEFAULT_REGION_BASE, size=DEFAULT_REGION_SIZE))
+    for rank in result["ranks"]:
+        assert rank["outputs_identical"] and rank["load_decode_captures"] == 0 and rank["nccl_kernels"] == 0
+        assert rank["symm_mem_collectives"] > 0
+        assert all(window <= p < window + size for p in rank["symmetric"]["buffer_ptrs"])
+    assert result["ranks_agree"] and result["share_gpus"] is True
+
+
 def _worker(tmp_path, phase: str, *extra: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "foundry_tools.tp", "worker", phase, "--rank", "0", "--world-size", "1"]
     cmd += ["--port", "29517", "--archive", str(tmp_path / "rank0"), "--reference", str(tmp_path / "ref.pt")]
