@@ -7,7 +7,8 @@
 #   call: CORE_PARTS=bench, then CORE_PARTS=tests, in two calls (default: both). CORE_PARTS=probe:
 #   the launch cost of restored graphs built ahead and after the mapping (four short benches);
 #   CORE_PARTS=demo: foundry demo, the README's main command (about a minute). CORE_PARTS=tp:
-#   foundry tp over every GPU (on one H200: world size 1, and 2 ranks sharing it) and the TP GPU tests.
+#   foundry tp over every GPU (on one H200: world size 1, then TP_SHARED="2 4" ranks sharing it,
+#   default 2) and the TP GPU tests.
 # Usage on the device, from the repository root: FOUNDRY_COMMIT=<hash> bash benchmarks/run_h200_core.sh
 # Everything it produces goes to $OUT: the results JSON, and logs, PNG and profile in extras.tar.gz.
 set -u
@@ -81,10 +82,13 @@ tp() {  # gpus, as a CUDA_VISIBLE_DEVICES list: one rank each
   CUDA_VISIBLE_DEVICES=$1 timeout "$(left)" python -m foundry_core.cli tp --world-size "$world" --reproduce \
     --workdir /tmp/tp --out "$out/tp-h200x$world.json" >"$out/tp.log" 2>&1
   echo "tp rc=$?" >>"$out/tp.log"
-  if [ "$world" -eq 1 ]; then  # two ranks on the one GPU too: everything of TP=2 but NVLink
-    CUDA_VISIBLE_DEVICES=$1 timeout "$(left)" python -m foundry_core.cli tp --world-size 2 --share-gpus \
-      --all-reduce one_shot --reproduce --workdir /tmp/tp-shared --out "$out/tp-h200x1-shared.json" >>"$out/tp.log" 2>&1
-    echo "tp shared rc=$?" >>"$out/tp.log"
+  if [ "$world" -eq 1 ]; then  # more ranks on the one GPU too (TP_SHARED, default 2): all of TP but NVLink
+    for ranks in ${TP_SHARED:-2}; do
+      CUDA_VISIBLE_DEVICES=$1 timeout "$(left)" python -m foundry_core.cli tp --world-size "$ranks" --share-gpus \
+        --all-reduce one_shot --reproduce --workdir "/tmp/tp-shared$ranks" \
+        --out "$out/tp$ranks-h200x1-shared.json" >>"$out/tp.log" 2>&1
+      echo "tp shared $ranks rc=$?" >>"$out/tp.log"
+    done
   fi
   CUDA_VISIBLE_DEVICES=$1 timeout "$(left)" python -m pytest -q -m gpu tests/gpu/test_tensor_parallel.py \
     >>"$out/tp.log" 2>&1
