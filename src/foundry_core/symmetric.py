@@ -213,9 +213,9 @@ def _reserve_entry_points() -> list[int]:
     ``cuGetProcAddress`` gives (which torch's table is filled from)."""
     found = [ctypes.cast(ctypes.CDLL("libcuda.so.1").cuMemAddressReserve, ctypes.c_void_p).value or 0]
     for version in (12000, 13000):  # torch asks for 12000; a driver older than 13 refuses 13000
-        err, fn, _status = cu().cuGetProcAddress(b"cuMemAddressReserve", version, 0)
-        if int(err) == 0:
-            found.append(int(fn))
+        result = cu().cuGetProcAddress(b"cuMemAddressReserve", version, 0)  # (err, pfn[, status])
+        if int(result[0]) == 0:
+            found.append(int(result[1]))
     return found
 
 
