@@ -345,8 +345,11 @@ def test_compile_or_warm_up_model_saves_unrouted_and_loads_without_capturing(tmp
             def save(self, adapter):
                 events.append(("save", adapter.kind))
 
-            def restore(self, adapter):
+            def restore_or_capture(self, adapter):
                 events.append(("restore", adapter.kind))
+                if self.fails:  # the restore failed in auto mode: the session says capture instead
+                    self.mode = "capture"
+                return not self.fails
 
             def publish(self, device_index):
                 events.append(("publish", device_index))
@@ -354,10 +357,11 @@ def test_compile_or_warm_up_model_saves_unrouted_and_loads_without_capturing(tmp
             def write_report(self):
                 events.append("report")
 
-        for mode in ("save", "load"):
+        for mode in ("save", "load", "load-fails"):
             events.clear()
             w = FoundryWorker.__new__(FoundryWorker)
-            w._foundry, w.model_runner = Session(mode), Runner()
+            w._foundry, w.model_runner = Session(mode.removesuffix("-fails")), Runner()
+            w._foundry.fails = mode == "load-fails"
             w.device = torch.device("cuda", 0)
             assert w.compile_or_warm_up_model() == "times"
             assert "capture_model" not in vars(w.model_runner)  # vLLM's own method again
@@ -370,9 +374,13 @@ def test_compile_or_warm_up_model_saves_unrouted_and_loads_without_capturing(tmp
                 assert events.index(("publish", 0)) > events.index(("save", "v2")), events
                 assert w._foundry.workspace_locked is None  # no workspace manager in this process
                 assert "capture_s" in w._foundry.report
-            else:
+            elif mode == "load":
                 assert "route+" not in events and not any(e[0] == "vllm_capture" for e in events if isinstance(e, tuple))
                 assert ("restore", "v2") in events and ("after_capture", 0) in events
+            else:  # vLLM captures as it would alone: no kept graphs, no save, its own size returned
+                assert events.index(("restore", "v2")) < events.index(("vllm_capture", False)), events
+                assert ("after_capture", 123) in events and not any(e[0] == "save" for e in events if isinstance(e, tuple))
+                assert "route+" not in events and "capture_s" in w._foundry.report
             assert events[-2:] == ["stop", "report"], events
             phases = w._foundry.report["phases_s"]
             assert {"compile_or_warm_up_model", "warmup_before_graphs", "graphs", "warmup_after_graphs"} <= set(phases)
