@@ -1,5 +1,7 @@
-"""Torch symmetric memory recorded with an archive (symmetric.py): the record, the LOAD check and the
-SAVE's pointer audit, on the CPU. A real rendezvous needs GPUs: tests/test_gpu_tp.py."""
+"""Torch symmetric memory recorded with an archive (symmetric.py): the record, the LOAD check, the
+SAVE's pointer audit and the placement (native/symmetric.c on a stand-in table of entry points), on
+the CPU. A real rendezvous needs a GPU: tests/gpu/test_symmetric_placement.py and
+tests/gpu/test_tensor_parallel.py."""
 
 import contextlib
 import ctypes
