@@ -225,8 +225,8 @@ def driver_table_getter():
     import torch
 
     path = os.path.join(os.path.dirname(torch.__file__), "lib", "libc10_cuda.so")
-    try:
-        getter = getattr(ctypes.CDLL(path), DRIVER_API_GETTER)
+    try:  # the copy torch loaded (RTLD_NOLOAD): a second copy would have a table of its own
+        getter = getattr(ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY), DRIVER_API_GETTER)
     except (OSError, AttributeError) as e:
         raise SymmetricPlacementError(
             f"cannot find torch's driver entry-point table ({DRIVER_API_GETTER} in {path}): {e}"
