@@ -246,20 +246,26 @@ def placed(region):
     next aligned address of a window past ``region``, and the device-side address arrays in the
     region (the block routes through it). Two processes that do the same inside it get the same
     addresses. Raises :class:`SymmetricPlacementError` when torch's table is not recognised, or when
-    the driver would not place a mapping there (torch still got one elsewhere: do not save then)."""
+    the driver would not place a mapping there (torch still got one elsewhere: do not save then).
+
+    Yields a list that holds, once the block is over, the (address, size) of every mapping placed
+    in it: empty after an allocation means torch reserved it some other way (check it)."""
     lib = _native.lib()
     base, size = window(region)
     if lib.foundry_symm_window(region.device, base, size, PLACEMENT_ALIGN) != 0:
         raise SymmetricPlacementError(_error())
     if lib.foundry_symm_hook_install(_torch_reserve_slot()) != 0:
         raise SymmetricPlacementError(_error())
+    before = len(placements(region.device))
+    mapped: list[tuple[int, int]] = []
     lib.foundry_symm_arm(region.device)
     try:
         with region.routing():
-            yield
+            yield mapped
     finally:
         lib.foundry_symm_arm(-1)
         removed = lib.foundry_symm_hook_remove() == 0
+        mapped.extend(placements(region.device)[before:])
     if not removed:
         raise SymmetricPlacementError(_error())
     if lib.foundry_symm_misplaced(region.device):

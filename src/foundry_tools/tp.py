@@ -83,7 +83,7 @@ class _Rank:
         self.region = fc.Region(args.region_base, args.region_size, index)
         # Symmetric memory first, placed: its mappings in Foundry's window, its address arrays in
         # the region, so a LOAD that repeats this setup maps them where SAVE did.
-        with placed(self.region):
+        with placed(self.region) as mapped:
             if getattr(args, "shift_symmetric", False):  # test aid: SAVE's mapping will not repeat
                 self._shift = symm_mem.empty(1 << 20, dtype=torch.uint8, device=self.device)
                 symm_mem.rendezvous(self._shift, self.group)
@@ -91,6 +91,8 @@ class _Rank:
             staged = self.bs * PROMPT_LEN * cfg.hidden_size
             self.buffer = symm_mem.empty(staged, dtype=torch.bfloat16, device=self.device)
             handle = symm_mem.rendezvous(self.buffer, self.group)
+        if not mapped:  # the table Foundry steered is not the one torch reserved through
+            raise SystemExit("foundry tp: torch mapped its symmetric memory without Foundry placing it")
         self.symmetric = SymmetricBuffer.of(handle, BUFFER)
         # The multicast kernel only where the GPUs have NVLink multicast (off on the lent machines);
         # the one-shot kernel reads the peers' buffers through ordinary peer mappings.
