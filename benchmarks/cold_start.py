@@ -1421,28 +1421,27 @@ def cold_repeats(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     pairs = [_ratio(ttft[a], ttft[b]) for a, b in zip(loads, stocks)]
     ratios = sorted(r for r in pairs if r is not None)
     median = statistics.median(ratios) if ratios else None
-    same = [
-        _same(_outputs(runs, r, f), _outputs(runs, "save", f))
-        for r in loads
-        for f in ("tokens", "top_logprobs")
-    ]
-    # Whether stock itself reproduces across processes: where it does not (an engine whose compile
-    # picks kernels by timing in every new process), no LOAD can be identical to "stock".
-    stock_same = [
-        _same(_outputs(runs, r, f), _outputs(runs, "stock_cold", f))
-        for r in stocks[1:]
-        for f in ("tokens", "top_logprobs")
-    ]
+
+    def agree(repeated: list[str], reference: str) -> bool | None:
+        """Whether every run of ``repeated`` gave ``reference``'s tokens and top logprobs; None when
+        one of them (or there is none) has no outputs to compare."""
+        same = [
+            _same(_outputs(runs, r, f), _outputs(runs, reference, f))
+            for r in repeated
+            for f in ("tokens", "top_logprobs")
+        ]
+        return None if None in same or not same else all(same)
+
     return {
         "ttft_s_load_cold_runs": [ttft[r] for r in loads],
         "ttft_s_stock_cold_runs": [ttft[r] for r in stocks],
         "ttft_ratio_cold_pairs": pairs,
         "ttft_ratio_cold_median": None if median is None else round(median, 4),
         "ttft_ratio_cold_spread": round((ratios[-1] - ratios[0]) / median, 4) if len(ratios) > 1 else None,
-        "repeated_loads_identical_to_save": None if None in same or not same else all(same),
-        "repeated_stocks_identical_to_stock": None
-        if None in stock_same or not stock_same
-        else all(stock_same),
+        "repeated_loads_identical_to_save": agree(loads, "save"),
+        # Whether stock itself reproduces across processes: where it does not (an engine whose
+        # compile picks kernels by timing in every new process), no LOAD can be identical to stock.
+        "repeated_stocks_identical_to_stock": agree(stocks[1:], "stock_cold"),
     }
 
 

@@ -379,24 +379,25 @@ class FoundrySession:
             prepared=self.prepared,  # rebuilt since open()
         )
         self.verified = self.prepared = None
+        try:
+            self._check_fits(restored, adapter)
+        except graphs.FoundryRestoreError:
+            restored.unload()
+            raise
+        return restored
+
+    def _check_fits(self, restored: Any, adapter: Any) -> None:
         sizing = (self.manifest or {}).get("sizing", {})
         slots = dict(getattr(restored, "slots", {}) or {})
-        problem = next(
-            (
-                f"archive slot {key}={slots[key]!r} disagrees with the manifest ({sizing.get(key)!r})"
-                for key in ("kv_cache_memory_bytes", "num_gpu_blocks", "runner")
-                if key in slots and slots[key] != sizing.get(key)
-            ),
-            None,
-        )
-        if problem is None and sizing.get("runner") != adapter.kind:
-            problem = (
+        for key in ("kv_cache_memory_bytes", "num_gpu_blocks", "runner"):
+            if key in slots and slots[key] != sizing.get(key):
+                raise graphs.FoundryRestoreError(
+                    f"archive slot {key}={slots[key]!r} disagrees with the manifest ({sizing.get(key)!r})"
+                )
+        if sizing.get("runner") != adapter.kind:
+            raise graphs.FoundryRestoreError(
                 f"archive was saved from model runner {sizing.get('runner')}, this engine uses {adapter.kind}"
             )
-        if problem is not None:
-            restored.unload()
-            raise graphs.FoundryRestoreError(problem)
-        return restored
 
     def _install(self, adapter: Any, restored: Any, t0: float) -> int:
         sizing = (self.manifest or {}).get("sizing", {})

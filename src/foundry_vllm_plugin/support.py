@@ -174,10 +174,9 @@ def _check_hybrid(vllm_config: Any) -> None:
 def _check_compile(vllm_config: Any) -> None:
     from foundry_core.engine import inductor
 
-    settings = dict(_get(vllm_config, "compilation_config", "inductor_compile_config", default={}) or {})
-    conflict = inductor.pin(settings)  # on a copy: only whether the user contradicts a pinned setting
-    if conflict is not None:
-        key, reason = conflict.split(": ", 1)
+    why = inductor.conflict(_get(vllm_config, "compilation_config", "inductor_compile_config", default={}))
+    if why is not None:
+        key, reason = why.split(": ", 1)
         raise FoundryUnsupportedError(f"inductor_compile_config {key}", reason)
 
 

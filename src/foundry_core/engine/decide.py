@@ -77,16 +77,17 @@ def after_refusal(
     when the start goes on as a SAVE. Call it outside any ``except`` block, so that the one line is
     not chained to a traceback."""
     head = f"Foundry rank {rank}: archive {cfg.rank_archive_dir(rank)} refused ({reason})"
-    if cfg.mode != "auto":
-        raise error(f"{head}; mode = load cannot go on: SAVE again (mode = save or auto)")
-    if world_size > 1:
-        raise error(
-            f"{head}; auto mode saves again only on a single-rank engine, this one has {world_size} ranks "
-            "(they must size their memory pools alike): start once with mode = save"
-        )
-    line = f"{head}; capturing and saving a fresh one"
-    (log or logger).warning("%s", line)
-    return line
+    return _auto_single_rank_goes_on(
+        cfg,
+        world_size,
+        head,
+        stopped="mode = load cannot go on: SAVE again (mode = save or auto)",
+        several=f"auto mode saves again only on a single-rank engine, this one has {world_size} ranks "
+        "(they must size their memory pools alike): start once with mode = save",
+        going_on="capturing and saving a fresh one",
+        error=error,
+        log=log,
+    )
 
 
 def after_load_failure(
@@ -105,13 +106,36 @@ def after_load_failure(
     several ranks (the others restore theirs) or in ``load`` mode the start stops with one line.
     Returns the warning line; call it outside any ``except`` block, as :func:`after_refusal`."""
     head = f"Foundry rank {rank}: LOAD of {cfg.rank_archive_dir(rank)} failed at the graph phase ({save_error(error)})"
+    return _auto_single_rank_goes_on(
+        cfg,
+        world_size,
+        head,
+        stopped="mode = load cannot go on",
+        several=f"auto mode captures instead only on a single-rank engine, this one has {world_size} ranks",
+        going_on="capturing the graphs as stock would and serving (nothing saved by this start)",
+        error=fail,
+        log=log,
+    )
+
+
+def _auto_single_rank_goes_on(
+    cfg: Any,
+    world_size: int,
+    head: str,
+    *,
+    stopped: str,
+    several: str,
+    going_on: str,
+    error: type,
+    log: logging.Logger | None,
+) -> str:
+    """The one policy of both: ``auto`` on a single rank goes on (``going_on``), with a warning, and
+    returns that line; ``load`` mode (``stopped``) or several ranks (``several``) raise ``error``."""
     if cfg.mode != "auto":
-        raise fail(f"{head}; mode = load cannot go on")
+        raise error(f"{head}; {stopped}")
     if world_size > 1:
-        raise fail(
-            f"{head}; auto mode captures instead only on a single-rank engine, this one has {world_size} ranks"
-        )
-    line = f"{head}; capturing the graphs as stock would and serving (nothing saved by this start)"
+        raise error(f"{head}; {several}")
+    line = f"{head}; {going_on}"
     (log or logger).warning("%s", line)
     return line
 

@@ -19,7 +19,7 @@ which a LOAD restores with the SAVE's kernels: nothing to pin there.
 
 from __future__ import annotations
 
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 #: Inductor config entries a start with Foundry on compiles with, and why (one line each).
@@ -31,13 +31,21 @@ PINNED: dict[str, tuple[Any, str]] = {
 }
 
 
-def pin(config: MutableMapping[str, Any]) -> str | None:
-    """Put :data:`PINNED` into an engine's Inductor config dict (``config`` is changed in place).
-    Returns the first conflict, ``"key=value: reason"``, when the user set a pinned key to another
-    value (left as the user set it: the caller refuses the start), else None."""
+def conflict(config: Mapping[str, Any]) -> str | None:
+    """The first pinned key the user set to another value in ``config``, as
+    ``"key=value: reason"``, or None."""
     for key, (value, reason) in PINNED.items():
         if key in config and config[key] != value:
             return f"{key}={config[key]!r}: {reason}"
-    for key, (value, _reason) in PINNED.items():
-        config.setdefault(key, value)
     return None
+
+
+def pin(config: MutableMapping[str, Any]) -> str | None:
+    """Put :data:`PINNED` into an engine's Inductor config dict (``config`` is changed in place).
+    Returns :func:`conflict` when the user set a pinned key to another value (left as the user set
+    it, and nothing else pinned: the caller refuses the start), else None."""
+    why = conflict(config)
+    if why is None:
+        for key, (value, _reason) in PINNED.items():
+            config.setdefault(key, value)
+    return why
