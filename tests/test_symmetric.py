@@ -307,7 +307,7 @@ def test_placed_arms_around_its_block_and_refuses_a_misplacement(table, monkeypa
     monkeypatch.setattr(symmetric, "_torch_reserve_slot", lambda: slot)
     region = _Region(device=63)
     base, _size = symmetric.window(region)
-    assert base == 0x601940000000  # the first 1 GiB boundary past the region's end
+    assert base == 0x601980000000  # one GiB past the first 1 GiB boundary past the region's end
     with symmetric.placed(region) as mapped:
         assert _reserve_through(entries, 2 << 20) == base
     assert mapped == [(base, 2 << 20)]  # what this block placed, told when it is over

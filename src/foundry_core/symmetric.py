@@ -32,7 +32,8 @@ from .driver import call, cu
 from .errors import FoundryError
 
 POINTER_BYTES = 8
-WINDOW_ALIGN = 1 << 30  # the window starts on a 1 GiB boundary past the region's end
+WINDOW_ALIGN = 1 << 30  # the window starts on a 1 GiB boundary past the region's end ...
+WINDOW_GAP = 1 << 30  # ... and one GiB further: not adjoining the region's reservation
 WINDOW_SIZE = 64 << 30
 PLACEMENT_ALIGN = 512 << 20  # per mapping: at least any multicast granularity the driver asks for
 #: Where torch's table of driver entry points is (``c10::cuda::DriverAPI::get()``), and how many of
@@ -186,7 +187,7 @@ def require_idle(buffers: Iterable[SymmetricBuffer]) -> None:
 
 def window(region) -> tuple[int, int]:
     """(base, size) of the window the symmetric memory of ``region``'s device is placed in."""
-    base = -(-(region.base + region.size) // WINDOW_ALIGN) * WINDOW_ALIGN
+    base = -(-(region.base + region.size) // WINDOW_ALIGN) * WINDOW_ALIGN + WINDOW_GAP
     return base, WINDOW_SIZE
 
 
