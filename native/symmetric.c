@@ -9,11 +9,15 @@
  * foundry_symm_reserve and back.
  *
  * The replacement forwards every call unchanged except a hint-less request made by a thread that
- * Python armed: that one gets the next aligned address of a window Foundry keeps per device, as a
- * hint. The same sequence of requests in two processes then gets the same addresses. The driver
- * may still decline a hint (range in use); the request then keeps the driver's address, so torch
- * goes on working, and the window is marked misplaced with the reason, which Python turns into an
- * error (fail closed). Each placed request is logged.
+ * Python armed: that one gets the next aligned sub-range of a window Foundry reserved for the device
+ * beforehand (symmetric.py), and the driver is not asked at all. A hint would not do: the driver
+ * placed torch's 2-8 MiB reservations where it chose at every hint tried, and honours a hint only
+ * for large ones such as the window (one H200, 2026-12-03). Mapping into part of a reservation is
+ * what the VMM calls allow, and torch never frees these reservations (it unmaps and releases the
+ * memory only), so a sub-range is never handed back to the driver. The same sequence of requests in
+ * two processes then gets the same addresses. A request the window has no room for goes to the
+ * driver unchanged, so torch goes on working, and the window is marked misplaced with the reason,
+ * which Python turns into an error (fail closed). Each placed request is recorded (placements()).
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -61,25 +65,19 @@ static CUresult foundry_symm_reserve(CUdeviceptr *ptr, size_t size, size_t align
              "0x%llx (%zu placed)",
              device, size, (unsigned long long)at, (unsigned long long)(w->base + w->size), w->placed);
   } else {
-    rc = next(ptr, size, alignment, at, flags);
-    if (rc == CUDA_SUCCESS && *ptr != at) {
-      w->misplaced = 1;
-      snprintf(last_error, sizeof last_error,
-               "the driver placed symmetric memory (%zu bytes) at 0x%llx instead of 0x%llx (address range in "
-               "use?)",
-               size, (unsigned long long)*ptr, (unsigned long long)at);
-    } else if (rc == CUDA_SUCCESS) {
-      w->placed_addr[w->placed] = at;
-      w->placed_size[w->placed++] = size;
-      w->cursor = at + size - w->base;
-    }
+    *ptr = at;
+    rc = CUDA_SUCCESS;
+    w->placed_addr[w->placed] = at;
+    w->placed_size[w->placed++] = size;
+    w->cursor = at + size - w->base;
   }
   pthread_mutex_unlock(&lock);
   return rc;
 }
 
-/* The window symmetric memory of `device` is placed in from now on: [base, base + size), each request
- * aligned to `align`. Setting the same window again keeps its cursor; another one is refused. */
+/* The window symmetric memory of `device` is placed in from now on: [base, base + size), reserved by
+ * the caller, each request aligned to `align`. Setting the same window again keeps its cursor;
+ * another one is refused. */
 EXPORT int foundry_symm_window(int device, uint64_t base, uint64_t size, uint64_t align) {
   if (device < 0 || device >= MAX_DEVICES || !size || !align || (align & (align - 1))) {
     snprintf(last_error, sizeof last_error, "bad symmetric-memory window for device %d", device);

@@ -189,18 +189,17 @@ ALIGN = 512 << 20
 
 
 class _StandInReserve:
-    """A stand-in cuMemAddressReserve: records each request and honours its hint unless told to
-    decline hints (then it answers as a driver placing elsewhere would)."""
+    """A stand-in cuMemAddressReserve: records each request and honours its hint (without one it
+    answers as a driver placing where it chooses would)."""
 
     def __init__(self):
         self.calls: list[tuple[int, int]] = []  # (size, hint)
-        self.decline = False
         self.fn = RESERVE(self._reserve)
         self.addr = ctypes.cast(self.fn, ctypes.c_void_p).value
 
     def _reserve(self, ptr, size, alignment, hint, flags):
         self.calls.append((size, hint))
-        ptr[0] = 0x7F1234000000 if (self.decline or not hint) else hint
+        ptr[0] = hint or 0x7F1234000000
         return 0
 
 
@@ -246,14 +245,15 @@ def test_armed_requests_are_placed_in_the_window_in_order(table):
     assert _reserve_through(entries, 2 << 20, hint=0x7E0000000000) == 0x7E0000000000  # a caller's hint stands
     lib.foundry_symm_arm(-1)
     assert (first, second) == (WINDOW, WINDOW + ALIGN)
-    assert driver.calls[1:3] == [(66 << 20, WINDOW), (2 << 20, WINDOW + ALIGN)]
+    # Placed requests are sub-ranges of the window Python reserved: the driver is not asked.
+    assert driver.calls == [(3 << 20, 0), (2 << 20, 0x7E0000000000)]
     assert symmetric.placements(device) == [(WINDOW, 66 << 20), (WINDOW + ALIGN, 2 << 20)]
     assert not lib.foundry_symm_misplaced(device)
     assert lib.foundry_symm_hook_remove() == 0
     assert entries[2] == driver.addr  # the original entry is back
 
 
-def test_a_declined_hint_or_a_full_window_marks_the_window_misplaced(table):
+def test_a_full_window_marks_the_window_misplaced(table):
     lib, driver, entries = table
     assert lib.foundry_symm_window(61, WINDOW, 1 << 30, ALIGN) == 0
     assert lib.foundry_symm_window(61, WINDOW + ALIGN, 1 << 30, ALIGN) != 0  # one window per device
@@ -269,12 +269,6 @@ def test_a_declined_hint_or_a_full_window_marks_the_window_misplaced(table):
     assert _reserve_through(entries, 2 << 20) == 0x7F1234000000  # no room left: placed by the driver
     assert lib.foundry_symm_misplaced(61)
     assert "window on device 61 is full" in symmetric._error()
-    assert lib.foundry_symm_window(62, WINDOW, 64 << 30, ALIGN) == 0
-    lib.foundry_symm_arm(62)
-    driver.decline = True
-    assert _reserve_through(entries, 2 << 20) == 0x7F1234000000
-    assert lib.foundry_symm_misplaced(62)
-    assert "at 0x7f1234000000 instead of 0x620000000000" in symmetric._error()
 
 
 def test_the_hook_is_not_put_back_over_someone_elses(table):
@@ -301,23 +295,57 @@ class _Region:
         yield self
 
 
+class _StandInWindows:
+    """The driver calls that reserve and free a window, on this CPU: honoured unless ``elsewhere``."""
+
+    def __init__(self, monkeypatch):
+        self.reserved, self.freed, self.elsewhere = [], [], None
+        monkeypatch.setattr(symmetric, "_reserved_windows", {})
+        monkeypatch.setattr(symmetric, "_driver_reserve", self.reserve)
+        monkeypatch.setattr(symmetric, "_driver_free", lambda addr, size: self.freed.append((addr, size)))
+
+    def reserve(self, size, align, base):
+        self.reserved.append((base, size, align))
+        return self.elsewhere or base
+
+
 def test_placed_arms_around_its_block_and_refuses_a_misplacement(table, monkeypatch):
     lib, driver, entries = table
     slot = symmetric.find_reserve_slot(ctypes.addressof(entries), [driver.addr])
     monkeypatch.setattr(symmetric, "_torch_reserve_slot", lambda: slot)
+    windows = _StandInWindows(monkeypatch)
     region = _Region(device=63)
-    base, _size = symmetric.window(region)
+    base, size = symmetric.window(region)
     assert base == 0x601980000000  # one GiB past the first 1 GiB boundary past the region's end
     with symmetric.placed(region) as mapped:
         assert _reserve_through(entries, 2 << 20) == base
     assert mapped == [(base, 2 << 20)]  # what this block placed, told when it is over
+    assert windows.reserved == [(base, size, symmetric.PLACEMENT_ALIGN)]  # the whole window, at its base
     assert region.routed == 1 and entries[2] == driver.addr
     assert _reserve_through(entries, 2 << 20) == 0x7F1234000000  # disarmed outside
-    driver.decline = True
-    with pytest.raises(symmetric.SymmetricPlacementError, match="instead of"):
+    with symmetric.placed(region) as mapped:  # again: the same window, reserved once, its cursor kept
+        assert _reserve_through(entries, 2 << 20) == base + symmetric.PLACEMENT_ALIGN
+    assert len(windows.reserved) == 1 and mapped == [(base + symmetric.PLACEMENT_ALIGN, 2 << 20)]
+    with pytest.raises(symmetric.SymmetricPlacementError, match="already has a symmetric-memory window"):
+        symmetric.reserve_window(63, base + (1 << 30), size)
+
+
+def test_a_window_the_driver_puts_elsewhere_is_freed_and_refused(table, monkeypatch):
+    lib, driver, entries = table
+    monkeypatch.setattr(
+        symmetric,
+        "_torch_reserve_slot",
+        lambda: symmetric.find_reserve_slot(ctypes.addressof(entries), [driver.addr]),
+    )
+    windows = _StandInWindows(monkeypatch)
+    windows.elsewhere = 0x7F0000000000
+    region = _Region(device=59)
+    with pytest.raises(symmetric.SymmetricPlacementError, match="window at 0x7f0000000000 instead of"):
         with symmetric.placed(region):
-            _reserve_through(entries, 2 << 20)
-    assert entries[2] == driver.addr  # put back even so
+            pytest.fail("the block must not run")
+    assert windows.freed == [(0x7F0000000000, symmetric.WINDOW_SIZE)]
+    assert entries[2] == driver.addr  # nothing was hooked
+    assert 59 not in symmetric._reserved_windows
 
 
 def test_a_cuda_build_of_torch_exports_its_driver_table():

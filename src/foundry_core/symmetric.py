@@ -8,9 +8,10 @@ with no address hint, so the driver chooses, and a fresh process gets another ba
 2026-12-03: benchmarks/results/tp-h200x1-3fe662f-refused.json).
 
 :func:`placed` makes them repeat: symmetric memory allocated and rendezvoused inside it has its
-mappings reserved at fixed addresses, in a window right after the region (native/symmetric.c
-steers torch's own ``cuMemAddressReserve`` entry, which it checks first), and its address arrays
-allocated in the region. The same setup in SAVE and LOAD then maps everything where SAVE did.
+mappings at fixed addresses, in a window past the region that Foundry reserves at a fixed base
+(native/symmetric.c steers torch's own ``cuMemAddressReserve`` entry, which it checks first, to
+hand out the window's sub-ranges), and its address arrays allocated in the region. The same setup
+in SAVE and LOAD then maps everything where SAVE did.
 
 What is recorded per symmetric buffer: the rank and world size, the buffer and signal-pad sizes,
 every rank's buffer and signal-pad address as mapped here, the multicast address (0 without one)
@@ -33,7 +34,7 @@ from .errors import FoundryError
 
 POINTER_BYTES = 8
 WINDOW_ALIGN = 1 << 30  # the window starts on a 1 GiB boundary past the region's end ...
-WINDOW_GAP = 1 << 30  # ... and one GiB further: not adjoining the region's reservation
+WINDOW_GAP = 1 << 30  # ... and one GiB further, so that the two reservations do not adjoin
 WINDOW_SIZE = 64 << 30
 PLACEMENT_ALIGN = 512 << 20  # per mapping: at least any multicast granularity the driver asks for
 #: Where torch's table of driver entry points is (``c10::cuda::DriverAPI::get()``), and how many of
@@ -191,6 +192,42 @@ def window(region) -> tuple[int, int]:
     return base, WINDOW_SIZE
 
 
+#: device -> (base, size) of the window this process reserved there (once; it is never freed, as
+#: torch never frees the mappings placed in it).
+_reserved_windows: dict[int, tuple[int, int]] = {}
+
+
+def _driver_reserve(size: int, align: int, base: int) -> int:
+    return int(call(cu().cuMemAddressReserve, size, align, base, 0))
+
+
+def _driver_free(addr: int, size: int) -> None:
+    call(cu().cuMemAddressFree, addr, size)
+
+
+def reserve_window(device: int, base: int, size: int) -> None:
+    """Reserve ``device``'s window at exactly ``base`` (a no-op when this process did already).
+
+    The window is reserved whole because the driver does not honour an address hint for torch's
+    own small reservations: on one H200 (2026-12-03) 8 MiB requests got a driver-chosen address at
+    every hint tried, near the region or far from it, while a 1 GiB one got its hint."""
+    if device in _reserved_windows:
+        if _reserved_windows[device] != (base, size):
+            had = _reserved_windows[device]
+            raise SymmetricPlacementError(
+                f"device {device} already has a symmetric-memory window at {had[0]:#x} (+{had[1]} bytes)"
+            )
+        return
+    got = _driver_reserve(size, PLACEMENT_ALIGN, base)
+    if got != base:
+        _driver_free(got, size)
+        raise SymmetricPlacementError(
+            f"the driver placed the symmetric-memory window at {got:#x} instead of {base:#x} "
+            "(address range in use?)"
+        )
+    _reserved_windows[device] = (base, size)
+
+
 def find_reserve_slot(table: int, entry_points: Iterable[int], search: int = DRIVER_API_SEARCH) -> int:
     """The address of the one entry among the first ``search`` pointers at ``table`` that holds one of
     ``entry_points`` (the driver's ``cuMemAddressReserve``); raises :class:`SymmetricPlacementError`
@@ -244,15 +281,17 @@ def _torch_reserve_slot() -> int:
 def placed(region):
     """Torch symmetric memory that this thread allocates and rendezvouses inside the block is mapped
     at fixed addresses: every mapping torch reserves (local buffer, each peer's, multicast) at the
-    next aligned address of a window past ``region``, and the device-side address arrays in the
-    region (the block routes through it). Two processes that do the same inside it get the same
-    addresses. Raises :class:`SymmetricPlacementError` when torch's table is not recognised, or when
-    the driver would not place a mapping there (torch still got one elsewhere: do not save then).
+    next aligned address of a window past ``region`` (reserved here once per device), and the
+    device-side address arrays in the region (the block routes through it). Two processes that do
+    the same inside it get the same addresses. Raises :class:`SymmetricPlacementError` when torch's
+    table is not recognised, when the window cannot be reserved at its base, or when a mapping did
+    not fit in it (torch still got one elsewhere: do not save then).
 
     Yields a list that holds, once the block is over, the (address, size) of every mapping placed
     in it: empty after an allocation means torch reserved it some other way (check it)."""
     lib = _native.lib()
     base, size = window(region)
+    reserve_window(region.device, base, size)
     if lib.foundry_symm_window(region.device, base, size, PLACEMENT_ALIGN) != 0:
         raise SymmetricPlacementError(_error())
     if lib.foundry_symm_hook_install(_torch_reserve_slot()) != 0:
