@@ -33,6 +33,7 @@ server cannot pick them up through this process.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import glob
@@ -708,6 +709,25 @@ def count_foundry_compiles(cache_root: Path, examples: dict[str, list[str]] | No
     return counts
 
 
+#: Autotune records (Inductor's chosen kernel configs) are small JSON files: SAVE's are kept whole in
+#: its run record, and a LOAD's that were rewritten with other bytes too, so the two can be compared.
+AUTOTUNE_SUFFIX = ".best_config"
+AUTOTUNE_KEEP = 64
+
+
+def autotune_records(cache_root: Path, only: set[str] | None = None) -> dict[str, str]:
+    """``{kind/relative path: text}`` of the autotune records in Foundry's private folders under
+    ``cache_root`` (only those named in ``only``, when given), at most :data:`AUTOTUNE_KEEP`."""
+    out: dict[str, str] = {}
+    for root in private_roots(cache_root):
+        for path in sorted(root.rglob(f"*{AUTOTUNE_SUFFIX}")):
+            name = path.relative_to(root).as_posix()
+            if (only is None or name in only) and len(out) < AUTOTUNE_KEEP:
+                with contextlib.suppress(OSError, UnicodeDecodeError):
+                    out[name] = path.read_text()[:4096]
+    return out
+
+
 def _crc(path: Path) -> int | None:
     try:
         return zlib.crc32(path.read_bytes())
@@ -1203,6 +1223,16 @@ def finish_record(
         examples: dict[str, list[str]] = {}
         rec["foundry_cache_files"] = count_foundry_compiles(paths.cache_root, examples)
         rec["foundry_cache_examples"] = {k: v for k, v in examples.items() if v}
+        rewritten = {
+            f"{kind}/{name.removesuffix(' (rewritten)')}"
+            for kind, names in examples.items()
+            for name in names
+            if name.endswith(f"{AUTOTUNE_SUFFIX} (rewritten)")
+        }
+        if rec["name"] == "save" or rewritten:  # SAVE's as carried; a LOAD's where it wrote others
+            rec["autotune_records"] = autotune_records(
+                paths.cache_root, None if rec["name"] == "save" else rewritten
+            )
         rec["foundry_report"] = read_start_report(bench, paths)
     rec["compiled_files"] = compiled_files(rec)
     rec["phases"] = phases(rec, bench.engine)
@@ -1680,6 +1710,9 @@ def main(argv: list[str] | None = None) -> int:
         "max_tokens": opts.max_tokens,
         "sampling": SAMPLING if opts.sampling else None,
         "one_prompt_per_request": opts.one_prompt_per_request,
+        # Given to every run, stock too (e.g. a compile setting Foundry pins, so stock compiles alike).
+        "engine_args": list(getattr(opts, "engine_arg", [])),
+        "engine_env": list(getattr(opts, "engine_env", [])),
     }
     runs: dict[str, dict[str, Any]] = resumed_runs(out_path, meta, opts) if opts.resume else {}
 

@@ -863,3 +863,19 @@ def test_resume_refuses_runs_that_sent_their_requests_otherwise(tmp_path):
     argv += ["--workdir", str(tmp_path / "w"), "--runs", "stock_cold", "--resume"]
     with pytest.raises(SystemExit, match="'one_prompt_per_request': False"):
         cs.main(argv)
+
+
+def test_autotune_records_are_kept_whole_for_comparison(tmp_path):
+    root = tmp_path / "foundry-caches" / "foundry-caches-0" / "archive-ab12"
+    _touch(root / "vllm" / "c" / "k1.best_config", '{"XBLOCK": 64, "num_warps": 4}')
+    _touch(root / "vllm" / "d" / "k2.best_config", '{"XBLOCK": 128, "num_warps": 8}')
+    _touch(root / "vllm" / "d" / "k2.py", "kernel source: not a record")
+    everything = cs.autotune_records(tmp_path / "foundry-caches")
+    assert everything == {
+        "vllm/c/k1.best_config": '{"XBLOCK": 64, "num_warps": 4}',
+        "vllm/d/k2.best_config": '{"XBLOCK": 128, "num_warps": 8}',
+    }
+    assert list(cs.autotune_records(tmp_path / "foundry-caches", {"vllm/d/k2.best_config"})) == [
+        "vllm/d/k2.best_config"
+    ]
+    assert cs.autotune_records(tmp_path / "absent") == {}

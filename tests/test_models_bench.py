@@ -178,3 +178,13 @@ def test_a_mismatch_with_stock_alone_says_whether_stock_reproduces_itself():
     assert "a second stock start differed from the first too" in greedy["reason"]
     runs["load_cold"]["outputs"] = _outputs(0.9)  # LOAD differs from SAVE: no such excuse
     assert models.rows_for("moe", _doc(**runs))[0]["reason"] is None
+
+
+def test_rows_name_the_server_arguments_every_run_had():
+    setting = '--compilation-config={"inductor_compile_config":{"dynamic_scale_rblock":false}}'
+    doc = _doc(**_validated_runs())
+    doc["engine_args"] = [setting]
+    assert {tuple(r["engine_args"]) for r in models.rows_for("dense", doc)} == {(setting,)}
+    del doc["engine_args"]  # a record written before they were kept: read from its command line
+    doc["command"] = f"benchmarks/cold_start.py --engine vllm --engine-arg={setting} --engine-arg --no-x"
+    assert models.rows_for("dense", doc)[0]["engine_args"] == [setting, "--no-x"]
