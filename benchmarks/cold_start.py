@@ -1661,6 +1661,20 @@ def setup(opts: argparse.Namespace, meta: dict[str, Any]) -> Bench:
     )
 
 
+def recorded_engine_args(
+    doc: dict[str, Any], key: str = "engine_args", flag: str = "--engine-arg"
+) -> list[str]:
+    """The extra server arguments (``engine_env``, ``--engine-env``: environment) every run of a
+    result had, stock's too: kept since 2026-12-03, read from the benchmark's command line for
+    results written before (joined with spaces, never quoted, so a split gives the values back)."""
+    if key in doc:
+        return list(doc[key])
+    words = (doc.get("command") or "").split()
+    return [w.split("=", 1)[1] for w in words if w.startswith(f"{flag}=")] + [
+        b for a, b in zip(words, words[1:]) if a == flag
+    ]
+
+
 def resumed_runs(out_path: Path, meta: dict[str, Any], opts: argparse.Namespace) -> dict[str, Any]:
     """The runs of an earlier call whose result is at ``out_path``; only the same engine, commit and
     workdir qualify, since a warm run reuses its cold sibling's folders and the SAVE's archive."""
@@ -1674,6 +1688,9 @@ def resumed_runs(out_path: Path, meta: dict[str, Any], opts: argparse.Namespace)
         bool(earlier.get("one_prompt_per_request")) == meta["one_prompt_per_request"]
     )
     same["workdir"] = opts.workdir is not None and earlier.get("workdir") == str(Path(opts.workdir).resolve())
+    # ... and started their servers alike (a compile setting given to every run changes the outputs).
+    for key, flag in (("engine_args", "--engine-arg"), ("engine_env", "--engine-env")):
+        same[key] = sorted(recorded_engine_args(earlier, key, flag)) == sorted(meta[key])
     if not all(same.values()):
         raise SystemExit(f"--resume: {out_path} is another benchmark's result ({same})")
     kept = {r: rec for r, rec in (earlier.get("runs") or {}).items() if r not in opts.runs}

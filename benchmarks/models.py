@@ -23,6 +23,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+import cold_start as cs  # noqa: E402  (beside this file)
+
 FAMILIES = ("dense", "moe", "hybrid")
 MODES = ("greedy", "sampling")
 #: Where the run records keep each mode's outputs (cold_start.request_phase).
@@ -62,17 +67,6 @@ def _refusal(doc: dict[str, Any]) -> str | None:
     return None
 
 
-def _engine_args(doc: dict[str, Any]) -> list[str]:
-    """The extra server arguments every run had (stock's too): recorded since 2026-12-03, read from
-    the benchmark's command line for results written before."""
-    if "engine_args" in doc:
-        return list(doc["engine_args"])
-    words = (doc.get("command") or "").split()  # joined with spaces, never quoted
-    return [w.split("=", 1)[1] for w in words if w.startswith("--engine-arg=")] + [
-        b for a, b in zip(words, words[1:]) if a == "--engine-arg"
-    ]
-
-
 def rows_for(family: str, doc: dict[str, Any]) -> list[dict[str, Any]]:
     """The family's rows, one per decoding mode."""
     common = {
@@ -89,7 +83,7 @@ def rows_for(family: str, doc: dict[str, Any]) -> list[dict[str, Any]]:
         "ready_s_stock": doc.get("ready_s_stock_cold"),
         "weights": doc.get("weights"),
         "max_tokens": doc.get("max_tokens"),
-        "engine_args": _engine_args(doc),
+        "engine_args": cs.recorded_engine_args(doc),
     }
     refusal = _refusal(doc)
     rows = []

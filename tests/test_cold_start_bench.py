@@ -9,6 +9,7 @@ import json
 import os
 import sys
 import textwrap
+import types
 import zlib
 from pathlib import Path
 
@@ -879,3 +880,28 @@ def test_autotune_records_are_kept_whole_for_comparison(tmp_path):
         "vllm/d/k2.best_config"
     ]
     assert cs.autotune_records(tmp_path / "absent") == {}
+
+
+def test_a_resume_needs_the_same_server_arguments(tmp_path):
+    """Runs compared across calls must have started their servers alike; a result written before the
+    arguments were kept gives them back from its command line."""
+    setting = '--compilation-config={"inductor_compile_config":{"dynamic_scale_rblock":false}}'
+    out = tmp_path / "r.json"
+    earlier = {
+        "engine": "vllm",
+        "commit": "abc1234",
+        "max_tokens": 64,
+        "sampling": None,
+        "one_prompt_per_request": False,
+        "workdir": str(tmp_path.resolve()),
+        "command": f"cold_start.py --engine vllm --engine-arg={setting} --engine-env VLLM_X=1",
+        "runs": {"save": {"ok": True}},
+    }
+    out.write_text(json.dumps(earlier))
+    meta = {k: earlier[k] for k in ("engine", "commit", "max_tokens", "sampling", "one_prompt_per_request")}
+    opts = types.SimpleNamespace(workdir=str(tmp_path), runs=["stock_cold"])
+    assert cs.resumed_runs(out, {**meta, "engine_args": [setting], "engine_env": ["VLLM_X=1"]}, opts) == {
+        "save": {"ok": True}
+    }
+    with pytest.raises(SystemExit, match="another benchmark's result"):
+        cs.resumed_runs(out, {**meta, "engine_args": [], "engine_env": ["VLLM_X=1"]}, opts)
