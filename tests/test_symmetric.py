@@ -304,8 +304,8 @@ class _StandInWindows:
         monkeypatch.setattr(symmetric, "_driver_reserve", self.reserve)
         monkeypatch.setattr(symmetric, "_driver_free", lambda addr, size: self.freed.append((addr, size)))
 
-    def reserve(self, size, align, base):
-        self.reserved.append((base, size, align))
+    def reserve(self, size, base):
+        self.reserved.append((base, size))
         return self.elsewhere or base
 
 
@@ -320,7 +320,7 @@ def test_placed_arms_around_its_block_and_refuses_a_misplacement(table, monkeypa
     with symmetric.placed(region) as mapped:
         assert _reserve_through(entries, 2 << 20) == base
     assert mapped == [(base, 2 << 20)]  # what this block placed, told when it is over
-    assert windows.reserved == [(base, size, symmetric.PLACEMENT_ALIGN)]  # the whole window, at its base
+    assert windows.reserved == [(base, size)]  # the whole window, at its base
     assert region.routed == 1 and entries[2] == driver.addr
     assert _reserve_through(entries, 2 << 20) == 0x7F1234000000  # disarmed outside
     with symmetric.placed(region) as mapped:  # again: the same window, reserved once, its cursor kept

@@ -197,8 +197,9 @@ def window(region) -> tuple[int, int]:
 _reserved_windows: dict[int, tuple[int, int]] = {}
 
 
-def _driver_reserve(size: int, align: int, base: int) -> int:
-    return int(call(cu().cuMemAddressReserve, size, align, base, 0))
+def _driver_reserve(size: int, base: int) -> int:
+    # Alignment 0 (the driver's own), as in the probe where the driver honoured the address.
+    return int(call(cu().cuMemAddressReserve, size, 0, base, 0))
 
 
 def _driver_free(addr: int, size: int) -> None:
@@ -218,7 +219,7 @@ def reserve_window(device: int, base: int, size: int) -> None:
                 f"device {device} already has a symmetric-memory window at {had[0]:#x} (+{had[1]} bytes)"
             )
         return
-    got = _driver_reserve(size, PLACEMENT_ALIGN, base)
+    got = _driver_reserve(size, base)
     if got != base:
         _driver_free(got, size)
         raise SymmetricPlacementError(
