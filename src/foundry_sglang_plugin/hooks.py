@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
+import time
 from typing import Any
 
 from foundry_sglang_plugin import settings
@@ -67,6 +68,7 @@ def before_check_server_args(server_args: Any, *args: Any, **kwargs: Any) -> Non
     req = settings.requested(server_args)
     if not req.enabled and req.config_path is None:
         return
+    t0 = time.perf_counter()
     from foundry_core.config import ConfigError
     from foundry_core.engine import decide, exiting, redirect_for_launch
     from foundry_sglang_plugin.session import CACHE_KINDS, FoundrySessionError, settle
@@ -88,6 +90,10 @@ def before_check_server_args(server_args: Any, *args: Any, **kwargs: Any) -> Non
     # Before SGLang spawns its schedulers: they inherit private compile-cache folders, in place
     # before they import FlashInfer or Inductor (which read their folder once).
     redirect_for_launch(cfg, CACHE_KINDS)
+    # What Foundry added to the launcher's start, so that a slower start can be placed.
+    logging.getLogger("foundry.sglang").info(
+        "Foundry: %s settled in the launcher in %.2f s", mode.upper(), time.perf_counter() - t0
+    )
 
 
 # --- worker hooks ------------------------------------------------------------------------------
