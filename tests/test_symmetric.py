@@ -12,6 +12,7 @@ import pytest
 
 from foundry_core import _native, graphs, symmetric
 from foundry_core.archive import ArchiveError
+from foundry_core.driver import CudaError
 from foundry_core.symmetric import SymmetricBuffer, SymmetricMismatch
 
 BASE = 0x600000000000
@@ -346,6 +347,13 @@ def test_a_window_the_driver_puts_elsewhere_is_freed_and_refused(table, monkeypa
     assert windows.freed == [(0x7F0000000000, symmetric.WINDOW_SIZE)]
     assert entries[2] == driver.addr  # nothing was hooked
     assert 59 not in symmetric._reserved_windows
+
+    def out_of_memory(size, base):
+        raise CudaError("cuMemAddressReserve", 2)
+
+    monkeypatch.setattr(symmetric, "_driver_reserve", out_of_memory)
+    with pytest.raises(symmetric.SymmetricPlacementError, match="cannot reserve the symmetric-memory window"):
+        symmetric.reserve_window(59, 0x7F0000000000, symmetric.WINDOW_SIZE)
 
 
 def test_a_cuda_build_of_torch_exports_its_driver_table():

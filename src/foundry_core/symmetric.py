@@ -29,7 +29,7 @@ import os
 from collections.abc import Iterable, Sequence
 
 from . import _native
-from .driver import call, cu
+from .driver import CudaError, call, cu
 from .errors import FoundryError
 
 POINTER_BYTES = 8
@@ -219,7 +219,12 @@ def reserve_window(device: int, base: int, size: int) -> None:
                 f"device {device} already has a symmetric-memory window at {had[0]:#x} (+{had[1]} bytes)"
             )
         return
-    got = _driver_reserve(size, base)
+    try:
+        got = _driver_reserve(size, base)
+    except CudaError as e:
+        raise SymmetricPlacementError(
+            f"cannot reserve the symmetric-memory window at {base:#x}: {e}"
+        ) from None
     if got != base:
         _driver_free(got, size)
         raise SymmetricPlacementError(
