@@ -2,6 +2,7 @@
 
 import functools
 import json
+import logging
 import os
 import sys
 import threading
@@ -289,3 +290,19 @@ def test_inductor_pin_sets_what_is_missing_and_names_a_contradiction():
     why = inductor.pin(theirs)
     assert why.startswith("dynamic_scale_rblock=True: ") and "halved reduction blocks" in why
     assert theirs == {"dynamic_scale_rblock": True}  # left as the user set it: the plugin refuses
+
+
+def test_inductor_pin_process_sets_this_process_defaults_once(monkeypatch, caplog):
+    """Other torch.compile calls in the worker (not the engine's own model compile) take the
+    process defaults: the pin puts them there, logs it, and a second call changes nothing."""
+    pytest.importorskip("torch._inductor.config")
+    from torch._inductor import config as inductor_config
+
+    from foundry_core.engine import inductor
+
+    monkeypatch.setattr(inductor_config, "dynamic_scale_rblock", True)  # e.g. the default, or the env set
+    with caplog.at_level(logging.INFO, logger="foundry"):
+        assert inductor.pin_process() == {"dynamic_scale_rblock": True}
+    assert inductor_config.dynamic_scale_rblock is False
+    assert "Inductor dynamic_scale_rblock=False in this process" in caplog.text
+    assert inductor.pin_process() == {}

@@ -145,8 +145,9 @@ class Session:
         session.caches.world_size = session.world_size
         # Before anything compiles or initialises CUDA (the driver reads CUDA_CACHE_PATH then).
         session.caches.begin()
-        from foundry_core.engine import prewarm
+        from foundry_core.engine import inductor, prewarm
 
+        inductor.pin_process(logger)  # SAVE and LOAD compile alike (foundry_core.engine.inductor)
         prewarm.start(logger)  # overlaps the scheduler's setup; see prewarm's docstring
         import foundry_core as fc
 

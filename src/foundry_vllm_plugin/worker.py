@@ -47,7 +47,7 @@ from typing import Any
 
 from vllm.v1.worker.gpu_worker import Worker as _VllmGpuWorker
 
-from foundry_core.engine import prewarm
+from foundry_core.engine import inductor, prewarm
 from foundry_core.engine.profiling import profiled
 from foundry_vllm_plugin import archive, graphs
 from foundry_vllm_plugin.session import (
@@ -75,6 +75,7 @@ class FoundryWorker(_VllmGpuWorker):
         self._foundry = FoundrySession(vllm_config)
         # Before vLLM's worker initialises CUDA or compiles anything: private cache directories.
         self._foundry.caches.begin()
+        inductor.pin_process(logger)  # for torch.compile calls that do not take vLLM's config
         prewarm.start(logger)  # Triton's per-process cache key, hashed while vLLM sets up
         super().__init__(*args, **kwargs)
 

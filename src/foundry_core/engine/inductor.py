@@ -12,15 +12,21 @@ SAVE's. With the step off, each compiled kernel keeps the one config chosen when
 a LOAD benchmarks nothing and runs the SAVE's choice.
 
 The settings are compile-time settings, part of the engine's compile-cache key: they must be the
-same at SAVE and LOAD, so a plugin applies them at every start with Foundry on (vLLM's plugin, into
-its ``inductor_compile_config``). SGLang's torch.compile code runs only inside its decode graphs,
-which a LOAD restores with the SAVE's kernels: nothing to pin there.
+same at SAVE and LOAD, so a plugin applies them at every start with Foundry on: vLLM's plugin into
+its ``inductor_compile_config`` (:func:`pin`, what vLLM's own model compile takes), and both plugins
+into the worker process's Inductor defaults (:func:`pin_process`), which every other torch.compile
+call there compiles with: vLLM's sampler and MoE-router helpers, SGLang's MoE sum-reduce, which runs
+eagerly at prefill, outside the restored graphs (torch 2.11 source, read 2026-12-03; such kernels
+share the carried cache folder and would otherwise re-benchmark in every LOAD).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, MutableMapping
 from typing import Any
+
+logger = logging.getLogger("foundry")
 
 #: Inductor config entries a start with Foundry on compiles with, and why (one line each).
 PINNED: dict[str, tuple[Any, str]] = {
@@ -38,6 +44,24 @@ def conflict(config: Mapping[str, Any]) -> str | None:
         if key in config and config[key] != value:
             return f"{key}={config[key]!r}: {reason}"
     return None
+
+
+def pin_process(log: logging.Logger | None = None) -> dict[str, Any]:
+    """Set :data:`PINNED` in this process's Inductor defaults (``torch._inductor.config``), before
+    anything compiles. Returns ``{key: value it had}`` for what it changed (an environment variable
+    such as ``TORCHINDUCTOR_DYNAMIC_SCALE_RBLOCK=1`` included, with a log line); nothing where torch
+    has no Inductor or no such key."""
+    try:
+        from torch._inductor import config as inductor_config
+    except Exception:  # a torch without Inductor compiles nothing this could change
+        return {}
+    changed = {}
+    for key, (value, reason) in PINNED.items():
+        if hasattr(inductor_config, key) and getattr(inductor_config, key) != value:
+            changed[key] = getattr(inductor_config, key)
+            setattr(inductor_config, key, value)
+            (log or logger).info("Foundry: Inductor %s=%r in this process (%s)", key, value, reason)
+    return changed
 
 
 def pin(config: MutableMapping[str, Any]) -> str | None:
