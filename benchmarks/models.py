@@ -84,6 +84,7 @@ def rows_for(family: str, doc: dict[str, Any]) -> list[dict[str, Any]]:
         "weights": doc.get("weights"),
         "max_tokens": doc.get("max_tokens"),
         "engine_args": cs.recorded_engine_args(doc),
+        "engine_env": cs.recorded_engine_args(doc, "engine_env", "--engine-env"),
     }
     refusal = _refusal(doc)
     rows = []

@@ -188,3 +188,5 @@ def test_rows_name_the_server_arguments_every_run_had():
     del doc["engine_args"]  # a record written before they were kept: read from its command line
     doc["command"] = f"benchmarks/cold_start.py --engine vllm --engine-arg={setting} --engine-arg --no-x"
     assert models.rows_for("dense", doc)[0]["engine_args"] == [setting, "--no-x"]
+    doc["command"] += " --engine-env TORCHINDUCTOR_DYNAMIC_SCALE_RBLOCK=0"
+    assert models.rows_for("dense", doc)[0]["engine_env"] == ["TORCHINDUCTOR_DYNAMIC_SCALE_RBLOCK=0"]
