@@ -6,6 +6,7 @@ import logging
 import os
 import sys
 import threading
+import types
 
 import pytest
 
@@ -294,15 +295,20 @@ def test_inductor_pin_sets_what_is_missing_and_names_a_contradiction():
 
 def test_inductor_pin_process_sets_this_process_defaults_once(monkeypatch, caplog):
     """Other torch.compile calls in the worker (not the engine's own model compile) take the
-    process defaults: the pin puts them there, logs it, and a second call changes nothing."""
-    pytest.importorskip("torch._inductor.config")
-    from torch._inductor import config as inductor_config
-
+    process defaults: the pin puts them in the environment torch reads them from and, where torch's
+    Inductor config is imported already, in the module; a second call changes nothing."""
     from foundry_core.engine import inductor
 
-    monkeypatch.setattr(inductor_config, "dynamic_scale_rblock", True)  # e.g. the default, or the env set
+    env = "TORCHINDUCTOR_DYNAMIC_SCALE_RBLOCK"
+    monkeypatch.setenv(env, "1")  # a user's contrary setting: overridden, and said so
+    monkeypatch.delitem(sys.modules, "torch._inductor.config", raising=False)
     with caplog.at_level(logging.INFO, logger="foundry"):
-        assert inductor.pin_process() == {"dynamic_scale_rblock": True}
-    assert inductor_config.dynamic_scale_rblock is False
+        assert inductor.pin_process() == {"dynamic_scale_rblock": "1"}
+    assert os.environ[env] == "0"
     assert "Inductor dynamic_scale_rblock=False in this process" in caplog.text
     assert inductor.pin_process() == {}
+
+    config = types.SimpleNamespace(dynamic_scale_rblock=True)  # torch's module, imported already
+    monkeypatch.setitem(sys.modules, "torch._inductor.config", config)
+    assert inductor.pin_process() == {"dynamic_scale_rblock": True}
+    assert config.dynamic_scale_rblock is False and os.environ[env] == "0"

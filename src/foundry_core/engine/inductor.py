@@ -23,6 +23,8 @@ share the carried cache folder and would otherwise re-benchmark in every LOAD).
 from __future__ import annotations
 
 import logging
+import os
+import sys
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
@@ -46,20 +48,28 @@ def conflict(config: Mapping[str, Any]) -> str | None:
     return None
 
 
+#: The environment variable torch reads each pinned key's default from when ``torch._inductor.config``
+#: is first imported, and the value that means the pinned one.
+PINNED_ENV: dict[str, tuple[str, str]] = {"dynamic_scale_rblock": ("TORCHINDUCTOR_DYNAMIC_SCALE_RBLOCK", "0")}
+
+
 def pin_process(log: logging.Logger | None = None) -> dict[str, Any]:
-    """Set :data:`PINNED` in this process's Inductor defaults (``torch._inductor.config``), before
-    anything compiles. Returns ``{key: value it had}`` for what it changed (an environment variable
-    such as ``TORCHINDUCTOR_DYNAMIC_SCALE_RBLOCK=1`` included, with a log line); nothing where torch
-    has no Inductor or no such key."""
-    try:
-        from torch._inductor import config as inductor_config
-    except Exception:  # a torch without Inductor compiles nothing this could change
-        return {}
-    changed = {}
+    """Give this process's Inductor defaults :data:`PINNED`, before anything compiles: through the
+    environment, which ``torch._inductor.config`` reads when it is first imported (importing it here
+    would cost the start its import), and in the module itself where it is imported already.
+    Returns ``{key: value it had}`` where a value to the contrary was set (in the environment, or
+    in the imported module); the pin is logged once per process."""
+    changed: dict[str, Any] = {}
+    config = sys.modules.get("torch._inductor.config")
     for key, (value, reason) in PINNED.items():
-        if hasattr(inductor_config, key) and getattr(inductor_config, key) != value:
-            changed[key] = getattr(inductor_config, key)
-            setattr(inductor_config, key, value)
+        env, text = PINNED_ENV[key]
+        before = getattr(config, key, None) if config is not None else os.environ.get(env)
+        os.environ[env] = text
+        if config is not None and hasattr(config, key):
+            setattr(config, key, value)
+        if before is not None and before not in (value, text):
+            changed[key] = before
+        if before is None or key in changed:
             (log or logger).info("Foundry: Inductor %s=%r in this process (%s)", key, value, reason)
     return changed
 
