@@ -91,7 +91,10 @@ def _check_parallelism(vllm_config: Any) -> None:
     if tp > 1:
         raise FoundryUnsupportedError(
             "tensor parallelism",
-            "captured NCCL collectives point at communicator buffers outside the Foundry region",
+            # vLLM's torch-symmetric-memory all-reduce, the one TP path Foundry can place, turns itself
+            # off without NVLink multicast (vLLM 0.26, SymmMemCommunicator): NCCL would be captured.
+            "captured NCCL collectives point at communicator buffers outside the Foundry region "
+            "(vLLM's symmetric-memory all-reduce needs NVLink multicast)",
         )
     if (
         _get(pc, "decode_context_parallel_size", default=1) > 1
