@@ -106,8 +106,7 @@ class Tail:
     def finish_rest(self) -> None:
         """Once the thread built every graph it could: hand over the rest, then build the graphs the
         driver would not build ahead (the memory is mapped now) and hand those over."""
-        for name in list(self.rebuilding.graphs):
-            self.finish(name)
+        self._finish_built()
         self.rebuilding._free_standin()
         deferred = set(self.rebuilding.deferred)
         if deferred:
@@ -119,8 +118,7 @@ class Tail:
                 _rebuild_graphs(self.archive, self.rebuilding, None, False, {}, only=deferred)
             except BaseException as e:  # those not built are built at their first replay
                 error = e
-            for name in list(self.rebuilding.graphs):
-                self.finish(name)
+            self._finish_built()
             if error is not None:
                 self.fail_rest(error)
             self.timings["deferred_graphs"] = float(len(deferred))
@@ -128,6 +126,11 @@ class Tail:
         self.timings["background_graph_upload_s"] = self._upload_s
         self.timings["retargeted_graphs"] = float(self._retargeted)
         self.timings["tail_s"] = time.perf_counter() - self._t0
+
+    def _finish_built(self) -> None:
+        """Hand over every graph built so far that is not handed over yet."""
+        for name in list(self.rebuilding.graphs):
+            self.finish(name)
 
     def fail_rest(self, error: BaseException) -> None:
         """The thread failed: every graph not handed over is built at its first replay instead."""
