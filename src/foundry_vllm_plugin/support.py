@@ -177,7 +177,9 @@ def _check_hybrid(vllm_config: Any) -> None:
 def _check_compile(vllm_config: Any) -> None:
     from foundry_core.engine import inductor
 
-    why = inductor.conflict(_get(vllm_config, "compilation_config", "inductor_compile_config", default={}))
+    why = inductor.conflict(
+        _get(vllm_config, "compilation_config", "inductor_compile_config", default={}) or {}
+    )
     if why is not None:
         key, reason = why.split(": ", 1)
         raise FoundryUnsupportedError(f"inductor_compile_config {key}", reason)

@@ -30,10 +30,13 @@ from typing import Any
 
 logger = logging.getLogger("foundry")
 
-#: Inductor config entries a start with Foundry on compiles with, and why (one line each).
-PINNED: dict[str, tuple[Any, str]] = {
+#: Inductor config entries a start with Foundry on compiles with: the value, the environment variable
+#: torch reads the entry's default from when ``torch._inductor.config`` is first imported ("1" or
+#: "0"), and why (one line each).
+PINNED: dict[str, tuple[Any, str, str]] = {
     "dynamic_scale_rblock": (
         False,
+        "TORCHINDUCTOR_DYNAMIC_SCALE_RBLOCK",
         "a new process benchmarks halved reduction blocks again and may pick another summation order",
     ),
 }
@@ -42,15 +45,10 @@ PINNED: dict[str, tuple[Any, str]] = {
 def conflict(config: Mapping[str, Any]) -> str | None:
     """The first pinned key the user set to another value in ``config``, as
     ``"key=value: reason"``, or None."""
-    for key, (value, reason) in PINNED.items():
+    for key, (value, _env, reason) in PINNED.items():
         if key in config and config[key] != value:
             return f"{key}={config[key]!r}: {reason}"
     return None
-
-
-#: The environment variable torch reads each pinned key's default from when ``torch._inductor.config``
-#: is first imported, and the value that means the pinned one.
-PINNED_ENV: dict[str, tuple[str, str]] = {"dynamic_scale_rblock": ("TORCHINDUCTOR_DYNAMIC_SCALE_RBLOCK", "0")}
 
 
 def pin_process(log: logging.Logger | None = None) -> dict[str, Any]:
@@ -61,8 +59,8 @@ def pin_process(log: logging.Logger | None = None) -> dict[str, Any]:
     in the imported module); the pin is logged once per process."""
     changed: dict[str, Any] = {}
     config = sys.modules.get("torch._inductor.config")
-    for key, (value, reason) in PINNED.items():
-        env, text = PINNED_ENV[key]
+    for key, (value, env, reason) in PINNED.items():
+        text = "1" if value else "0"
         before = getattr(config, key, None) if config is not None else os.environ.get(env)
         os.environ[env] = text
         if config is not None and hasattr(config, key):
@@ -80,6 +78,6 @@ def pin(config: MutableMapping[str, Any]) -> str | None:
     it, and nothing else pinned: the caller refuses the start), else None."""
     why = conflict(config)
     if why is None:
-        for key, (value, _reason) in PINNED.items():
+        for key, (value, _env, _reason) in PINNED.items():
             config.setdefault(key, value)
     return why
