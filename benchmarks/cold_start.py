@@ -58,6 +58,10 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+if str(Path(__file__).resolve().parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+import startup_stacks  # noqa: E402  (beside this file)
+
 REPO = Path(__file__).resolve().parents[1]
 SRC = REPO / "src"
 ENGINES = ("sglang", "vllm")
@@ -273,6 +277,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="profile Foundry runs' graph phase on the host (FOUNDRY_PROFILE_DIR=<logs>/profile-<run>); "
         "their timings are then not real ones",
+    )
+    p.add_argument(
+        "--sample-stacks",
+        action="store_true",
+        help="sample every server process's main-thread stack (benchmarks/startup_stacks.py) into "
+        "<logs>/stacks-<run>, to name where a start spends its time; timings then carry its overhead",
     )
     p.add_argument(
         "--repeat",
@@ -949,6 +959,7 @@ class Bench:
     user_base: str | None = None
     gpu_baseline_mib: int | None = None
     profile: bool = False  # --profile: Foundry runs profile their graph phase into the logs folder
+    stacks_shim: Path | None = None  # --sample-stacks: sitecustomize folder put first on every path
     dummy_weights: bool = True  # --weights dummy
     max_tokens: int = MAX_TOKENS
     sampling: bool = False
@@ -1153,6 +1164,9 @@ def run_one(bench: Bench, run: str, timeout_s: float, runs: dict[str, Any]) -> d
     env.update(bench.engine_env)
     if bench.profile and foundry:
         env[PROFILE_ENV] = str(bench.logs / f"profile-{run}")
+    if bench.stacks_shim is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(bench.stacks_shim), env["PYTHONPATH"]])
+        env[startup_stacks.ENV] = str(bench.logs / f"stacks-{run}")
     rec.update(command=shlex.join(argv), port=port, log=f"{bench.engine}-{run}.log")
     rec["env_changes"] = env_changes(dict(os.environ), env)
     log_path = bench.logs / rec["log"]
@@ -1651,6 +1665,9 @@ def setup(opts: argparse.Namespace, meta: dict[str, Any]) -> Bench:
         user_base=site.getuserbase(),
         gpu_baseline_mib=gpu_memory_used_mib(),
         profile=opts.profile,
+        stacks_shim=startup_stacks.write_shim(workdir / "stacks-shim")
+        if getattr(opts, "sample_stacks", False)
+        else None,
         dummy_weights=opts.weights == "dummy",
         max_tokens=opts.max_tokens,
         sampling=opts.sampling,

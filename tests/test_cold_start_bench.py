@@ -905,3 +905,28 @@ def test_a_resume_needs_the_same_server_arguments(tmp_path):
     }
     with pytest.raises(SystemExit, match="another benchmark's result"):
         cs.resumed_runs(out, {**meta, "engine_args": [], "engine_env": ["VLLM_X=1"]}, opts)
+
+
+# --- the start-up stack sampler (--sample-stacks) --------------------------------------------------
+
+
+def test_stack_sampler_follows_forked_children_and_names_imports(tmp_path):
+    import subprocess
+
+    import startup_stacks
+
+    shim = startup_stacks.write_shim(tmp_path / "shim")
+    mod = tmp_path / "mods"
+    _touch(mod / "slow_module.py", "import time\ntime.sleep(0.4)\n")
+    script = "import os, time\npid = os.fork()\nif pid == 0:\n    import slow_module\n    os._exit(0)\nos.waitpid(pid, 0)\ntime.sleep(0.2)\n"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(shim), str(mod)]))
+    env[startup_stacks.ENV] = str(tmp_path / "out")
+    subprocess.run([sys.executable, "-c", script], env=env, check=True, timeout=60)
+    files = sorted((tmp_path / "out").glob("stacks-*.jsonl"))
+    assert len(files) == 2  # the parent and its forked child each wrote their own
+    summary = startup_stacks.summarize(tmp_path / "out")
+    assert "import slow_module" in summary
+    # Without the variable the shim records nothing.
+    env.pop(startup_stacks.ENV)
+    subprocess.run([sys.executable, "-c", "pass"], env=env, check=True, timeout=60)
+    assert len(sorted((tmp_path / "out").glob("stacks-*.jsonl"))) == 2
