@@ -109,13 +109,19 @@ def launch_caches(additional_config: Any) -> None:
     compile-cache folders that the engine-core process inherits (in place before it imports
     FlashInfer or Inductor, which read their folder once), and, for a LOAD, vLLM's model-inspection
     records from the carried caches: without them vLLM inspects the model class in a subprocess that
-    imports the engine (about 20 s of a cold start on an H200 machine)."""
+    imports the engine (about 20 s of a cold start on an H200 machine). With them, the settings of
+    ``session.launch_settings`` where the user set nothing."""
     from foundry_core.engine import redirect_for_launch
-    from foundry_vllm_plugin.session import CACHE_KINDS, LAUNCHER_RECORDS, engine_facts
+    from foundry_vllm_plugin.session import CACHE_KINDS, LAUNCHER_RECORDS, engine_facts, launch_settings
 
     cfg = settings.foundry_config(additional_config)
     redirect_for_launch(
-        cfg, CACHE_KINDS, engine=engine_facts(), launcher_records=LAUNCHER_RECORDS, log=logger
+        cfg,
+        CACHE_KINDS,
+        engine=engine_facts(),
+        launcher_records=LAUNCHER_RECORDS,
+        settings=launch_settings(),
+        log=logger,
     )
 
 

@@ -49,6 +49,16 @@ else:
 from foundry_vllm_testutil import QWEN3_CONFIG, write_toml  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def _no_launch_settings_left():
+    """A config built with Foundry on sets the launch environment of this process (cache folders,
+    ``foundry_vllm_plugin.session.launch_settings``); the next test starts without it."""
+    yield
+    from foundry_core.engine import undo_launch_redirect
+
+    undo_launch_redirect()
+
+
 @pytest.fixture(scope="session")
 def qwen3_dir(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("qwen3-tiny")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from foundry_vllm_testutil import write_toml
 
@@ -230,3 +232,58 @@ def test_example_recipe_serve_command_reaches_the_engine_config():
     # Weights, KV cache and graphs all live in the region: it must hold what --gpu-memory-utilization
     # 0.3 hands to vLLM on the largest GPU the example targets (H200, 141 GiB).
     assert cfg.region_size > 0.3 * (141 << 30)
+
+
+def _cli_env_setup():
+    """vLLM's CLI start-up, which assigns its process start method before plugins load."""
+    try:
+        from vllm.entrypoints.common.startup import cli_env_setup
+    except ImportError:  # vLLM 0.26
+        from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
+    cli_env_setup()
+
+
+@pytest.fixture
+def start_env(monkeypatch):
+    from foundry_core.engine import launch_env, undo_launch_redirect
+
+    for name in ("VLLM_WORKER_MULTIPROC_METHOD", "VLLM_USE_MEGA_AOT_ARTIFACT", "VLLM_USE_STANDALONE_COMPILE"):
+        monkeypatch.delenv(name, raising=False)
+    started_with: dict[str, str] = {}
+    monkeypatch.setattr(launch_env, "initial_environment", lambda: dict(started_with))
+    yield started_with
+    undo_launch_redirect()
+
+
+def test_a_foundry_start_forks_the_engine_core_and_loads_the_compiled_artifact_whole(
+    engine_args_factory, foundry_toml, start_env
+):
+    from vllm.utils.system_utils import get_mp_context
+
+    from vllm import envs
+
+    _cli_env_setup()
+    assert os.environ["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"  # vLLM's CLI default
+    engine_args_factory(additional_config={"foundry": {"config": str(foundry_toml)}}).create_engine_config()
+    assert os.environ["VLLM_WORKER_MULTIPROC_METHOD"] == "fork"
+    assert get_mp_context().get_start_method() == "fork"  # what vLLM starts its engine core with
+    assert envs.VLLM_USE_MEGA_AOT_ARTIFACT is True
+
+
+def test_the_users_start_method_and_compile_switches_are_kept(
+    engine_args_factory, foundry_toml, start_env, monkeypatch
+):
+    start_env.update(VLLM_WORKER_MULTIPROC_METHOD="spawn", VLLM_USE_STANDALONE_COMPILE="0")
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    monkeypatch.setenv("VLLM_USE_STANDALONE_COMPILE", "0")
+    engine_args_factory(additional_config={"foundry": {"config": str(foundry_toml)}}).create_engine_config()
+    assert os.environ["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
+    # The one-artifact load needs vLLM's standalone compile, which the user turned off.
+    assert "VLLM_USE_MEGA_AOT_ARTIFACT" not in os.environ
+
+
+def test_without_foundry_the_start_settings_stay_vllms(engine_args_factory, start_env):
+    _cli_env_setup()
+    engine_args_factory().create_engine_config()
+    assert os.environ["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
+    assert "VLLM_USE_MEGA_AOT_ARTIFACT" not in os.environ

@@ -27,11 +27,11 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..archive import ArchiveError, ArchiveNotFound
-from . import caches
+from . import caches, launch_env
 from .decide import one_line
 
 logger = logging.getLogger("foundry.caches")
@@ -49,6 +49,7 @@ def redirect_for_launch(
     *,
     engine: dict | None = None,
     launcher_records: dict[str, tuple[str, ...]] | None = None,
+    settings: Mapping[str, tuple[str, str]] | None = None,
     log: logging.Logger | None = None,
 ) -> caches.CacheDirs | None:
     """In the launching process: make the private directories and export them (and
@@ -56,8 +57,11 @@ def redirect_for_launch(
     Files are handed over later, by each worker's :meth:`CacheHandover.restore`, except the
     ``launcher_records``: records the launching process itself reads before it starts the workers
     (vLLM's model-inspection records, whose absence costs a subprocess that imports the engine),
-    handed over here when a LOAD may follow (:func:`caches.unpack_engine_records`)."""
+    handed over here when a LOAD may follow (:func:`caches.unpack_engine_records`). ``settings``
+    are the engine's environment settings for a shorter start (:func:`launch_env.apply`)."""
     undo_launch_redirect()
+    if settings:
+        launch_env.apply(settings, log)
     if not getattr(cfg, "carry_caches", True):
         return None
     dirs = caches.CacheDirs.create(kinds, label=_label(cfg))
@@ -101,8 +105,10 @@ def _pin_problem(cfg: Any, rank: int) -> str | None:
 
 
 def undo_launch_redirect() -> None:
-    """Put back the cache variables an earlier :func:`redirect_for_launch` in this process changed
-    (an engine launched after it, with Foundry off, compiles where it would have without Foundry)."""
+    """Put back the cache variables and settings an earlier :func:`redirect_for_launch` in this
+    process changed (an engine launched after it, with Foundry off, compiles where it would have
+    without Foundry)."""
+    launch_env.undo()
     for name, value in _launch_env.items():
         if value is None:
             os.environ.pop(name, None)
