@@ -322,9 +322,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     opts = p.parse_args(argv)
     opts.runs = [r.strip() for r in opts.runs.split(",") if r.strip()]
-    unknown = [r for r in opts.runs if r not in RUNS]
+    # A repeat can be named on its own only to add it to an earlier call's result (its SAVE and its
+    # first pair are there): a long benchmark then spreads over device calls.
+    unknown = [r for r in opts.runs if r not in RUNS and not (opts.resume and kind(r) in REPEATED)]
     if unknown or len(set(opts.runs)) != len(opts.runs):
-        p.error(f"--runs takes each of {', '.join(RUNS)} at most once (got {unknown or opts.runs})")
+        p.error(
+            f"--runs takes each of {', '.join(RUNS)} at most once, and with --resume repeats such as "
+            f"load_cold_2 (got {unknown or opts.runs})"
+        )
     if opts.repeat < 1:
         p.error("--repeat must be at least 1")
     bad = [e for e in opts.engine_env if "=" not in e or not e.split("=", 1)[0]]
@@ -332,8 +337,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--engine-env takes NAME=VALUE (got {bad[0]!r})")
     # The fixed order is part of the method (cold before warm, save before load), then the repeats
     # of the cold pair, alternating, so that a drift of the machine reaches both alike.
+    named = [r for r in opts.runs if r not in RUNS]
     opts.runs = [r for r in RUNS if r in opts.runs]
-    opts.runs += [f"{r}_{i}" for i in range(2, opts.repeat + 1) for r in REPEATED]
+    opts.runs += sorted(named, key=lambda r: (int(r.rpartition("_")[2]), REPEATED.index(kind(r))))
+    opts.runs += [f"{r}_{i}" for i in range(2, opts.repeat + 1) for r in REPEATED if f"{r}_{i}" not in named]
     return opts
 
 

@@ -408,8 +408,16 @@ def test_repeat_adds_alternating_cold_pairs_that_are_cold_and_foundry_where_thei
     assert cs.parse_args(args).runs == ["save", "load_cold", "stock_cold"]
     with pytest.raises(SystemExit):
         cs.parse_args([*args, "--repeat", "0"])
-    with pytest.raises(SystemExit):  # a repeat is not a run one can name
+    with pytest.raises(SystemExit):  # a repeat is not a run one can name, except to resume
         cs.parse_args(["--engine", "sglang", "--out", "o.json", "--logs", "l", "--runs", "load_cold_2"])
+    resumed = ["--engine", "sglang", "--out", "o.json", "--logs", "l", "--resume"]
+    assert cs.parse_args([*resumed, "--runs", "stock_cold_2,load_warm,load_cold_2"]).runs == [
+        "load_warm",
+        "load_cold_2",
+        "stock_cold_2",
+    ]
+    with pytest.raises(SystemExit):  # only the cold pair repeats
+        cs.parse_args([*resumed, "--runs", "save_2"])
 
 
 # --- the result document -------------------------------------------------------------------------------
