@@ -33,9 +33,10 @@ _AOT_OFF = {
 
 def launch_settings() -> dict[str, tuple[str, str]]:
     """vLLM settings for a shorter start, set in the API server for every Foundry start where the
-    user set nothing (``foundry_core.engine.launch_env``). Neither changes what vLLM computes:
-    vLLM leaves the start method out of its compile-cache key, and the artifact switch only changes
-    how the compiled graph is stored, and is in that key (SAVE and LOAD both have it)."""
+    user set nothing (``foundry_core.engine.launch_env``). vLLM leaves the start method out of its
+    compile-cache key; the artifact switch changes how the compiled graph is stored and loaded and
+    is in that key, which SAVE and LOAD share (on the H200, 2026-12-03, a LOAD with it computed what
+    its SAVE did, bitwise; its stock comparison is still to run)."""
     out = {
         # vLLM's CLI assigns "spawn" before it loads plugins: its engine core then starts a new
         # interpreter that imports torch, transformers and vLLM again (about 15 s of a cold start

@@ -1,7 +1,8 @@
 """Engine settings that shorten a start, set for Foundry's starts where the user chose nothing.
 
 A plugin names environment variables its engine reads at start-up whose defaults cost a cold start
-time, each with the value Foundry wants and the reason (vLLM: ``foundry_vllm_plugin.support``).
+time, each with the value Foundry wants and the reason (vLLM:
+``foundry_vllm_plugin.session.launch_settings``).
 :func:`apply` runs in the launching process, before the engine starts its worker processes (which
 inherit the environment): a variable the user set is left as it is; the others are set, recorded
 for :func:`undo` (a later engine launched from the same Python process with Foundry off starts as
