@@ -817,6 +817,9 @@ def parse_log(lines: list[tuple[float, str]], engine: str) -> dict[str, Any]:
             compile_counts[key] += bool(rx.search(line))
         out["foundry_lines"] += "Foundry" in line
         out["tracebacks"] += "Traceback (most recent call last)" in line
+        m = _LAUNCH_SETTINGS.search(line)
+        if m:  # what Foundry's start changed in the engine's settings (stock gets none of it)
+            out["launch_settings"] = dict(re.findall(r"(\w+)=(\S+)", m.group(1)))
         n = _graphs_in_line(line, engine)
         if n is not None:
             out["graphs_log"] = max(out["graphs_log"] or 0, n)
@@ -827,6 +830,7 @@ def parse_log(lines: list[tuple[float, str]], engine: str) -> dict[str, Any]:
     return out
 
 
+_LAUNCH_SETTINGS = re.compile(r"Foundry: engine settings for a shorter start: (.*?) \(each kept")
 _SGLANG_BS = re.compile(r"Capture (?:target )?decode .{0,20}?graph begin\..*?bs=\[([^\]]*)\]")
 _VLLM_BAR = re.compile(r"Capturing CUDA graphs[^\r\n]*?(\d+)/(\d+)")
 
@@ -1447,6 +1451,13 @@ def assemble(meta: dict[str, Any], runs: dict[str, dict[str, Any]]) -> dict[str,
         r: ((runs.get(r) or {}).get("log_parse") or {}).get("foundry_lines")
         for r in RUNS
         if r.startswith("stock") and r in runs
+    }
+    # The engine settings each Foundry start set for itself (docs/cold-start.md); stock ran with
+    # the engine's defaults unless --engine-env gave every run the same.
+    out["launch_settings"] = {
+        r: ((runs.get(r) or {}).get("log_parse") or {}).get("launch_settings")
+        for r in FOUNDRY_RUNS
+        if r in runs
     }
     out["load_caches"] = rep["load_cold"].get("caches")
     out["save_caches"] = rep["save"].get("caches")

@@ -938,3 +938,20 @@ def test_stack_sampler_follows_forked_children_and_names_imports(tmp_path):
     env.pop(startup_stacks.ENV)
     subprocess.run([sys.executable, "-c", "pass"], env=env, check=True, timeout=60)
     assert len(sorted((tmp_path / "out").glob("stacks-*.jsonl"))) == 2
+
+
+def test_the_log_names_the_engine_settings_a_foundry_start_set(monkeypatch, caplog):
+    from foundry_core.engine import launch_env
+    from foundry_vllm_plugin.session import launch_settings
+
+    settings = launch_settings()
+    for name in settings:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(launch_env, "initial_environment", lambda: {})
+    with caplog.at_level("INFO"):
+        done = launch_env.apply(settings)  # the line Foundry's launcher logs
+    launch_env.undo()
+    lines = [(float(i), r.getMessage()) for i, r in enumerate(caplog.records)]
+    assert cs.parse_log(lines, "vllm")["launch_settings"] == done
+    assert done["VLLM_WORKER_MULTIPROC_METHOD"] == "fork"
+    assert "launch_settings" not in cs.parse_log([(1.0, "no settings here")], "vllm")
