@@ -109,12 +109,7 @@ def undo_launch_redirect() -> None:
     process changed (an engine launched after it, with Foundry off, compiles where it would have
     without Foundry)."""
     launch_env.undo()
-    for name, value in _launch_env.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
-    _launch_env.clear()
+    launch_env.restore(_launch_env)
     caches.sync_pgo_job_id()
     while _launch_dirs:  # that launch is over: a later one may use the same folder again
         _launch_dirs.pop().close()

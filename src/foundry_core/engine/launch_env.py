@@ -73,9 +73,14 @@ def apply(settings: Mapping[str, tuple[str, str]], log: logging.Logger | None = 
 
 def undo() -> None:
     """Put back the variables :func:`apply` changed in this process."""
-    for name, value in _changed.items():
+    restore(_changed)
+
+
+def restore(saved: dict[str, str | None]) -> None:
+    """Put each saved variable back (None: unset it) and empty ``saved``."""
+    for name, value in saved.items():
         if value is None:
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
-    _changed.clear()
+    saved.clear()
