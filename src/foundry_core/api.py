@@ -32,7 +32,7 @@ import re
 import time
 from collections.abc import Sequence
 
-from . import __version__
+from . import __version__, module_globals
 from .archive import Archive, ArchiveError, ArchiveWriter, compare_fingerprint, open_archive
 from .driver import call, cu
 from .errors import FoundryError
@@ -44,6 +44,7 @@ from .graphs import (
     Rebuilt,
     Segments,
     WalkMemo,
+    block_auditor,
     count_nodes,
     json_form,
     kernel_names,
@@ -307,6 +308,20 @@ def save(
     snapshots = [(seg, *snapshot(seg, ranges)) for seg, ranges in region.snapshot_candidates()]
     t2 = time.perf_counter()
     timings["snapshot_s"] = t2 - t1
+    # The code images' variables as the engine's kernels left them (module_globals.py): after the
+    # RNG search's replays, as the memory snapshot is.
+    torch.cuda.synchronize(region.device)
+    launched = {}
+    for func, info in memo.functions.items():
+        if info.image is not None:
+            launched.setdefault(info.image, cu().CUfunction(init_value=func))
+    try:
+        variables = module_globals.record(
+            {d: recorded.images[d].data for d in images}, launched, block_auditor(segments, memo)
+        )
+    except GraphError as e:
+        raise SaveError(f"not saved: {e}") from None
+    timings["variables_s"], t2 = time.perf_counter() - t2, time.perf_counter()
     meta = {
         "kind": ARCHIVE_KIND,
         "device": region.device,
@@ -319,6 +334,7 @@ def save(
         "snapshots": [[seg.index, chunks] for seg, chunks, _ in snapshots],
         "saved_with": __version__,
         "collectives": _collective_totals(desc for _name, desc in walked),
+        **variables.to_meta(),
     }
     if symmetric:
         meta["symmetric"] = [b.to_json() for b in symmetric]
@@ -350,6 +366,8 @@ def save(
                 bar.advance()
             for seg, _chunks, data in snapshots:
                 writer.add_bytes(f"memory/{seg.index:05d}.bin", data, compress=compress)
+            if variables.entries:
+                writer.add_bytes(module_globals.MEMBER, variables.blob)
             for i, ((name, desc), blob) in enumerate(zip(walked, blobs)):
                 entry = {"name": name, "nodes": count_nodes(desc), "rng": desc["rng"] is not None}
                 if desc.get("collectives"):  # what the graph communicates with (foundry inspect)
@@ -679,6 +697,8 @@ def load(
                 name: RestoredGraph(name, rebuilt, region.device, rng, nodes)
                 for name, (rebuilt, rng, nodes) in rebuilding.graphs.items()
             }
+        # Before the first replay: the modules' variables as SAVE found them, NVSHMEM's state.
+        timings["variables"] = float(module_globals.restore(meta, archive.read_bytes, rebuilding.modules))
         torch.cuda.synchronize(region.device)
         timings["graphs_s"] = time.perf_counter() - t2 - timings.get("modules_s", 0.0)
     except BaseException:

@@ -83,10 +83,25 @@ def cmd_inspect(args) -> int:
     by_image: dict[str, int] = {}
     for image, _name, _attrs in meta.get("kernels", []):
         by_image[image] = by_image.get(image, 0) + 1
+    # Variables SAVE found changed in the engine's module, written into the restored one at LOAD;
+    # modules whose NVSHMEM device state the LOAD process's NVSHMEM sets up (module_globals.py).
+    variables: dict[str, int] = {}
+    for image, _name, _offset, _size in meta.get("globals", []):
+        variables[image] = variables.get(image, 0) + 1
+    nvshmem = set(meta.get("nvshmem_images", []))
     for image in meta.get("images", []):
-        rows.append([image[:16], by_image.get(image, 0), _human(archive.files[f"modules/{image}.cubin"])])
+        state = [f"{variables[image]} variables"] if image in variables else []
+        state += ["NVSHMEM"] if image in nvshmem else []
+        rows.append(
+            [
+                image[:16],
+                by_image.get(image, 0),
+                _human(archive.files[f"modules/{image}.cubin"]),
+                ", ".join(state) or "-",
+            ]
+        )
     print()
-    print(_table(rows, ["module", "kernels used", "bytes"]))
+    print(_table(rows, ["module", "kernels used", "bytes", "restored state"]))
     if args.kernels:
         print()
         print(

@@ -409,6 +409,13 @@ def _read_attrs_python(node) -> dict:
     return attrs
 
 
+def block_auditor(segments: Segments, memo: WalkMemo) -> Callable[[bytes, Callable[[int], str]], None]:
+    """``audit(data, where)``: checks a block of words the graphs' kernels read besides their
+    parameters (a module's variables) as a kernel's parameters are checked; ``where(offset)`` names
+    the place of a refused word."""
+    return _Auditor(segments, memo).check_block
+
+
 def serialize(
     graph,
     recorded: Recorded,

@@ -130,6 +130,53 @@ def _regcounts(data: bytes, off: int, size: int) -> dict[int, int]:
     return counts
 
 
+class _Elf:
+    """The section table and symbols of a cubin (ELF64), read once for the queries below."""
+
+    def __init__(self, data: bytes):
+        self.data = data
+        (shoff,) = struct.unpack_from("<Q", data, 0x28)
+        shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
+        # (name offset, type, file offset, size, link) per section
+        self.sections = []
+        for i in range(shnum):
+            name, typ, _flags, _addr, off, size, link, _info, _align, _entsize = struct.unpack_from(
+                "<IIQQQQIIQQ", data, shoff + i * shentsize
+            )
+            self.sections.append((name, typ, off, size, link))
+        shstr_off = self.sections[shstrndx][2]
+        self.names = [self.cstr(shstr_off, sec[0]) for sec in self.sections]
+
+    def cstr(self, base: int, at: int) -> str:
+        end = self.data.index(b"\0", base + at)
+        return self.data[base + at : end].decode("latin-1")
+
+    def symbols(self):
+        """(index, name, type, section index, value, size) of every symbol-table entry."""
+        for _name, typ, off, size, link in self.sections:
+            if typ != SHT_SYMTAB:
+                continue
+            str_off = self.sections[link][2]
+            for j in range(size // 24):
+                st_name, st_info, _other, st_shndx, value, st_size = struct.unpack_from(
+                    "<IBBHQQ", self.data, off + 24 * j
+                )
+                yield j, self.cstr(str_off, st_name), st_info & 0xF, st_shndx, value, st_size
+
+
+SHT_SYMTAB = 2
+STT_OBJECT, STT_FUNC = 1, 2
+
+
+def _elf(data: bytes) -> _Elf | None:
+    if len(data) < 64 or data[:4] != b"\x7fELF" or data[4] != 2:
+        return None
+    try:
+        return _Elf(data)
+    except (struct.error, IndexError, ValueError):
+        return None
+
+
 def elf_functions(data: bytes) -> dict[str, int]:
     """Kernel names defined in a cubin (ELF64) and their register counts (-1 where not recorded).
 
@@ -137,41 +184,48 @@ def elf_functions(data: bytes) -> dict[str, int]:
     count in the ``.nv.info`` section (attribute REGCOUNT, keyed by symbol index). Non-ELF
     images give {}.
     """
-    if len(data) < 64 or data[:4] != b"\x7fELF" or data[4] != 2:
+    elf = _elf(data)
+    if elf is None:
         return {}
     try:
-        (shoff,) = struct.unpack_from("<Q", data, 0x28)
-        shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
-        sections = []
-        for i in range(shnum):
-            name, typ, _flags, _addr, off, size, link, _info, _align, _entsize = struct.unpack_from(
-                "<IIQQQQIIQQ", data, shoff + i * shentsize
-            )
-            sections.append((name, typ, off, size, link))
-        shstr_off = sections[shstrndx][2]
-
-        def cstr(base: int, at: int) -> str:
-            end = data.index(b"\0", base + at)
-            return data[base + at : end].decode("latin-1")
-
-        names = [cstr(shstr_off, sec[0]) for sec in sections]
-        text_sections = {i for i, n in enumerate(names) if n.startswith(".text.")}
+        text_sections = {i for i, n in enumerate(elf.names) if n.startswith(".text.")}
         regs: dict[int, int] = {}
-        for i, n in enumerate(names):
+        for i, n in enumerate(elf.names):
             if n == ".nv.info":
-                regs.update(_regcounts(data, sections[i][2], sections[i][3]))
-        functions = {}
-        for _name, typ, off, size, link in sections:
-            if typ != 2:  # SHT_SYMTAB
-                continue
-            str_off = sections[link][2]
-            for j in range(size // 24):
-                st_name, st_info, _other, st_shndx, _value, _size = struct.unpack_from(
-                    "<IBBHQQ", data, off + 24 * j
-                )
-                if st_info & 0xF == 2 and st_shndx in text_sections:  # STT_FUNC with code
-                    functions[cstr(str_off, st_name)] = regs.get(j, -1)
-        return functions
+                regs.update(_regcounts(data, elf.sections[i][2], elf.sections[i][3]))
+        return {
+            name: regs.get(j, -1)
+            for j, name, typ, shndx, _value, _size in elf.symbols()
+            if typ == STT_FUNC and shndx in text_sections
+        }
+    except (struct.error, IndexError, ValueError):
+        return {}
+
+
+def _is_variable_section(name: str) -> bool:
+    """Sections that hold a module's own variables: ``__device__`` ones (``.nv.global``, zeroed, and
+    ``.nv.global.init``) and ``__constant__`` ones (``.nv.constant3`` from nvcc; any bank but 0, which
+    holds each kernel's parameters). The driver gives every loaded module its own copy of them."""
+    if name in (".nv.global", ".nv.global.init"):
+        return True
+    return name.startswith(".nv.constant") and not name.startswith(".nv.constant0")
+
+
+def elf_globals(data: bytes) -> dict[str, int]:
+    """The variables a cubin (ELF64) defines, ``{name: size in bytes}``, the names as
+    ``cuModuleGetGlobal`` takes them. Their initial values are not read here: the driver applies
+    relocations at load (a variable initialised to another's address), so a module freshly loaded
+    is the reference (:mod:`.module_globals`). Non-ELF images give {}."""
+    elf = _elf(data)
+    if elf is None:
+        return {}
+    try:
+        wanted = {i for i, n in enumerate(elf.names) if _is_variable_section(n)}
+        return {
+            name: size
+            for _j, name, typ, shndx, _value, size in elf.symbols()
+            if typ == STT_OBJECT and shndx in wanted and size > 0 and name
+        }
     except (struct.error, IndexError, ValueError):
         return {}
 
@@ -244,6 +298,21 @@ class LoadedModules:
     def __init__(self):
         self._modules: dict[str, object] = {}
         self._functions: dict[tuple[str, str], object] = {}
+        self._nvshmem: list[str] = []  # modules whose NVSHMEM device state NVSHMEM set up
+
+    def module(self, digest: str):
+        """The CUmodule this process loaded for image ``digest``."""
+        return self._modules[digest][0]
+
+    def init_nvshmem(self, digest: str) -> None:
+        """Have NVSHMEM set up the device state of module ``digest`` (it holds NVSHMEM device code);
+        NVSHMEM is told again before the module is unloaded."""
+        from . import nvshmem
+
+        if digest in self._nvshmem:
+            return
+        nvshmem.init_module(self.module(digest), digest)
+        self._nvshmem.append(digest)
 
     def load(self, digest: str, data: bytes) -> None:
         if digest in self._modules:
@@ -277,6 +346,12 @@ class LoadedModules:
         return func
 
     def unload(self) -> None:
+        if self._nvshmem:
+            from . import nvshmem
+
+            for digest in self._nvshmem:
+                nvshmem.finalize_module(self.module(digest), digest)
+            self._nvshmem.clear()
         for module, _buf in self._modules.values():
             call(cu().cuModuleUnload, module)
         self._modules.clear()
