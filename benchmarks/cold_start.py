@@ -1154,6 +1154,21 @@ def read_start_report(bench: Bench, paths: RunPaths) -> dict[str, Any] | None:
         return {"unreadable": f"{path}: {e}"}
 
 
+def other_rank_reports(bench: Bench, paths: RunPaths) -> dict[str, Any]:
+    """The start reports of the ranks other than 0 (SGLang writes one per scheduler), by rank."""
+    if bench.engine != "sglang":
+        return {}
+    out = {}
+    for path in sorted(paths.report_dir.glob("rank*.json")):
+        rank = path.stem[len("rank") :]
+        if rank.isdigit() and rank != "0":
+            try:
+                out[rank] = json.loads(path.read_text())
+            except (OSError, ValueError) as e:
+                out[rank] = {"unreadable": f"{path}: {e}"}
+    return out
+
+
 def run_one(bench: Bench, run: str, timeout_s: float, runs: dict[str, Any]) -> dict[str, Any]:
     """One server start, measured; the record is in ``runs`` from the start, so a benchmark ended
     from outside (SIGTERM) still writes what this run got to."""
@@ -1259,6 +1274,9 @@ def finish_record(
                 paths.cache_root, None if rec["name"] == "save" else rewritten
             )
         rec["foundry_report"] = read_start_report(bench, paths)
+        others = other_rank_reports(bench, paths)
+        if others:  # tensor parallelism: every rank's start, beside rank 0's
+            rec["foundry_rank_reports"] = others
     rec["compiled_files"] = compiled_files(rec)
     rec["phases"] = phases(rec, bench.engine)
     if rec["foundry"]:

@@ -955,3 +955,14 @@ def test_the_log_names_the_engine_settings_a_foundry_start_set(monkeypatch, capl
     assert cs.parse_log(lines, "vllm")["launch_settings"] == done
     assert done["VLLM_WORKER_MULTIPROC_METHOD"] == "fork"
     assert "launch_settings" not in cs.parse_log([(1.0, "no settings here")], "vllm")
+
+
+def test_every_ranks_start_report_is_kept_beside_rank_0s(tmp_path):
+    (tmp_path / "rank0.json").write_text('{"rank": 0}')
+    (tmp_path / "rank1.json").write_text('{"rank": 1, "graphs": 1}')
+    (tmp_path / "rank3.json").write_text("{not json")
+    (tmp_path / "rank0.start.json").write_text("{}")
+    paths = types.SimpleNamespace(report_dir=tmp_path)
+    got = cs.other_rank_reports(types.SimpleNamespace(engine="sglang"), paths)
+    assert got["1"] == {"rank": 1, "graphs": 1} and "unreadable" in got["3"] and set(got) == {"1", "3"}
+    assert cs.other_rank_reports(types.SimpleNamespace(engine="vllm"), paths) == {}

@@ -17,7 +17,7 @@ from typing import Any
 
 __all__ = ["FoundryUnsupportedError", "check_supported", "enable", "register"]
 
-_registered: set[str] = set()
+_registered: set[tuple[str, str]] = set()  # (target, hook kind) queued so far
 
 
 def register() -> None:
@@ -34,10 +34,10 @@ def register() -> None:
     if settings.worker_enabled():
         wanted.extend(hooks.WORKER_HOOKS)
     for target, fn, kind in wanted:
-        if target in _registered:
+        if (target, kind) in _registered:
             continue
         HookRegistry.register(target, fn, HookType[kind])
-        _registered.add(target)
+        _registered.add((target, kind))
 
 
 def enable(server_args: Any, config_path: str | os.PathLike) -> Any:

@@ -96,6 +96,33 @@ def before_check_server_args(server_args: Any, *args: Any, **kwargs: Any) -> Non
     )
 
 
+def after_check_server_args(result: Any, server_args: Any, *args: Any, **kwargs: Any) -> None:
+    """After SGLang's checks (which require a GPU step of at least 1): the test aid
+    ``settings.SHARE_GPU_ENV`` puts every TP rank on the first GPU. Only for a Foundry launch."""
+    req = settings.requested(server_args)
+    tp_size = int(getattr(server_args, "tp_size", 1) or 1)
+    if settings.share_gpu() and (req.enabled or req.config_path is not None) and tp_size > 1:
+        server_args.gpu_id_step = 0
+        logging.getLogger("foundry.sglang").warning(
+            "Foundry test aid %s=1: all %d tensor-parallel ranks on GPU %s (they time-slice it: timings "
+            "mean nothing)",
+            settings.SHARE_GPU_ENV,
+            tp_size,
+            getattr(server_args, "base_gpu_id", 0),
+        )
+
+
+def _nccl_apart(tp_rank: int) -> None:
+    """Under the test aid, NCCL refuses two ranks on one GPU of one host: each rank's NCCL is told it
+    runs on a host of its own, over loopback (NCCL only runs eagerly then: every collective inside a
+    decode graph goes through torch symmetric memory)."""
+    import os
+
+    os.environ["NCCL_HOSTID"] = f"foundry-share-gpu-rank{tp_rank}"
+    os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
+    os.environ.setdefault("NCCL_IB_DISABLE", "1")
+
+
 # --- worker hooks ------------------------------------------------------------------------------
 
 _session = None  # this scheduler process's Foundry session
@@ -117,6 +144,10 @@ def around_scheduler_init(original: Any, self: Any, *args: Any, **kwargs: Any) -
     server_args = bound.get("server_args")
     if server_args is not None and _session is None:
         hint = {name: bound.get(name) for name in ("gpu_id", "tp_rank", "dp_rank")}
+        if settings.share_gpu() and int(getattr(server_args, "tp_size", 1) or 1) > 1:
+            from foundry_sglang_plugin.session import _placement
+
+            _nccl_apart(_placement(hint)[0])
         _session = Session.begin(server_args, hint)
     try:
         if _session is None:
@@ -176,6 +207,8 @@ def around_decode_capture(original: Any, self: Any, *args: Any, **kwargs: Any) -
     global _installing_restored
     if not _target_runner(self):
         return original(self, *args, **kwargs)
+    # Part of the setup SAVE and LOAD share: allocated before SAVE ends it and before LOAD restores.
+    _session.allocate_logits_gather(self.model_runner)
     _session.capture_begins()
     _installing_restored = _session.mode == "load"
     try:
@@ -219,6 +252,45 @@ def around_init_cuda_graphs(original: Any, self: Any, *args: Any, **kwargs: Any)
     return result
 
 
+def _tp_session() -> Any:
+    return _session if _session is not None and _session.tp is not None else None
+
+
+def around_symm_communicator_init(
+    original: Any, self: Any, group: Any, device: Any, *args: Any, **kwargs: Any
+) -> Any:
+    """``TorchSymmMemCommunicator.__init__`` under tensor parallelism: Foundry's placed buffer."""
+    session = _tp_session()
+    if session is None:
+        return original(self, group, device, *args, **kwargs)
+    session.init_symm_communicator(self, group, device)
+    return None
+
+
+def around_symm_all_reduce(original: Any, self: Any, inp: Any, *args: Any, **kwargs: Any) -> Any:
+    """``TorchSymmMemCommunicator.all_reduce`` under tensor parallelism: the one-shot kernel, which
+    needs no NVLink multicast, on Foundry's buffer."""
+    session = _tp_session()
+    if session is None or args:
+        return original(self, inp, *args, **kwargs)
+    return session.symm_all_reduce(self, inp, out=kwargs.get("out"))
+
+
+def around_logits_gather(original: Any, self: Any, x: Any, *args: Any, **kwargs: Any) -> Any:
+    """``MultimemAllGatherer.__call__`` (the logits all-gather) under tensor parallelism: through
+    Foundry's buffer where ``x`` fits it; otherwise SGLang's NCCL gather, as SGLang falls back to
+    without multicast, never its own lazily allocated symmetric buffer."""
+    session = _tp_session()
+    if session is None:
+        return original(self, x, *args, **kwargs)
+    gathered = session.gather_logits(x)
+    if gathered is not None:
+        return gathered
+    from sglang.srt.distributed import tensor_model_parallel_all_gather
+
+    return tensor_model_parallel_all_gather(x, dim=-1)
+
+
 def after_process_batch_result(result: Any, self: Any, *args: Any, **kwargs: Any) -> None:
     """``Scheduler.process_batch_result``: SAVE keeps saving the kernels SGLang builds at its first
     requests (the server warmup runs the first prefill) into the carried caches."""
@@ -230,6 +302,7 @@ LAUNCHER_HOOKS = (
     ("sglang.srt.server_args.ServerArgs.add_cli_args", after_add_cli_args, "AFTER"),
     ("sglang.srt.server_args.ServerArgs.from_cli_args", after_from_cli_args, "AFTER"),
     ("sglang.srt.server_args.ServerArgs.check_server_args", before_check_server_args, "BEFORE"),
+    ("sglang.srt.server_args.ServerArgs.check_server_args", after_check_server_args, "AFTER"),
 )
 ENGINE_HOOK = ("sglang.srt.entrypoints.engine.Engine.__init__", around_engine_init, "AROUND")
 WORKER_HOOKS = (
@@ -265,5 +338,20 @@ WORKER_HOOKS = (
         "sglang.srt.managers.scheduler.Scheduler.process_batch_result",
         after_process_batch_result,
         "AFTER",
+    ),
+    (
+        "sglang.srt.distributed.device_communicators.torch_symm_mem.TorchSymmMemCommunicator.__init__",
+        around_symm_communicator_init,
+        "AROUND",
+    ),
+    (
+        "sglang.srt.distributed.device_communicators.torch_symm_mem.TorchSymmMemCommunicator.all_reduce",
+        around_symm_all_reduce,
+        "AROUND",
+    ),
+    (
+        "sglang.srt.distributed.device_communicators.triton_symm_mem_ag.MultimemAllGatherer.__call__",
+        around_logits_gather,
+        "AROUND",
     ),
 )

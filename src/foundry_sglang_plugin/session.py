@@ -45,13 +45,16 @@ from foundry_core.engine.records import write_json_atomic
 from foundry_sglang_plugin import archive, settings
 from foundry_sglang_plugin._view import reader
 from foundry_sglang_plugin.outputs import flatten, unflatten
-from foundry_sglang_plugin.support import check_supported
+from foundry_sglang_plugin.support import check_supported, graph_phase
 
 logger = logging.getLogger("foundry.sglang")
 
 REPORT_ENV = "FOUNDRY_SGLANG_REPORT_DIR"
 #: The compile and JIT caches SGLang's processes fill (foundry_core.engine.caches.KINDS).
 CACHE_KINDS = ("sglang", "triton", "inductor", "tvm-ffi", "flashinfer", "deep-gemm", "cuda")
+#: Names of SGLang's symmetric-memory buffers in the archive (tensor parallelism).
+TP_ALL_REDUCE = "sglang/tp/all_reduce"
+TP_LOGITS = "sglang/tp/logits"
 
 
 class FoundrySessionError(RuntimeError):
@@ -94,6 +97,8 @@ class Session:
         self.gpu_id = gpu_id
         self.path = cfg.rank_archive_dir(rank)
         self.world_size = 1
+        self.tp_rank, self.tp_size = 0, 1
+        self.tp = None  # tensor parallelism: this rank's torch symmetric memory (SymmetricTP)
         self.fingerprint = archive.fingerprint(server_args, cfg)
         self.region = None
         self._routing = contextlib.ExitStack()
@@ -142,6 +147,7 @@ class Session:
         t0 = time.perf_counter()
         session = cls(server_args, cfg, mode, rank, gpu_id)
         session.world_size = archive.world_size(server_args)
+        session.tp_rank, session.tp_size = tp_rank, tp_size
         session.caches.world_size = session.world_size
         # Before anything compiles or initialises CUDA (the driver reads CUDA_CACHE_PATH then).
         session.caches.begin()
@@ -228,6 +234,10 @@ class Session:
             base=self.cfg.rank_region_base(self.rank), size=self.cfg.region_size, device=device
         )
         self._routing.enter_context(self.region.routing())
+        if self.tp_size > 1:
+            from foundry_core.engine.tensor_parallel import SymmetricTP
+
+            self.tp = SymmetricTP(self.region, self.tp_rank, self.tp_size)
         if self.mode == "load":  # overlaps the weights and KV pools that follow; fc.load takes it
             from foundry_core.engine import prepare
 
@@ -239,6 +249,83 @@ class Session:
                 archive=self._verified,
                 log=logger,
             )
+
+    # -- tensor parallelism (docs/sglang.md): SGLang's collectives through placed symmetric memory --
+    def init_symm_communicator(self, comm: Any, group: Any, device: Any) -> None:
+        """Set up SGLang's ``TorchSymmMemCommunicator`` ``comm`` on Foundry's symmetric memory: its
+        buffer sized as SGLang sizes it, allocated and rendezvoused at fixed addresses during the
+        setup SAVE and LOAD share (SGLang builds its communicators before the model), recorded for
+        the archive, and kept without NVLink multicast (SGLang's own set-up drops it then, and its
+        all-reduces fall back to NCCL, which no archive can hold)."""
+        import torch
+        import torch.distributed as dist
+        from sglang.srt.distributed.device_communicators.all_reduce_utils import (
+            TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES,
+        )
+
+        device = torch.device(f"cuda:{device}" if isinstance(device, int) else device)
+        comm.disabled, comm.buffer, comm.max_size = True, None, 0
+        comm.dtype, comm.device, comm.group = torch.bfloat16, device, group
+        comm.world_size = dist.get_world_size(group)
+        comm.device_capability = torch.cuda.get_device_capability(device)[0]
+        sizes = TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES.get(comm.device_capability) or {}
+        if comm.world_size not in sizes:
+            raise FoundrySessionError(
+                f"SGLang sizes no symmetric-memory all-reduce for compute capability "
+                f"{comm.device_capability} and {comm.world_size} ranks: its all-reduces would run "
+                "through NCCL, which Foundry cannot restore"
+            )
+        comm.max_size = sizes[comm.world_size]
+        comm.buffer = self.tp.allocate(
+            f"{TP_ALL_REDUCE}/{group.group_name}",
+            comm.max_size // comm.dtype.itemsize,
+            comm.dtype,
+            device,
+            group.group_name,
+        )
+        comm.disabled = False
+
+    def symm_all_reduce(self, comm: Any, inp: Any, out: Any = None) -> Any:
+        """``TorchSymmMemCommunicator.all_reduce`` on Foundry's buffer (None: not this path's tensor,
+        SGLang then reduces it another way, as it would)."""
+        if not comm.should_torch_symm_mem_allreduce(inp):
+            return None
+        return self.tp.all_reduce(comm.buffer, inp, comm.group.group_name, out=out)
+
+    def allocate_logits_gather(self, model_runner: Any) -> None:
+        """The buffer the decode graphs gather the vocabulary-parallel logits through, allocated at the
+        start of the decode-graph phase in SAVE and LOAD alike (SGLang's own gatherer allocates at its
+        first call, which a LOAD makes later, and needs NVLink multicast)."""
+        if self.tp is None or self.tp.has_gather(TP_LOGITS):
+            return
+        import torch
+        from sglang.srt.distributed.parallel_state import get_tp_group
+
+        lm_head = getattr(getattr(model_runner, "model", None), "lm_head", None)
+        shard = getattr(lm_head, "num_embeddings_per_partition", None)
+        _backend, sizes = graph_phase(self.server_args, "decode")
+        if shard is None or not sizes:
+            raise FoundrySessionError(
+                "cannot size the logits gather for tensor parallelism (no lm_head.num_embeddings_per_partition "
+                "or no explicit decode graph size)"
+            )
+        group = get_tp_group().cpu_group
+        self.tp.allocate_gather(
+            TP_LOGITS,
+            rows=max(sizes),
+            width=int(shard) * self.tp_size,
+            dtype=torch.bfloat16,
+            device=torch.device("cuda", self.device),
+            group_name=group.group_name,
+        )
+
+    def gather_logits(self, x: Any) -> Any | None:
+        """The decode graphs' logits all-gather through Foundry's buffer; None where ``x`` does not fit
+        it (an eager prefill larger than the decode graphs' batch: SGLang's NCCL gather, outside any
+        graph)."""
+        if self.tp is None or not self.tp.has_gather(TP_LOGITS):
+            return None
+        return self.tp.gather_last_dim(TP_LOGITS, x)
 
     # -- step 3 -------------------------------------------------------------------------------
     def pool_config(self, resolve: Any, config_cls: Any) -> Any:
@@ -317,6 +404,7 @@ class Session:
             fingerprint=self.fingerprint,
             archive=self._verified,  # read and checked by check_archive
             prepared=self._prepared,  # rebuilt since enter_region
+            symmetric=self.tp.buffers if self.tp is not None else (),
         )
         self._verified = self._prepared = None
         self.report["archive_digest"] = self.restored.digest
@@ -406,6 +494,7 @@ class Session:
                 # whatever its buffers hold after capture: no replay to look for RNG state.
                 detect_rng=False,
                 timings=save_timings,
+                symmetric=self.tp.buffers if self.tp is not None else (),
             )
             self.report["fc_save_s"] = round(time.perf_counter() - t0, 4)
             self.report["fc_save_timings"] = {k: round(v, 4) for k, v in save_timings.items()}

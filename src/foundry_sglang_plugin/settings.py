@@ -22,6 +22,10 @@ ENABLE_ATTR = "enable_foundry"
 CONFIG_ATTR = "foundry_config"
 MODE_ATTR = "foundry_mode"  # the concrete mode (save|load) the launcher decided for "auto"
 ENV_MARKER = "FOUNDRY_SGLANG"
+#: Test aid, not for serving: "1" puts every tensor-parallel rank of a Foundry launch on the first
+#: GPU (SGLang has no option for it), so that the whole TP path but NVLink runs on a one-GPU machine.
+#: The ranks time-slice the GPU: their timings mean nothing.
+SHARE_GPU_ENV = "FOUNDRY_SGLANG_SHARE_GPU"
 ENV_KEYS = (
     "FOUNDRY_MODE",
     "FOUNDRY_ARCHIVE_DIR",
@@ -139,3 +143,7 @@ def clear_env() -> None:
 def worker_enabled() -> bool:
     """Whether this process was spawned by a Foundry-enabled launch (read at plugin-load time)."""
     return os.environ.get(ENV_MARKER) == "1"
+
+
+def share_gpu() -> bool:
+    return os.environ.get(SHARE_GPU_ENV, "").strip() == "1"

@@ -208,15 +208,24 @@ def check_supported(server_args: Any) -> None:
                 f"more than one decode graph shape under tensor parallelism ({shown}, "
                 "pass exactly one --cuda-graph-bs-decode N)"
             )
-        # Even within the contract above, SAVE would be refused by the pointer audit: the plugin does
-        # not yet hand SGLang's symmetric-memory buffers to foundry_core.save (symmetric=), and without
-        # NVLink multicast (off on the lent machines) SGLang 0.5.17 gathers the logits through NCCL
-        # inside the decode graph. Refused here, before any GPU work, rather than at SAVE.
-        reasons.append(
-            "tensor parallelism is not restorable through this plugin yet (SGLang's symmetric-memory "
-            "buffers are not recorded with the archive, and without NVLink multicast the logits all-gather "
-            "runs through NCCL)"
-        )
+        if (read("attn_dp_size", 1) or 1) > 1 or read("enable_dp_attention", False):
+            reasons.append(
+                "data-parallel attention under tensor parallelism is not supported (its gathers run "
+                "through NCCL inside the decode graph)"
+            )
+        if read("enable_dp_lm_head", False):
+            reasons.append("--enable-dp-lm-head is not supported under tensor parallelism")
+        if (read("nnodes", 1) or 1) > 1:
+            reasons.append(
+                f"tensor parallelism across nodes (nnodes={read('nnodes')}) is not supported (torch "
+                "symmetric memory maps the peers' buffers within one node)"
+            )
+        dtype = str(read("dtype", "auto") or "auto")
+        if dtype not in ("auto", "bfloat16"):
+            reasons.append(
+                f"--dtype {dtype} is not supported under tensor parallelism (SGLang's symmetric-memory "
+                "all-reduce carries bfloat16, others would run through NCCL)"
+            )
 
     if reasons:
         raise FoundryUnsupportedError(reasons)

@@ -26,10 +26,10 @@ def test_sglang_loader_discovers_and_runs_register(fresh_python):
         from sglang.srt.server_args import ServerArgs
         print(json.dumps({
             "entry_points": eps,
-            "registered": sorted(foundry_sglang_plugin._registered),
+            "registered": sorted({t for t, _kind in foundry_sglang_plugin._registered}),
             "patched": sorted(t for t in HookRegistry._patched if t.startswith("sglang.")),
             "parser_wrapped": getattr(ServerArgs.add_cli_args, "__wrapped__", None) is not None,
-            "engine_hook": h.ENGINE_HOOK[0] in foundry_sglang_plugin._registered,
+            "engine_hook": (h.ENGINE_HOOK[0], h.ENGINE_HOOK[2]) in foundry_sglang_plugin._registered,
         }))
         """
     )
@@ -88,11 +88,12 @@ def test_register_is_idempotent(plugins_loaded):
 
     ours = {fn for _, fn, _ in (*hooks.LAUNCHER_HOOKS, hooks.ENGINE_HOOK, *hooks.WORKER_HOOKS)}
 
-    def count() -> dict[str, int]:
+    def count() -> dict[tuple[str, object], int]:
         return {
-            target: sum(1 for _, fn, _ in entries if fn in ours)
+            (target, fn): sum(1 for _, f, _ in entries if f is fn)
             for target, entries in HookRegistry._hooks.items()
-            if any(fn in ours for _, fn, _ in entries)
+            for _, fn, _ in entries
+            if fn in ours
         }
 
     before = count()

@@ -39,15 +39,25 @@ def test_supported_single_gpu(parse):
     check_supported(parse(*OK))
 
 
-def test_tensor_parallel_within_the_contract_is_refused_until_symmetric_memory_is_recorded(parse):
-    """The contract below holds, and only the plugin's missing symmetric-memory record is named."""
-    message = refusal(parse(*TP_OK))
-    assert message.endswith(
-        "tensor parallelism is not restorable through this plugin yet (SGLang's symmetric-memory buffers "
-        "are not recorded with the archive, and without NVLink multicast the logits all-gather runs through "
-        "NCCL)"
-    )
-    assert ";" not in message  # the only reason
+def test_tensor_parallel_within_the_contract_is_accepted(parse):
+    """One decode shape, torch symmetric memory, no custom all-reduce: the plugin runs SGLang's
+    all-reduces and its logits gather through Foundry's placed symmetric memory
+    (tests/sglang/test_sglang_tensor_parallel.py)."""
+    check_supported(parse(*TP_OK))
+    check_supported(parse(*TP_OK, "--dtype", "bfloat16"))
+
+
+@pytest.mark.parametrize(
+    "extra, why",
+    [
+        (["--dtype", "float16"], "--dtype float16 is not supported under tensor parallelism"),
+        (["--enable-dp-lm-head"], "--enable-dp-lm-head is not supported under tensor parallelism"),
+        (["--nnodes", "2"], "tensor parallelism across nodes (nnodes=2) is not supported"),
+    ],
+)
+def test_tensor_parallel_outside_the_symmetric_memory_path(parse, extra, why):
+    message = refusal(parse(*TP_OK, *extra))
+    assert why in message and ";" not in message
 
 
 def test_a_device_other_than_cuda(parse):
@@ -213,8 +223,7 @@ def test_resolved_prefill_graphs(parse):
 def test_resolved_tensor_parallel(parse):
     sa = parse(*TP_OK)
     sa.resolve_once()
-    message = refusal(sa)
-    assert ";" not in message and "not restorable through this plugin yet" in message
+    check_supported(sa)
     sa = parse(*TP_OK[:-2])
     sa.resolve_once()  # resolution fills in its automatic decode sizes: more than one
     assert "more than one decode graph shape under tensor parallelism ([" in refusal(sa)

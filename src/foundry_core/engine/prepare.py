@@ -51,13 +51,15 @@ def load(
     fingerprint: dict,
     archive: Any,
     prepared: Any,
+    symmetric: Any = (),
 ):
     """The rank's LOAD at the graph phase: ``foundry_core.load`` with the rank's digest pin, the
     configured archive directory as the trusted root (the archive must resolve inside it), what
     verifying it returned (``archive``; None: it is read and checked here) and what :func:`start`
     began (``prepared``; None: the graphs are rebuilt here). With ``[load] check_structure``, every
     graph is then read back from the driver and compared with the archive (waiting for the ones still
-    being built): one that differs fails the start, naming the graph and its first difference."""
+    being built): one that differs fails the start, naming the graph and its first difference.
+    ``symmetric``: the rank's torch symmetric memory (tensor parallelism), checked against SAVE's."""
     import foundry_core as fc
 
     restored = fc.load(
@@ -70,6 +72,7 @@ def load(
         trusted_root=cfg.archive_dir,
         archive=archive,
         prepared=prepared,
+        symmetric=symmetric,
     )
     if getattr(cfg, "check_structure", False):
         t0 = time.perf_counter()
