@@ -151,13 +151,18 @@ def test_save_records_only_the_variables_the_engine_changed(device):
     assert device.unloaded, "the fresh reference module is unloaded"
 
 
-def test_a_variable_pointing_outside_the_region_refuses_the_save(device):
-    data = _image(device, b"image-b", {"ptr": bytes(16)})
-    device.engine[0xF2] = device.module_with({"ptr": bytes(8) + OUTSIDE.to_bytes(8, "little")})
-    with pytest.raises(
-        GraphError, match=r"variable ptr of module bbbbbbbbbbbb byte 8 points to memory at 0x7f"
-    ):
-        module_globals.record({"b" * 64: data}, {"b" * 64: 0xF2}, _audit())
+def test_a_variable_pointing_outside_the_region_is_left_as_the_image_holds_it(device, caplog):
+    data = _image(device, b"image-b", {"ptr": bytes(16), "flag": bytes(4)})
+    device.engine[0xF2] = device.module_with(
+        {"ptr": bytes(8) + OUTSIDE.to_bytes(8, "little"), "flag": b"\x01\0\0\0"}
+    )
+    with caplog.at_level(logging.WARNING, logger="foundry.modules"):
+        variables = module_globals.record({"b" * 64: data}, {"b" * 64: 0xF2}, _audit())
+    assert [e[1] for e in variables.entries] == ["flag"]  # the rest is restored
+    assert [s[:2] for s in variables.skipped] == [["b" * 64, "ptr"]]
+    assert "variable ptr of module bbbbbbbbbbbb byte 8 points to memory at 0x7f" in variables.skipped[0][2]
+    assert variables.to_meta()["globals_skipped"] == variables.skipped
+    assert "1 module variable(s) hold pointers outside the region" in caplog.text
 
 
 def test_a_relocated_variable_is_not_a_change(device):
@@ -332,6 +337,7 @@ def test_inspect_names_the_modules_whose_state_load_restores(tmp_path, capsys):
         "images": [a, d, plain],
         "globals": [[a, "table", 0, 16], [a, "where", 16, 8]],
         "nvshmem_images": [d],
+        "globals_skipped": [[a, "ptr", "points outside the region"]],
         "layout": {},
     }
     with ArchiveWriter(tmp_path / "g") as w:
@@ -345,6 +351,6 @@ def test_inspect_names_the_modules_whose_state_load_restores(tmp_path, capsys):
         for line in capsys.readouterr().out.splitlines()
         if line[:16] in (a[:16], d[:16], plain[:16])
     }
-    assert rows[a[:16]].rstrip().endswith("2 variables")
+    assert rows[a[:16]].rstrip().endswith("2 variables, 1 not restored")
     assert rows[d[:16]].rstrip().endswith("NVSHMEM")
     assert rows[plain[:16]].rstrip().endswith("-")

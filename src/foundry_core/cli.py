@@ -89,8 +89,12 @@ def cmd_inspect(args) -> int:
     for image, _name, _offset, _size in meta.get("globals", []):
         variables[image] = variables.get(image, 0) + 1
     nvshmem = set(meta.get("nvshmem_images", []))
+    skipped: dict[str, int] = {}  # variables holding pointers outside the region, left as the image has them
+    for image, _name, _why in meta.get("globals_skipped", []):
+        skipped[image] = skipped.get(image, 0) + 1
     for image in meta.get("images", []):
         state = [f"{variables[image]} variables"] if image in variables else []
+        state += [f"{skipped[image]} not restored"] if image in skipped else []
         state += ["NVSHMEM"] if image in nvshmem else []
         rows.append(
             [

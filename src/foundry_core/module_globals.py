@@ -8,8 +8,11 @@ stores, in the module the engine's kernels ran from, and compares it with the sa
 loaded (the reference, since the driver applies relocations at load: a variable initialised with
 another's address differs from the bytes in the file). The variables that differ are stored, and
 LOAD writes them into its modules before the first replay. Their words are audited as a kernel's
-parameters are: a pointer to device memory outside the region refuses the SAVE, since LOAD could not
-make it point at the same thing.
+parameters are: a variable holding a pointer to device memory outside the region is not restored
+(LOAD could not make it point at the same thing), with a warning naming it, and the archive lists it
+(``globals_skipped``); it is left as the image holds it, as every variable was before Foundry
+recorded them. Refusing the SAVE instead would refuse every configuration whose libraries keep such
+a variable, used by the saved graphs or not.
 
 NVSHMEM's device state is not copied: it describes the process's NVSHMEM (its heap, its PEs), so
 NVSHMEM sets it up in the LOAD process (:mod:`.nvshmem`); the archive names the modules that hold it.
@@ -40,6 +43,7 @@ class Variables:
     blob: bytes
     nvshmem: list[str]  # images whose NVSHMEM device state LOAD has NVSHMEM initialise
     unread: dict[str, str]  # image digest -> why its variables could not be read (not recorded)
+    skipped: list[list[str]] = dataclasses.field(default_factory=list)  # [digest, name, why] not restored
 
     def to_meta(self) -> dict:
         """The manifest keys (none for the usual archive, whose images hold no changed variable)."""
@@ -48,6 +52,8 @@ class Variables:
             meta["globals"] = self.entries
         if self.nvshmem:
             meta["nvshmem_images"] = self.nvshmem
+        if self.skipped:
+            meta["globals_skipped"] = self.skipped
         return meta
 
 
@@ -70,10 +76,12 @@ def record(
 ) -> Variables:
     """Read the variables of ``images`` (digest -> cubin) in the engine's modules and keep those that
     differ from a fresh load of the same image. ``functions``: a kernel of each image as the engine
-    launched it (a CUfunction; its module is the engine's). ``audit(data, where)`` raises for a
-    pointer ``data`` may not hold. Call it once the graphs' work is done (the device synchronised)."""
+    launched it (a CUfunction; its module is the engine's). ``audit(data, where)`` raises
+    :class:`GraphError` for a pointer ``data`` may not hold (that variable is skipped). Call it once
+    the graphs' work is done (the device synchronised). Raises :class:`GraphError` for NVSHMEM
+    variables NVSHMEM could not set up at LOAD."""
     entries, chunks, offset = [], [], 0
-    marked, unread = [], {}
+    marked, unread, skipped = [], {}, []
     for digest, data in images.items():
         names = elf_globals(data)
         if not names:
@@ -102,7 +110,13 @@ def record(
         for name, value in live.items():
             if value == reference[name]:
                 continue
-            audit(value, lambda off, name=name, d=digest: f"variable {name} of module {d[:12]} byte {off}")
+            try:
+                audit(
+                    value, lambda off, name=name, d=digest: f"variable {name} of module {d[:12]} byte {off}"
+                )
+            except GraphError as e:
+                skipped.append([digest, name, str(e)])
+                continue
             entries.append([digest, name, offset, len(value)])
             chunks.append(value)
             offset += len(value)
@@ -115,7 +129,14 @@ def record(
             first[0][:12],
             first[1],
         )
-    return Variables(entries, b"".join(chunks), marked, unread)
+    if skipped:
+        logger.warning(
+            "foundry: %d module variable(s) hold pointers outside the region and are restored as their "
+            "image holds them (%s)",
+            len(skipped),
+            skipped[0][2],
+        )
+    return Variables(entries, b"".join(chunks), marked, unread, skipped)
 
 
 def restore(meta: dict, read_member: Callable[[str], bytes], modules: LoadedModules) -> int:
