@@ -98,16 +98,16 @@ def before_check_server_args(server_args: Any, *args: Any, **kwargs: Any) -> Non
 
 def after_check_server_args(result: Any, server_args: Any, *args: Any, **kwargs: Any) -> None:
     """After SGLang's checks (which require a GPU step of at least 1): the test aid
-    ``settings.SHARE_GPU_ENV`` puts every TP rank on the first GPU. Only for a Foundry launch."""
+    ``settings.SHARE_GPU_ENV`` puts every scheduler (tensor- and data-parallel ranks) on the first
+    GPU. Only for a Foundry launch."""
     req = settings.requested(server_args)
-    tp_size = int(getattr(server_args, "tp_size", 1) or 1)
-    if settings.share_gpu() and (req.enabled or req.config_path is not None) and tp_size > 1:
+    ranks = int(getattr(server_args, "tp_size", 1) or 1) * int(getattr(server_args, "dp_size", 1) or 1)
+    if settings.share_gpu() and (req.enabled or req.config_path is not None) and ranks > 1:
         server_args.gpu_id_step = 0
         logging.getLogger("foundry.sglang").warning(
-            "Foundry test aid %s=1: all %d tensor-parallel ranks on GPU %s (they time-slice it: timings "
-            "mean nothing)",
+            "Foundry test aid %s=1: all %d schedulers on GPU %s (they time-slice it: timings mean nothing)",
             settings.SHARE_GPU_ENV,
-            tp_size,
+            ranks,
             getattr(server_args, "base_gpu_id", 0),
         )
 

@@ -22,9 +22,9 @@ ENABLE_ATTR = "enable_foundry"
 CONFIG_ATTR = "foundry_config"
 MODE_ATTR = "foundry_mode"  # the concrete mode (save|load) the launcher decided for "auto"
 ENV_MARKER = "FOUNDRY_SGLANG"
-#: Test aid, not for serving: "1" puts every tensor-parallel rank of a Foundry launch on the first
-#: GPU (SGLang has no option for it), so that the whole TP path but NVLink runs on a one-GPU machine.
-#: The ranks time-slice the GPU: their timings mean nothing.
+#: Test aid, not for serving: "1" puts every scheduler of a Foundry launch (tensor- and
+#: data-parallel ranks) on the first GPU (SGLang has no option for it), so that the whole TP and DP
+#: path but NVLink runs on a one-GPU machine. The ranks time-slice the GPU: timings mean nothing.
 SHARE_GPU_ENV = "FOUNDRY_SGLANG_SHARE_GPU"
 ENV_KEYS = (
     "FOUNDRY_MODE",

@@ -204,6 +204,12 @@ def test_the_share_gpu_test_aid_puts_every_rank_on_one_gpu(parse, monkeypatch):
     stock = parse(*TP_ARGV, foundry=False)
     hooks.after_check_server_args(None, stock)
     assert stock.gpu_id_step == 1, "never for a launch without Foundry"
+    dp = parse("--cuda-graph-backend-prefill", "disabled", "--dp-size", "2")
+    hooks.after_check_server_args(None, dp)
+    assert dp.gpu_id_step == 0, "data-parallel replicas too"
+    one = parse("--cuda-graph-backend-prefill", "disabled")
+    hooks.after_check_server_args(None, one)
+    assert one.gpu_id_step == 1, "nothing to share with one scheduler"
     for key in ("NCCL_HOSTID", "NCCL_SOCKET_IFNAME", "NCCL_IB_DISABLE"):
         monkeypatch.delenv(key, raising=False)
     hooks._nccl_apart(1)
