@@ -354,3 +354,16 @@ def test_inspect_names_the_modules_whose_state_load_restores(tmp_path, capsys):
     assert rows[a[:16]].rstrip().endswith("2 variables, 1 not restored")
     assert rows[d[:16]].rstrip().endswith("NVSHMEM")
     assert rows[plain[:16]].rstrip().endswith("-")
+
+
+def test_a_variable_the_driver_will_not_give_is_named_and_the_others_are_recorded(device, caplog):
+    data = _image(device, b"image-f", {"kept": bytes(4), "$str": b"abc\0"})
+    device.variables[data]["gone"] = 4  # in the ELF, not in the module the driver loaded
+    device.engine[0xF6] = device.module_with({"kept": b"\x09\0\0\0", "$str": b"xyz\0"})
+    with caplog.at_level(logging.WARNING, logger="foundry.modules"):
+        variables = module_globals.record({"f" * 64: data}, {"f" * 64: 0xF6}, _audit())
+    assert [e[1] for e in variables.entries] == ["kept"]  # never the compiler's string literals
+    assert (
+        variables.unread["f" * 64]
+        == "1 of 2 variables, e.g. gone: cuModuleGetGlobal failed: CUDA_ERROR_NOT_FOUND"
+    )

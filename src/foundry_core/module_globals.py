@@ -65,8 +65,15 @@ def _read(module, name: str) -> bytes:
     return buf.raw
 
 
-def _values(module, names) -> dict[str, bytes]:
-    return {name: _read(module, name) for name in names}
+def _values(module, names, failed: dict[str, str]) -> dict[str, bytes]:
+    """The values of ``names`` in ``module``; those the driver will not give are put in ``failed``."""
+    out = {}
+    for name in names:
+        try:
+            out[name] = _read(module, name)
+        except CudaError as e:
+            failed.setdefault(name, str(e))
+    return out
 
 
 def record(
@@ -91,24 +98,28 @@ def record(
                 marked.append(digest)
         except ModuleError as e:
             raise GraphError(str(e)) from None
-        names = {n: s for n, s in names.items() if not nvshmem.owns(n)}
+        # Not NVSHMEM's, and not the string literals the compiler emits ($str...: never written).
+        names = [n for n in names if not nvshmem.owns(n) and not n.startswith("$")]
         if not names:
             continue
-        func = functions.get(digest)
+        func, failed = functions.get(digest), {}
         try:
             if func is None:
                 raise ModuleError("no kernel of it was launched")
-            live = _values(call(cu().cuFuncGetModule, func), names)
+            live = _values(call(cu().cuFuncGetModule, func), names, failed)
             fresh = call(cu().cuModuleLoadData, _native.bytes_address(data))
             try:
-                reference = _values(fresh, names)
+                reference = _values(fresh, live, failed)
             finally:
                 call(cu().cuModuleUnload, fresh)
         except (CudaError, ModuleError) as e:
             unread[digest] = str(e)
             continue
+        if failed:
+            name, why = next(iter(failed.items()))
+            unread[digest] = f"{len(failed)} of {len(names)} variables, e.g. {name}: {why}"
         for name, value in live.items():
-            if value == reference[name]:
+            if name not in reference or value == reference[name]:
                 continue
             try:
                 audit(
