@@ -408,6 +408,9 @@ class Session:
         )
         self._verified = self._prepared = None
         self.report["archive_digest"] = self.restored.digest
+        # What the restored graphs communicate with, per kind (symm_mem under tensor parallelism;
+        # an NCCL kernel was refused at SAVE).
+        self.report["collectives"] = dict(self.restored.archive.meta.get("collectives") or {})
         self.report["fc_load_s"] = round(time.perf_counter() - t0, 4)
         self.report["fc_load_timings"] = timings = dict(getattr(self.restored, "timings", {}) or {})
         self.report.update(prepare.report(timings))

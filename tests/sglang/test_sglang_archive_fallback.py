@@ -110,13 +110,15 @@ def test_the_verified_archive_is_handed_to_fc_load_once(launch, core, monkeypatc
 
     def load(path, **kwargs):
         seen.update(kwargs)
-        return types.SimpleNamespace(slots=SLOTS, timings={}, digest="d" * 64)
+        restored = types.SimpleNamespace(meta={"collectives": {}})
+        return types.SimpleNamespace(slots=SLOTS, timings={}, digest="d" * 64, archive=restored)
 
     monkeypatch.setattr(foundry_core, "load", load)
     session.region = object()
     session.restore()
     assert seen["archive"] is verified and session._verified is None
     assert session.report["archive_digest"] == "d" * 64  # which archive this start restored
+    assert session.report["collectives"] == {}  # what its graphs communicate with
 
 
 @pytest.mark.parametrize(

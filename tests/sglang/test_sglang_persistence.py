@@ -8,6 +8,7 @@ import dataclasses
 import inspect
 import logging
 import pickle
+import types
 
 import pytest
 import torch
@@ -638,6 +639,7 @@ def test_load_rebuilds_ahead_from_the_region_on_and_hands_it_to_fc_load(parse, c
         digest = "ab" * 32
         slots: dict = {}
         timings = {"prepared_s": 0.3, "prepare_wait_s": 0.0, "prepared_ready": 1.0}
+        archive = types.SimpleNamespace(meta={"collectives": {"symm_mem": 3}})
 
     monkeypatch.setattr(fc, "load", lambda path, **kw: loaded.update(kw, path=path) or Restored())
     sa = parse(*BASE_ARGV)
@@ -649,6 +651,7 @@ def test_load_rebuilds_ahead_from_the_region_on_and_hands_it_to_fc_load(parse, c
     session.restore()
     assert loaded["prepared"] == "prepared" and loaded["path"] == str(session.path)
     assert session.report["prepared"] is True and session.report["prepared_ready"] is True
+    assert session.report["collectives"] == {"symm_mem": 3}
 
     save = Session(sa, cfg, "save", rank=0, gpu_id=1)
     save.enter_region(1)
