@@ -367,3 +367,91 @@ def test_a_variable_the_driver_will_not_give_is_named_and_the_others_are_recorde
         variables.unread["f" * 64]
         == "1 of 2 variables, e.g. gone: cuModuleGetGlobal failed: CUDA_ERROR_NOT_FOUND"
     )
+
+
+# --- against the real nvidia-nvshmem wheel, where an environment has it (the SGLang one does) --------
+
+
+def _nvshmem_wheel():
+    import glob
+    import importlib.util
+
+    spec = importlib.util.find_spec("nvidia")
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        lib = glob.glob(f"{root}/nvshmem/lib/libnvshmem_host.so.3")
+        if lib and glob.glob(f"{root}/nvshmem/include/nvshmem.h"):
+            return lib[0], f"{root}/nvshmem"
+    return None
+
+
+WHEEL = _nvshmem_wheel()
+needs_wheel = pytest.mark.skipif(WHEEL is None, reason="the nvidia-nvshmem wheel is not installed here")
+
+
+@needs_wheel
+def test_the_real_nvshmem_library_is_used_only_once_the_process_loaded_it():
+    """In a fresh process: before the engine loaded NVSHMEM, Foundry does not load a copy of its own;
+    once loaded (no GPU here, so not initialised), a restored NVSHMEM module is refused, naming why,
+    through the library's real entry points."""
+    script = f"""
+import ctypes
+from foundry_core import nvshmem
+from foundry_core.modules import ModuleError
+try:
+    nvshmem.library()
+    print("found before loading")
+except ModuleError as e:
+    print("before:", e)
+ctypes.CDLL({WHEEL[0]!r})
+try:
+    nvshmem.init_module(0x5000, "d" * 64)
+except ModuleError as e:
+    print("after:", e)
+"""
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith(
+        "before: the archive holds NVSHMEM device code and this process has not loaded NVSHMEM"
+    )
+    assert lines[1] == (
+        "after: module dddddddddddd holds NVSHMEM device code and NVSHMEM is not initialised in this "
+        "process (status 0): create the engine's NVSHMEM buffers (DeepEP's) before the LOAD"
+    )
+
+
+@needs_wheel
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc to build a real cubin")
+def test_a_real_nvshmem_cubin_is_marked_and_its_state_never_copied(tmp_path):
+    """A kernel device-linked against the wheel's libnvshmem_device.a, as DeepEP's are: its module
+    holds NVSHMEM's state and version variables, which mark it for nvshmemx_cumodule_init."""
+    _lib, root = WHEEL
+    src = tmp_path / "k.cu"
+    src.write_text(
+        "#include <nvshmem.h>\n#include <nvshmemx.h>\n"
+        'extern "C" __global__ void probe(long long *o) { o[0] = nvshmem_my_pe(); o[1] = nvshmem_n_pes(); }\n'
+    )
+    obj, cubin = tmp_path / "k.o", tmp_path / "k.cubin"
+    subprocess.run(
+        ["nvcc", "-arch=sm_90", "-rdc=true", f"-I{root}/include", "-c", str(src), "-o", str(obj)], check=True
+    )
+    subprocess.run(
+        [
+            "nvcc",
+            "-arch=sm_90",
+            "-dlink",
+            str(obj),
+            f"-L{root}/lib",
+            "-lnvshmem_device",
+            "-cubin",
+            "-o",
+            str(cubin),
+        ],
+        check=True,
+    )
+    names = modules.elf_globals(cubin.read_bytes())
+    assert {nvshmem.STATE, nvshmem.VERSION} <= set(names)
+    assert nvshmem.check_image(names, "k" * 64) is True
+    assert all(nvshmem.owns(n) for n in names if n.startswith("nvshmemi_"))
