@@ -7,13 +7,16 @@ symmetric memory.
 The parent touches no GPU. It starts one process per rank for SAVE, then one per rank for LOAD (and,
 with ``--reproduce``, a second SAVE into another folder whose fingerprints and offsets must equal the
 first's). Every rank, in SAVE and in LOAD alike: sets its device, joins a gloo process group (no
-NCCL anywhere), reserves its Foundry region, allocates and rendezvouses one symmetric buffer
-(torch's CUDA backend) at fixed addresses (``foundry_core.symmetric.placed``), and builds its shard
+NCCL anywhere), reserves its Foundry region, allocates and rendezvouses two symmetric buffers
+(torch's CUDA backend) at fixed addresses (``foundry_core.engine.tensor_parallel``), and builds its shard
 of the model in the region. SAVE captures one decode graph (one padded batch size) whose
 row-parallel projections sum through ``torch.ops.symm_mem.one_shot_all_reduce``, saves it with the
 symmetric buffer recorded, and runs a fixed prefill-then-decode sequence through it; LOAD restores
 the graph without capturing anything and runs the same sequence; every step's logits must be
-``torch.equal`` to SAVE's, on every rank.
+``torch.equal`` to SAVE's, on every rank. A second graph per rank holds the engine layer's gather
+along the last dimension (``SymmetricTP.gather_last_dim``, how the SGLang plugin gathers the
+vocabulary-parallel logits): each rank's shard of one seeded tensor, gathered; SAVE's replay and
+LOAD's must both give that tensor exactly.
 
 One GPU runs ``--world-size 1`` (the same symmetric-memory path with a group of one), or
 ``--world-size 2 --share-gpus``: two ranks on the one device, each mapping the other's buffer, so
@@ -34,7 +37,9 @@ from pathlib import Path
 
 from .options import HelpFormatter, add_tp_arguments
 
-BUFFER = "tp"  # the symmetric buffer's name in the archive
+BUFFER = "tp"  # the all-reduce's symmetric buffer's name in the archive
+GATHER = "tp/gather"  # the gather's (the engine layer's logits gather, as SGLang's graphs use it)
+GATHER_SHARD = 64  # columns each rank contributes to the gather check
 PROMPT_LEN = 6
 STEPS = 8
 
@@ -62,7 +67,8 @@ class _Rank:
         import torch.distributed._symmetric_memory as symm_mem
 
         import foundry_core as fc
-        from foundry_core.symmetric import SymmetricBuffer, placed
+        from foundry_core.engine.tensor_parallel import SymmetricTP
+        from foundry_core.symmetric import placed
 
         from .models import Qwen3Config, build_model
 
@@ -81,19 +87,22 @@ class _Rank:
         cfg = Qwen3Config.preset(args.preset, max_seq_len=args.max_seq_len)
         self.cfg, self.bs = cfg, args.batch_size
         self.region = fc.Region(args.region_base, args.region_size, index)
-        # Symmetric memory first, placed: its mappings in Foundry's window, its address arrays in
-        # the region, so a LOAD that repeats this setup maps them where SAVE did.
-        with placed(self.region) as mapped:
-            if getattr(args, "shift_symmetric", False):  # test aid: SAVE's mapping will not repeat
+        # Symmetric memory first, placed through the engine layer (foundry_core.engine.tensor_parallel,
+        # what the SGLang plugin uses): its mappings in Foundry's window, its address arrays in the
+        # region, so a LOAD that repeats this setup maps them where SAVE did.
+        if getattr(args, "shift_symmetric", False):  # test aid: SAVE's mapping will not repeat
+            with placed(self.region):
                 self._shift = symm_mem.empty(1 << 20, dtype=torch.uint8, device=self.device)
                 symm_mem.rendezvous(self._shift, self.group)
-            # Large enough for the eager prefill's sums too (every prompt token's hidden state).
-            staged = self.bs * PROMPT_LEN * cfg.hidden_size
-            self.buffer = symm_mem.empty(staged, dtype=torch.bfloat16, device=self.device)
-            handle = symm_mem.rendezvous(self.buffer, self.group)
-        if not mapped:  # the table Foundry steered is not the one torch reserved through
-            raise SystemExit("foundry tp: torch mapped its symmetric memory without Foundry placing it")
-        self.symmetric = SymmetricBuffer.of(handle, BUFFER)
+        self.tp = SymmetricTP(self.region, self.rank, self.world)
+        # Large enough for the eager prefill's sums too (every prompt token's hidden state).
+        staged = self.bs * PROMPT_LEN * cfg.hidden_size
+        self.buffer = self.tp.allocate(BUFFER, staged, torch.bfloat16, self.device, self.group)
+        self.symmetric = self.tp.buffers[0]
+        # The engine layer's gather along the last dimension (a sum of zero-padded shards), checked
+        # by a graph of its own against the tensor every rank's shard was cut from.
+        width = GATHER_SHARD * self.world
+        self.tp.allocate_gather(GATHER, self.bs, width, torch.bfloat16, self.device, self.group)
         # The multicast kernel only where the GPUs have NVLink multicast (off on the lent machines);
         # the one-shot kernel reads the peers' buffers through ordinary peer mappings.
         multicast = self.symmetric.multicast_ptr != 0
@@ -109,6 +118,10 @@ class _Rank:
             self.model.allocate_kv_cache(max_batch=self.bs, max_seq_len=args.max_seq_len)
             self.ids = torch.zeros(self.bs, dtype=torch.long, device=self.device)
             self.positions = torch.zeros(self.bs, dtype=torch.long, device=self.device)
+            full = torch.randn(self.bs, width, generator=torch.Generator().manual_seed(args.seed + 2)) * 8
+            self.gather_expected = full.to(torch.bfloat16)
+            cols = slice(self.rank * GATHER_SHARD, (self.rank + 1) * GATHER_SHARD)
+            self.shard = self.gather_expected[:, cols].contiguous().to(self.device)
         for layer in self.model.layers:
             layer.all_reduce = self.all_reduce
         gen = torch.Generator().manual_seed(args.seed + 1)
@@ -120,12 +133,19 @@ class _Rank:
         one-shot kernel, which reads every rank's buffer through the peer mappings."""
         import torch
 
-        staged = self.buffer[: x.numel()]
-        staged.view_as(x).copy_(x)
         if self.multimem:  # in place, in the buffer: the caller adds it to the residual at once
+            staged = self.buffer[: x.numel()]
+            staged.view_as(x).copy_(x)
             torch.ops.symm_mem.multimem_all_reduce_(staged, "sum", self.group)
             return staged.view_as(x)
-        return torch.ops.symm_mem.one_shot_all_reduce(staged, "sum", self.group).view_as(x)
+        return self.tp.all_reduce(self.buffer, x, self.group)
+
+    def gather(self):
+        """Every rank's shard gathered along the last dimension (the engine layer's logits gather)."""
+        return self.tp.gather_last_dim(GATHER, self.shard)
+
+    def gather_identical(self, gathered) -> bool:
+        return torch_equal(gathered, self.gather_expected)
 
     def fingerprint(self) -> dict:
         return {
@@ -156,6 +176,12 @@ class _Rank:
         return out
 
 
+def torch_equal(device_tensor, expected) -> bool:
+    import torch
+
+    return torch.equal(device_tensor.detach().cpu(), expected)
+
+
 def run_save(args) -> dict:
     import torch
 
@@ -171,29 +197,37 @@ def run_save(args) -> dict:
         with torch.cuda.stream(side):
             for _ in range(2):
                 rank.model.decode(rank.ids, rank.positions)
+            for _ in range(2):
+                rank.gather()
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph(keep_graph=True)
         with torch.cuda.graph(graph, pool=rank.region.graph_pool_id()):
             logits = rank.model.decode(rank.ids, rank.positions)
         graph.instantiate()
+        gather_graph = torch.cuda.CUDAGraph(keep_graph=True)
+        with torch.cuda.graph(gather_graph, pool=rank.region.graph_pool_id()):
+            gathered = rank.gather()
+        gather_graph.instantiate()
     torch.cuda.synchronize()
     t1 = time.perf_counter()
     timings: dict = {}
     digest = fc.save(
         args.archive,
-        graphs={"decode": graph},
+        graphs={"decode": graph, "gather": gather_graph},
         region=rank.region,
-        tensors={"ids": rank.ids, "positions": rank.positions, "logits": logits},
+        tensors={"ids": rank.ids, "positions": rank.positions, "logits": logits, "gathered": gathered},
         fingerprint_model=rank.fingerprint(),
         rank=rank.rank,
         world_size=rank.world,
         detect_rng=False,  # no random numbers in decode; a replay here would need every rank at once
         timings=timings,
-        symmetric=[rank.symmetric],
+        symmetric=rank.tp.buffers,
     )
     t2 = time.perf_counter()
     reference = rank.sequence(graph.replay, logits)
     torch.save(reference, args.reference)
+    gather_graph.replay()  # every rank at once, after the sequence in SAVE and LOAD alike
+    torch.cuda.synchronize()
     return {
         "phase": "save",
         "rank": rank.rank,
@@ -205,6 +239,7 @@ def run_save(args) -> dict:
         "save_breakdown": timings,
         "symmetric": rank.symmetric.to_json(),
         "all_reduce": rank.fingerprint()["all_reduce"],
+        "gather_identical": rank.gather_identical(gathered),
     }
 
 
@@ -223,7 +258,7 @@ def run_load(args) -> dict:
         fingerprint_model=rank.fingerprint(),
         rank=rank.rank,
         world_size=rank.world,
-        symmetric=[rank.symmetric],
+        symmetric=rank.tp.buffers,
     )
     torch.cuda.synchronize()
     t1 = time.perf_counter()
@@ -232,6 +267,9 @@ def run_load(args) -> dict:
         if restored.tensors[name].data_ptr() != mine.data_ptr():  # the region retraced SAVE's setup
             raise RuntimeError(f"input {name!r} is not where SAVE's graph reads it")
     results = rank.sequence(graph.replay, logits)
+    restored.graphs["gather"].replay()
+    torch.cuda.synchronize()
+    gather_identical = rank.gather_identical(restored.tensors["gathered"])
     after = fc.stream_captures()
     captures = sum(after[k] - captures_before.get(k, 0) for k in after)  # runtime and driver API
     fc.stop_recording()
@@ -252,6 +290,7 @@ def run_load(args) -> dict:
         "outputs_identical": len(identical) == STEPS and all(identical),
         "steps_identical": sum(identical),
         "greedy_tokens": [int(t) for t in results[-1].argmax(-1)],
+        "gather_identical": gather_identical,
     }
 
 
@@ -387,6 +426,9 @@ def orchestrate(args) -> dict:
                 "greedy_tokens": ld["greedy_tokens"],
                 "symmetric": s["symmetric"],
                 "all_reduce": s["all_reduce"],
+                # the engine layer's gather (sum of zero-padded shards), in its own graph
+                "gather_identical_save": s["gather_identical"],
+                "gather_identical_load": ld["gather_identical"],
             }
         )
     result = {
@@ -415,7 +457,11 @@ def orchestrate(args) -> dict:
     result["elapsed_s"] = round(time.perf_counter() - t0, 2)
     result["ok"] = (
         all(
-            r["outputs_identical"] and r["load_decode_captures"] == 0 and r["nccl_kernels"] == 0
+            r["outputs_identical"]
+            and r["gather_identical_save"]
+            and r["gather_identical_load"]
+            and r["load_decode_captures"] == 0
+            and r["nccl_kernels"] == 0
             for r in ranks
         )
         and all(r["symm_mem_collectives"] > 0 for r in ranks)

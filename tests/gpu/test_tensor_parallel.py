@@ -48,6 +48,8 @@ def test_tensor_parallel_decode_restores_bit_exact(tmp_path, world):
     for rank in result["ranks"]:
         assert rank["outputs_identical"] and rank["load_decode_captures"] == 0
         assert rank["symm_mem_collectives"] > 0 and rank["nccl_kernels"] == 0
+        # the engine layer's gather (sum of zero-padded shards) in a graph of its own
+        assert rank["gather_identical_save"] and rank["gather_identical_load"]
         placed = rank["symmetric"]  # every mapping in the window, the address arrays in the region
         assert all(window <= p < window + size for p in placed["buffer_ptrs"]), placed
         assert DEFAULT_REGION_BASE <= placed["buffer_ptrs_dev"] < DEFAULT_REGION_BASE + DEFAULT_REGION_SIZE
@@ -66,6 +68,7 @@ def test_two_ranks_sharing_one_gpu_restore_bit_exact(tmp_path):
     for rank in result["ranks"]:
         assert rank["outputs_identical"] and rank["load_decode_captures"] == 0 and rank["nccl_kernels"] == 0
         assert rank["symm_mem_collectives"] > 0
+        assert rank["gather_identical_save"] and rank["gather_identical_load"]
         assert all(window <= p < window + size for p in rank["symmetric"]["buffer_ptrs"])
     assert result["ranks_agree"] and result["share_gpus"] is True
 
