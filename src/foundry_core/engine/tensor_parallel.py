@@ -1,6 +1,6 @@
 """Tensor parallelism through torch symmetric memory, for an engine's decode graphs: one rank's share.
 
-The TP contract (docs/support.md): inside a decode graph, ranks talk only through torch symmetric
+The TP contract (docs/sglang.md, "Tensor parallelism"): inside a decode graph, ranks talk only through torch symmetric
 memory, allocated at fixed addresses before capture, so that a LOAD in fresh processes maps it where
 SAVE did and the graphs' pointers hold (``foundry_core.symmetric``). NCCL kernels in a graph are
 refused at SAVE. Two collectives are used, both with torch's one-shot all-reduce kernel, which reads
