@@ -1,11 +1,11 @@
 """Tensor parallelism through torch symmetric memory, for an engine's decode graphs: one rank's share.
 
-The TP contract (docs/sglang.md, "Tensor parallelism"): inside a decode graph, ranks talk only through torch symmetric
-memory, allocated at fixed addresses before capture, so that a LOAD in fresh processes maps it where
-SAVE did and the graphs' pointers hold (``foundry_core.symmetric``). NCCL kernels in a graph are
-refused at SAVE. Two collectives are used, both with torch's one-shot all-reduce kernel, which reads
-every rank's buffer through ordinary peer mappings and needs no NVLink multicast (off on the lent
-H200 machines; ``foundry tp`` restored it bit-exact there):
+The TP contract (docs/sglang.md, "Tensor parallelism"): inside a decode graph, ranks talk only
+through torch symmetric memory, allocated at fixed addresses before capture, so that a LOAD in fresh
+processes maps it where SAVE did and the graphs' pointers hold (``foundry_core.symmetric``). NCCL
+kernels in a graph are refused at SAVE. Two collectives are used, both with torch's one-shot
+all-reduce kernel, which reads every rank's buffer through ordinary peer mappings and needs no
+NVLink multicast (off on the lent H200 machines; ``foundry tp`` restored it bit-exact there):
 
 * :meth:`SymmetricTP.all_reduce`: the row-parallel sums (attention output, MLP, embedding);
 * :meth:`SymmetricTP.gather_last_dim`: the vocabulary-parallel logits gathered along their last
