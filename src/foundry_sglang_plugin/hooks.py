@@ -112,12 +112,14 @@ def after_check_server_args(result: Any, server_args: Any, *args: Any, **kwargs:
         )
 
 
-def _nccl_apart(tp_rank: int) -> None:
-    """Under the test aid, NCCL refuses two ranks on one GPU of one host: each rank's NCCL is told it
-    runs on a host of its own, over loopback (NCCL only runs eagerly then: every collective inside a
-    decode graph goes through torch symmetric memory)."""
+def _share_gpu_env(tp_rank: int) -> None:
+    """Under the test aid, two TP ranks on one GPU: torch's symmetric memory refuses a rendezvous of
+    ranks on one device unless told, and NCCL refuses two ranks on one GPU of one host, so each rank's
+    NCCL is told it runs on a host of its own, over loopback (NCCL only runs eagerly then: every
+    collective inside a decode graph goes through torch symmetric memory)."""
     import os
 
+    os.environ["TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES"] = "1"
     os.environ["NCCL_HOSTID"] = f"foundry-share-gpu-rank{tp_rank}"
     os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
     os.environ.setdefault("NCCL_IB_DISABLE", "1")
@@ -147,7 +149,7 @@ def around_scheduler_init(original: Any, self: Any, *args: Any, **kwargs: Any) -
         if settings.share_gpu() and int(getattr(server_args, "tp_size", 1) or 1) > 1:
             from foundry_sglang_plugin.session import _placement
 
-            _nccl_apart(_placement(hint)[0])
+            _share_gpu_env(_placement(hint)[0])
         _session = Session.begin(server_args, hint)
     try:
         if _session is None:

@@ -210,9 +210,15 @@ def test_the_share_gpu_test_aid_puts_every_rank_on_one_gpu(parse, monkeypatch):
     one = parse("--cuda-graph-backend-prefill", "disabled")
     hooks.after_check_server_args(None, one)
     assert one.gpu_id_step == 1, "nothing to share with one scheduler"
-    for key in ("NCCL_HOSTID", "NCCL_SOCKET_IFNAME", "NCCL_IB_DISABLE"):
+    for key in (
+        "NCCL_HOSTID",
+        "NCCL_SOCKET_IFNAME",
+        "NCCL_IB_DISABLE",
+        "TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES",
+    ):
         monkeypatch.delenv(key, raising=False)
-    hooks._nccl_apart(1)
+    hooks._share_gpu_env(1)
     import os
 
     assert os.environ["NCCL_HOSTID"] == "foundry-share-gpu-rank1" and os.environ["NCCL_SOCKET_IFNAME"] == "lo"
+    assert os.environ["TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES"] == "1"
