@@ -63,3 +63,40 @@ def test_the_cli_says_how_many_gpus_a_run_needs(capsys):
     assert "needs 2 NVIDIA GPUs" in capsys.readouterr().out
     assert cli.main(["tp", "--world-size", "2", "--share-gpus"]) == 2
     assert "needs 1 NVIDIA GPU (--share-gpus)" in capsys.readouterr().out
+
+
+def test_a_run_is_ok_only_when_the_gather_matched_in_save_and_load(tmp_path, monkeypatch):
+    """The engine layer's gather, checked in a graph of its own, is part of the verdict per rank."""
+    p = argparse.ArgumentParser()
+    add_tp_arguments(p)
+    args = p.parse_args(["--world-size", "2", "--share-gpus"])
+    args.workdir, args.reproduce = str(tmp_path), False
+    save = {"rank": 0, "capture_s": 1.0, "ready_s": 3.0, "symmetric": {}, "all_reduce": "symm_mem.one_shot"}
+    load = {
+        "graphs": 2,
+        "load_decode_captures": 0,
+        "symm_mem_collectives": 57,
+        "nccl_kernels": 0,
+        "outputs_identical": True,
+        "steps_identical": 8,
+        "steps": 8,
+        "restore_s": 0.3,
+        "ready_s": 3.5,
+        "greedy_tokens": [1, 2],
+    }
+    outcome = {"save": [True, True], "load": [True, True]}
+
+    def phase(args, name, root):
+        rows = []
+        for r in range(2):
+            row = {**(save if name == "save" else load), "rank": r, "gather_identical": outcome[name][r]}
+            rows.append(row)
+        return rows
+
+    monkeypatch.setattr(tp, "_phase", phase)
+    result = tp.orchestrate(args)
+    assert result["ok"] is True
+    assert all(r["gather_identical_save"] and r["gather_identical_load"] for r in result["ranks"])
+    outcome["load"] = [True, False]
+    result = tp.orchestrate(args)
+    assert result["ok"] is False and result["ranks"][1]["gather_identical_load"] is False
