@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 from . import __version__
@@ -85,13 +86,10 @@ def cmd_inspect(args) -> int:
         by_image[image] = by_image.get(image, 0) + 1
     # Variables SAVE found changed in the engine's module, written into the restored one at LOAD;
     # modules whose NVSHMEM device state the LOAD process's NVSHMEM sets up (module_globals.py).
-    variables: dict[str, int] = {}
-    for image, _name, _offset, _size in meta.get("globals", []):
-        variables[image] = variables.get(image, 0) + 1
+    variables = Counter(row[0] for row in meta.get("globals", []))
     nvshmem = set(meta.get("nvshmem_images", []))
-    skipped: dict[str, int] = {}  # variables holding pointers outside the region, left as the image has them
-    for image, _name, _why in meta.get("globals_skipped", []):
-        skipped[image] = skipped.get(image, 0) + 1
+    # variables holding pointers outside the region, left as the image has them
+    skipped = Counter(row[0] for row in meta.get("globals_skipped", []))
     for image in meta.get("images", []):
         state = [f"{variables[image]} variables"] if image in variables else []
         state += [f"{skipped[image]} not restored"] if image in skipped else []

@@ -152,16 +152,16 @@ class _Elf:
         return self.data[base + at : end].decode("latin-1")
 
     def symbols(self):
-        """(index, name, type, section index, value, size) of every symbol-table entry."""
+        """(index, name, type, section index, size) of every symbol-table entry."""
         for _name, typ, off, size, link in self.sections:
             if typ != SHT_SYMTAB:
                 continue
             str_off = self.sections[link][2]
             for j in range(size // 24):
-                st_name, st_info, _other, st_shndx, value, st_size = struct.unpack_from(
+                st_name, st_info, _other, st_shndx, _value, st_size = struct.unpack_from(
                     "<IBBHQQ", self.data, off + 24 * j
                 )
-                yield j, self.cstr(str_off, st_name), st_info & 0xF, st_shndx, value, st_size
+                yield j, self.cstr(str_off, st_name), st_info & 0xF, st_shndx, st_size
 
 
 SHT_SYMTAB = 2
@@ -195,7 +195,7 @@ def elf_functions(data: bytes) -> dict[str, int]:
                 regs.update(_regcounts(data, elf.sections[i][2], elf.sections[i][3]))
         return {
             name: regs.get(j, -1)
-            for j, name, typ, shndx, _value, _size in elf.symbols()
+            for j, name, typ, shndx, _size in elf.symbols()
             if typ == STT_FUNC and shndx in text_sections
         }
     except (struct.error, IndexError, ValueError):
@@ -223,7 +223,7 @@ def elf_globals(data: bytes) -> dict[str, int]:
         wanted = {i for i, n in enumerate(elf.names) if _is_variable_section(n)}
         return {
             name: size
-            for _j, name, typ, shndx, _value, size in elf.symbols()
+            for _j, name, typ, shndx, size in elf.symbols()
             if typ == STT_OBJECT and shndx in wanted and size > 0 and name
         }
     except (struct.error, IndexError, ValueError):

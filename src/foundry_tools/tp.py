@@ -145,7 +145,9 @@ class _Rank:
         return self.tp.gather_last_dim(GATHER, self.shard)
 
     def gather_identical(self, gathered) -> bool:
-        return torch_equal(gathered, self.gather_expected)
+        import torch
+
+        return torch.equal(gathered.detach().cpu(), self.gather_expected)
 
     def fingerprint(self) -> dict:
         return {
@@ -174,12 +176,6 @@ class _Rank:
             self.positions.add_(1)
         torch.cuda.synchronize()
         return out
-
-
-def torch_equal(device_tensor, expected) -> bool:
-    import torch
-
-    return torch.equal(device_tensor.detach().cpu(), expected)
 
 
 def run_save(args) -> dict:
