@@ -498,6 +498,9 @@ def test_load_returns_before_the_thread_ends_and_each_replay_waits_for_its_own_g
         def launch(self, stream):
             launched.append(self.name)
 
+        def launcher(self, current_stream, device):
+            return lambda: self.launch(current_stream(device))
+
         def upload(self, stream):
             uploaded.append((self.name, stream))
 

@@ -495,8 +495,7 @@ class RestoredGraph:
         return self._rebuilt
 
     def replay(self) -> None:
-        if self._rebuilt is None:
-            self._take()
+        rebuilt = self._rebuilt or self._take()
         if self._rng:
             # What torch's own replay does before launching: publish seed and offset, then advance.
             gen = _torch().cuda.default_generators[self.device]
@@ -504,9 +503,16 @@ class RestoredGraph:
             self._seed.fill_(_signed64(gen.initial_seed()))
             self._offset.fill_(offset)
             gen.set_offset(offset + self._rng["increment"])
-        self._rebuilt.launch(self._current_stream(self.device))
+            rebuilt.launch(self._current_stream(self.device))
+            return
+        # No random state (the engines' decode graphs): from now on ``replay`` is the launch alone,
+        # an instance attribute over this method, so the serving loop's host path does what torch's
+        # replay does and nothing more. _destroy removes it again.
+        self.replay = rebuilt.launcher(self._current_stream, self.device)
+        self.replay()
 
     def _destroy(self) -> None:
+        self.__dict__.pop("replay", None)  # a replay after unload goes through the checks above
         rebuilt = self._rebuilt or (self._pending.rebuilt if self._pending is not None else None)
         if rebuilt is not None:
             rebuilt.destroy()

@@ -598,6 +598,24 @@ class Rebuilt:
         if int(err):
             raise CudaError("cuGraphLaunch", err)
 
+    def launcher(self, current_stream, device: int):
+        """``launch`` on ``current_stream(device)`` as one closure over the executable: what a replay
+        without random state runs, with no attribute lookups or method calls of its own. Valid until
+        :meth:`destroy`; the caller drops it then."""
+        launch, exec_, cu_stream = self._launch, self.exec, cu().CUstream
+        last_stream, handle = None, None
+
+        def replay() -> None:
+            nonlocal last_stream, handle
+            stream = current_stream(device)
+            if stream != last_stream:
+                last_stream, handle = stream, cu_stream(init_value=stream)
+            (err,) = launch(exec_, handle)
+            if int(err):
+                raise CudaError("cuGraphLaunch", err)
+
+        return replay
+
     def upload(self, stream: int) -> None:
         """Upload the executable graph to the device now (cuGraphUpload) instead of at its first launch."""
         call(cu().cuGraphUpload, self.exec, cu().CUstream(init_value=stream))

@@ -14,8 +14,8 @@ Foundry backend keeps that loop untouched and changes only what ``capture_one`` 
   under the same shape key, after the runner has done the shape's host-side preparation.
 
 The instance SGLang built is re-classed to a subclass of its own class, so every other behaviour
-(replay, ``can_run``, replay scopes) is SGLang's; ``replay`` is wrapped only to time the first
-replays when :mod:`.replay_timing` is switched on.
+(replay, ``can_run``, replay scopes) is SGLang's; ``replay`` is wrapped, on the instance, only to
+time the first replays when :mod:`.replay_timing` is switched on, and unwrapped after them.
 
 Written against SGLang 0.5.23's FullCudaGraphBackend; run on an H200 with SGLang 0.5.17 (docs/sglang.md).
 """
@@ -62,16 +62,6 @@ def foundry_backend_class(base: type) -> type:
                 super().capture_one(shape_key, forward_fn, *args, **kwargs)
             session.record(shape_key, self._graphs[shape_key], self._outputs[shape_key])
 
-        def replay(self, shape_key, *args, **kwargs):
-            timer = self._foundry_timer
-            if timer is None:
-                return super().replay(shape_key, *args, **kwargs)
-            with timer.measure(str(shape_key)):
-                out = super().replay(shape_key, *args, **kwargs)
-            if not timer.active:
-                self._foundry_timer = None
-            return out
-
         def cleanup(self):
             if self._foundry_session is not None and self._foundry_session.mode == "load":
                 # Restored graphs belong to the archive's loader; drop references only.
@@ -95,5 +85,18 @@ def install(backend: Any, session: Any) -> Any:
     backend._foundry_session = session
     limit = replay_timing.replays_to_time()
     if limit:
-        backend._foundry_timer = replay_timing.ReplayTimer(limit, session.replay_timing_done)
+        backend._foundry_timer = timer = replay_timing.ReplayTimer(limit, session.replay_timing_done)
+        sglang_replay = backend.replay
+
+        def timed_replay(shape_key, *args, **kwargs):
+            with timer.measure(str(shape_key)):
+                out = sglang_replay(shape_key, *args, **kwargs)
+            if not timer.active:  # done: SGLang's own replay again, nothing of the timer left on the path
+                del backend.replay
+                backend._foundry_timer = None
+            return out
+
+        # An instance attribute, so that untimed servers (the default) replay through SGLang's
+        # method with no Foundry frame on the serving loop's host path.
+        backend.replay = timed_replay
     return backend

@@ -4,8 +4,8 @@ With ``FOUNDRY_SGLANG_REPLAY_TIMING=N`` the first N replays of the Foundry decod
 host time of the replay call and device time between CUDA events recorded around it, per shape.
 SAVE times the graphs SGLang captured, LOAD the restored ones, through the same code, so the two
 runs' numbers compare the graphs themselves. The summary (medians per shape) goes into the session
-report as ``replay_timing``. After N replays nothing is recorded any more; only a counter check
-remains on the replay path.
+report as ``replay_timing``. After N replays the backend's replay is SGLang's own again (the
+wrapper is an instance attribute, removed then: backend.install).
 """
 
 from __future__ import annotations

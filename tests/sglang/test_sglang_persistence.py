@@ -4,6 +4,7 @@ exercised here: see docs/sglang.md, "What is validated"."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import logging
@@ -293,7 +294,45 @@ def test_replay_is_sglangs_and_untimed_by_default(monkeypatch):
     backend = install(_bare_full_backend(), _FakeSession({8: (graph, out)}))
     backend.capture_one(8, None)
     assert backend._foundry_timer is None
+    # No Foundry frame on the replay path: the class does not override replay, nor does the instance.
+    assert "replay" not in vars(type(backend)) and "replay" not in vars(backend)
     assert backend.replay(8, None) is out and graph.replays == 1
+
+
+class _TwoReplayTimer:
+    """ReplayTimer's interface without CUDA events: active for two replays."""
+
+    def __init__(self, limit, on_summary):
+        self.names = []
+
+    @property
+    def active(self):
+        return len(self.names) < 2
+
+    @contextlib.contextmanager
+    def measure(self, name):
+        self.names.append(name)
+        yield
+
+
+def test_timed_replays_unwrap_after_the_last_one(monkeypatch):
+    from foundry_sglang_plugin import replay_timing
+    from foundry_sglang_plugin.backend import install
+
+    monkeypatch.setenv(replay_timing.ENV, "2")
+    monkeypatch.setattr(replay_timing, "ReplayTimer", _TwoReplayTimer)
+    graph, out = _CountingGraph(), object()
+    session = _FakeSession({8: (graph, out)})
+    session.replay_timing_done = lambda summary: None
+    backend = install(_bare_full_backend(), session)
+    backend.capture_one(8, None)
+    timer = backend._foundry_timer
+    assert "replay" in vars(backend)
+    assert backend.replay(8, None) is out and "replay" in vars(backend)
+    assert backend.replay(8, None) is out
+    assert timer.names == ["8", "8"] and graph.replays == 2
+    assert "replay" not in vars(backend) and backend._foundry_timer is None
+    assert backend.replay(8, None) is out and graph.replays == 3 and timer.names == ["8", "8"]
 
 
 @pytest.mark.parametrize("value,expected", [("", 0), ("0", 0), ("-3", 0), ("x", 0), ("200", 200)])
