@@ -56,6 +56,17 @@ cases never run at the same time. Default model: the 4-layer Qwen3 of ``examples
 dummy weights (``--model 1.7b`` for the Qwen3-1.7B shape), graphs up to batch 64 (``--max-bs``).
 
 On the GPU machine: ``benchmarks/run_faults_h200.sh`` (one device call; see its header).
+
+Table mode, anywhere (no GPU, no engine), from the results of earlier calls, one per engine:
+
+    python benchmarks/engine_faults.py table --out benchmarks/results/faults-h200.json \
+        benchmarks/results/faults-*-h200.json
+
+writes one row per case of CASES and engine of ENGINES: the case's verdict as ``outcome`` and, derived
+from its checks, ``partial_archive_loadable``, ``served_after``, ``outputs_identical`` and
+``strict_mode_refused`` (null, with ``notes``, where a field does not apply); sustained_load's row adds
+its requests, duration, mismatches and memory growth. A case or engine without a result is a row
+``not run`` with null fields; ``all_required_rows_passed`` is true only when every row passed.
 """
 
 from __future__ import annotations
@@ -1876,7 +1887,361 @@ def setup_namespace(opts: argparse.Namespace) -> argparse.Namespace:
     )
 
 
+# --- the table across engines (issue 19) ----------------------------------------------------------------------
+#
+# ``python benchmarks/engine_faults.py table --out TABLE.json RESULT.json [RESULT.json ...]`` reads the
+# results of earlier calls (one per engine) and writes one row per case and engine: the case's verdict
+# and three answers derived from its checks. Nothing is measured here, and nothing is filled in: a case
+# or an engine without a result is a row "not run" with its fields null.
+
+TABLE_OUTCOMES = (*VERDICTS, "not run")
+#: The cases whose strict start (mode save or load) must refuse: its check prefix.
+STRICT_PREFIX = {"disk_full": "save_", "read_only_dir": "save_", "damaged_cache": "load_"}
+
+
+def _all3(values: Any) -> bool | None:
+    """Three-valued AND: False if any is False; True if all are True; None otherwise (or if empty)."""
+    vals = list(values)
+    if not vals or any(v is False for v in vals):
+        return False if vals else None
+    return True if all(v is True for v in vals) else None
+
+
+def _any3(values: Any) -> bool | None:
+    """Three-valued OR of booleans: True if any is True, False if all are False, None if none is known."""
+    known = [v for v in values if isinstance(v, bool)]
+    if any(known):
+        return True
+    return False if known else None
+
+
+def _served(rec: dict[str, Any] | None) -> bool | None:
+    """A server record: ready and every request answered (None: ready but never asked)."""
+    if not rec:
+        return None
+    if rec.get("ready_s") is None:
+        return False
+    requests = rec.get("requests") or []
+    return all("error" not in r for r in requests) if requests else None
+
+
+def _bool(value: Any) -> bool | None:
+    return value if isinstance(value, bool) else None
+
+
+def derive_row(case: str, rec: dict[str, Any]) -> dict[str, Any]:
+    """From one case's record (a verdict other than skipped): ``partial_archive_loadable`` (a record
+    offered beside an archive that does not verify, or a restart that LOADed an incomplete one),
+    ``served_after`` (the servers that a stock engine would have kept serving did serve),
+    ``outputs_identical`` (their answers equal the base SAVE's), ``strict_mode_refused`` (the start in
+    mode save / load refused as it must) and notes where a field does not apply."""
+    checks = rec.get("checks") or {}
+    details = rec.get("details") or {}
+    servers = rec.get("servers") or {}
+    notes: list[str] = []
+    partial = served = identical = None
+    if case == "kill_during_save":
+        flags = [
+            not v
+            for k, v in checks.items()
+            if k.startswith("no_loadable_partial_after_") and _bool(v) is not None
+        ]
+        for kill in details.get("kills") or []:
+            state = kill.get("state_after")
+            if kill.get("restart_mode") == "load" and isinstance(state, dict) and not state.get("complete"):
+                flags.append(True)  # a restart LOADed what was not complete when the kill came
+                notes.append(
+                    f"the restart after the kill at {kill.get('point')} LOADed an incomplete archive"
+                )
+        if not flags:
+            notes.append("no archive state after a kill (no kill reached its point)")
+        flags.append(_bool((details.get("state_after_restart") or {}).get("loadable_partial")))
+        partial = _any3(flags)
+        served = _bool(checks.get("restart_served"))
+        identical = _bool(checks.get("restart_outputs_equal_reference"))
+    elif case in ("disk_full", "read_only_dir"):
+        if case == "disk_full":
+            left_none = [checks.get("auto_left_no_archive"), checks.get("save_left_no_archive")]
+            if all(v is True for v in left_none):
+                partial = False
+            else:
+                states = [details.get("state_auto"), details.get("state_save")]
+                partial = _any3(s.get("loadable_partial") for s in states if isinstance(s, dict))
+                if any(v is False for v in left_none):
+                    notes.append("something of an archive was left: partial_archive_loadable from its state")
+        else:
+            wrote = [checks.get(f"{label}_wrote_nothing") for label in ("auto", "save")]
+            if all(v is True for v in wrote):
+                partial = False
+            elif any(v is False for v in wrote):
+                notes.append(
+                    "something was written into the read-only directory; whether it loads was not checked"
+                )
+            else:
+                methods = {k: v.get("method") for k, v in (details.get("dirs") or {}).items()}
+                notes.append(f"no check of what the directory holds afterwards (made read-only by {methods})")
+        served = _bool(checks.get("auto_served"))
+        identical = _bool(checks.get("auto_outputs_equal_reference"))
+        notes.append("served_after, outputs_identical: the auto server; the save-mode server must refuse")
+    elif case == "two_replicas":
+        if checks.get("archive_consistent") is True:
+            partial = False
+        else:
+            partial = _bool((details.get("state") or {}).get("loadable_partial"))
+        served = _bool(checks.get("both_ready"))
+        identical = _bool(checks.get("both_outputs_equal_reference"))
+    elif case == "archive_replaced":
+        partial = _any3(
+            (details.get(k) or {}).get("loadable_partial") for k in ("state_before", "state_after")
+        )
+        served = _all3(_served(servers.get(label)) for label in ("load", "save", "next"))
+        identical = _all3(
+            [
+                _bool(checks.get("load_outputs_equal_reference_throughout")),
+                requests_equal(servers.get("save") or {}),
+                _bool(checks.get("next_outputs_equal_reference")),
+            ]
+        )
+        notes.append(
+            "served_after, outputs_identical: the LOAD server held throughout, the SAVE that replaced its "
+            "archive and the next start (the SAVE's answers are not one of the case's checks)"
+        )
+    elif case == "damaged_cache":
+        notes.append(
+            "partial_archive_loadable: does not apply (a complete archive with one byte of its carried "
+            "caches flipped; strict_mode_refused says whether load mode refused it)"
+        )
+        served = _bool(checks.get("auto_served"))
+        identical = _bool(checks.get("auto_outputs_equal_reference"))
+    elif case == "sustained_load":
+        notes.append("partial_archive_loadable: does not apply (no fault on the archive)")
+        served = False if checks.get("served") is False else _bool(checks.get("no_request_errors"))
+        identical = _bool(checks.get("outputs_equal_reference"))
+    strict = None
+    if case in STRICT_PREFIX:
+        prefix = STRICT_PREFIX[case]
+        strict = _all3(checks.get(f"{prefix}{k}") for k in ("never_ready", "exited_nonzero", "line"))
+    return {
+        "partial_archive_loadable": partial,
+        "served_after": served,
+        "outputs_identical": identical,
+        "strict_mode_refused": strict,
+        "notes": notes,
+    }
+
+
+def _sustained_fields(rec: dict[str, Any] | None) -> dict[str, Any]:
+    """sustained_load's numbers (null where the case has none)."""
+    d = (rec or {}).get("details") or {}
+    return {
+        "requests": d.get("requests"),
+        "duration_s": d.get("seconds"),
+        "mismatches": d.get("mismatches"),
+        "request_errors": d.get("errors"),
+        "device_memory_growth_mib": d.get("memory_growth_mib"),
+        "device_memory_measure": {
+            "server_mib": "the server's processes (nvidia-smi)",
+            "device_mib": "the whole device",
+        }.get(d.get("memory_key"), d.get("memory_key")),
+        "memory_growth_under_256_mib": ((rec or {}).get("checks") or {}).get("memory_growth_under_256_mib"),
+    }
+
+
+def table_row(case: str, engine: str, result: dict[str, Any] | None, source: str | None) -> dict[str, Any]:
+    """One (case, engine) row of the table from that engine's result (None: no result)."""
+    row: dict[str, Any] = {
+        "case": case,
+        "engine": engine,
+        "outcome": "not run",
+        "reason": None,
+        "partial_archive_loadable": None,
+        "served_after": None,
+        "outputs_identical": None,
+        "strict_mode_refused": None,
+        "seconds": None,
+        "checks_not_passed": None,
+        "notes": [],
+        "source": source,
+        "call": None,
+    }
+    rec = ((result or {}).get("cases") or {}).get(case)
+    if result is None:
+        row["reason"] = f"no result for {engine}"
+    elif rec is None:
+        requested = result.get("cases_requested") or []
+        if case in requested:
+            row["reason"] = "requested, but the call ended before the case started"
+        elif case not in DEFAULT_CASES:
+            row["reason"] = f"not requested ({case} runs only when --cases names it)"
+        else:
+            row["reason"] = "not requested"
+    elif rec.get("verdict") not in VERDICTS:
+        row["reason"] = "started, but the call ended before the case did (no verdict)"
+    else:
+        row["outcome"] = rec["verdict"]
+        row["seconds"] = rec.get("seconds")
+        ran = (result.get("options") or {}).get("cases")
+        if result.get("resumed_from") and isinstance(ran, list):
+            row["call"] = "last" if case in ran else "earlier"  # resumed_from names the earlier call
+        elif result.get("command"):
+            row["call"] = "last"
+        if rec["verdict"] == "skipped":
+            row["reason"] = rec.get("reason")
+        else:
+            if rec["verdict"] == "error":
+                row["reason"] = rec.get("error")
+            row.update(derive_row(case, rec))
+            row["checks_not_passed"] = rec.get("not_passed_checks")
+    if case == "sustained_load":
+        row.update(_sustained_fields(rec if row["outcome"] not in ("not run", "skipped") else None))
+    if row["outcome"] in ("not run", "skipped"):
+        row["notes"] = []
+    row["notes"] = "; ".join(row["notes"]) or None
+    return row
+
+
+def _one(values: dict[str, Any]) -> Any:
+    """One value if every engine's is the same, else "engine: value; ..." (None without any)."""
+    known = {e: v for e, v in values.items() if v is not None}
+    if not known:
+        return None
+    if len(set(map(str, known.values()))) == 1:
+        return next(iter(known.values()))
+    return "; ".join(f"{e}: {v}" for e, v in known.items())
+
+
+def _source_path(path: Path) -> str:
+    try:
+        return path.resolve().relative_to(REPO).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def build_table(results: dict[str, tuple[str, dict[str, Any]]], command: str) -> dict[str, Any]:
+    """The table from ``{engine: (file, result)}``: every case of CASES for every engine of ENGINES."""
+    sources: dict[str, Any] = {}
+    for engine in ENGINES:
+        if engine not in results:
+            sources[engine] = None
+            continue
+        path, r = results[engine]
+        earlier = r.get("resumed_from") or None
+        sources[engine] = {
+            "file": path,
+            "date": r.get("date"),
+            "commit": r.get("commit"),
+            "machine": r.get("machine"),
+            "engine_version": r.get("engine_version"),
+            "command": r.get("command"),
+            "resumed_from": earlier,
+            "commands": [c for c in [(earlier or {}).get("command"), r.get("command")] if c],
+            "cases_requested": r.get("cases_requested"),
+            "base_ok": (r.get("base") or {}).get("ok"),
+            "all_passed": r.get("all_passed"),
+            "error": (r.get("error") or "").split("\n")[0] or None,
+        }
+    rows = [
+        table_row(
+            case,
+            engine,
+            results[engine][1] if engine in results else None,
+            (sources[engine] or {}).get("file"),
+        )
+        for case in CASES
+        for engine in ENGINES
+    ]
+    counts = {o: sum(1 for r in rows if r["outcome"] == o) for o in TABLE_OUTCOMES}
+    present = {e: s for e, s in sources.items() if s}
+    return {
+        "date": _one({e: s["date"] for e, s in present.items()}),
+        "commit": _one({e: s["commit"] for e, s in present.items()}),
+        "machine": _one({e: s["machine"] for e, s in present.items()}),
+        "command": command,
+        "about": (
+            "date, commit, machine: of the GPU calls behind the rows (per engine in sources); command and "
+            "built: this table's build, which reads those results and measures nothing"
+        ),
+        "built": {
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "commit": cs.commit(),
+        },
+        "sources": sources,
+        "cases": list(CASES),
+        "engines": list(ENGINES),
+        "rows": rows,
+        "counts": counts,
+        "not_passed": [f"{r['engine']}/{r['case']}: {r['outcome']}" for r in rows if r["outcome"] != "pass"],
+        "partial_archive_loadable_anywhere": any(r["partial_archive_loadable"] is True for r in rows),
+        "all_required_rows_passed": all(r["outcome"] == "pass" for r in rows),
+    }
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, bool) or value is None:
+        return {True: "yes", False: "no", None: "-"}[value]
+    return str(value)
+
+
+def table_markdown(table: dict[str, Any]) -> list[str]:
+    lines = [
+        "| case | engine | outcome | partial archive loadable | served after | outputs identical | s |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in table["rows"]:
+        fields = ("partial_archive_loadable", "served_after", "outputs_identical", "seconds")
+        lines.append(
+            f"| {r['case']} | {r['engine']} | {r['outcome']} | "
+            + " | ".join(_cell(r[f]) for f in fields)
+            + " |"
+        )
+    return lines
+
+
+def table_main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="engine_faults.py table",
+        description="One row per case and engine from engine_faults results (one per engine); measures nothing.",
+    )
+    p.add_argument("--out", required=True, help="the table's JSON")
+    p.add_argument(
+        "results", nargs="+", help="engine_faults results (--out of earlier calls), one per engine"
+    )
+    opts = p.parse_args(argv)
+    results: dict[str, tuple[str, dict[str, Any]]] = {}
+    out_path = Path(opts.out).resolve()
+    for name in opts.results:
+        path = Path(name)
+        if path.resolve() == out_path:
+            continue  # a glob that also matched the table itself
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            p.error(f"{name}: {e}")
+        if (
+            not isinstance(data, dict)
+            or data.get("engine") not in ENGINES
+            or not isinstance(data.get("cases"), dict)
+        ):
+            p.error(f"{name} is not an engine_faults result (no engine of {ENGINES} and cases)")
+        if data["engine"] in results:
+            p.error(f"{name}: a second result for {data['engine']} (the first: {results[data['engine']][0]})")
+        results[data["engine"]] = (_source_path(path), data)
+    command = shlex.join(["benchmarks/engine_faults.py", "table", *argv])
+    table = build_table(results, command)
+    write_result(out_path, table)
+    print("\n".join(table_markdown(table)))
+    print(
+        f"{len(table['rows'])} rows, {table['counts']['pass']} passed; all required rows passed: "
+        f"{table['all_required_rows_passed']}; written to {opts.out}",
+        flush=True,
+    )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args[:1] == ["table"]:
+        return table_main(args[1:])
     opts = parse_args(argv)
     started = time.monotonic()
     out_path = Path(opts.out).resolve()
