@@ -173,6 +173,17 @@ def test_archive_dir_problem_and_the_save_failure_policy(tmp_path, log_records):
     with pytest.raises(OSError, match="No space left"):
         decide.save_failed(_cfg(tmp_path, "save"), 0, err)
 
+    # auto deciding SAVE: a directory that cannot be written is named at the decision, once
+    assert decide.save_blocked(_cfg(tmp_path), 0, logging.getLogger("engine.test")) is None
+    assert len(records) == 1
+    why = decide.save_blocked(blocked, 3, logging.getLogger("engine.test"))
+    assert why.startswith(f"archive_dir {tmp_path / 'file' / 'a'} is not writable (")
+    assert records[1].getMessage() == (
+        f"Foundry rank 3: {why}; auto mode serves with the graphs it captures and saves nothing this time"
+    )
+    save_mode = _cfg(tmp_path, "save", archive_dir=str(tmp_path / "file" / "a"))
+    assert decide.save_blocked(save_mode, 0) is None and len(records) == 2  # save refused at startup
+
 
 def test_one_line_keeps_the_reason_at_the_end_of_a_long_error():
     from foundry_core.engine.decide import one_line

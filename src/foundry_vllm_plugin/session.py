@@ -142,6 +142,7 @@ class FoundrySession:
         self.restored = None  # the core's Restored: owns the modules and memory the graphs use
         self.verified = None  # the core Archive check_core_archive read, until restore() hands it to load
         self.prepared = None  # LOAD: modules and graphs being rebuilt from open() on
+        self.save_blocked: str | None = None  # SAVE decided in auto, but the archive_dir cannot be written
         self._capture_routing: contextlib.ExitStack | None = None
         self._pending_manifest: tuple | None = None  # SAVE: written once the caches are saved too
         self._ours: Any = None  # SAVE: decide.archive_stamp of the core archive this rank published
@@ -213,6 +214,11 @@ class FoundrySession:
                 mode, manifest, why = "save", None, f"archive {path} refused ({refusal})"
                 self.report["refused"] = refusal
         self.mode, self.manifest = mode, manifest
+        # auto resolved to SAVE in a directory that cannot be written (read-only, not creatable):
+        # say so now, and let save() skip the work whose result could not be written.
+        self.save_blocked = decide.save_blocked(self.cfg, self.rank, logger) if mode == "save" else None
+        if self.save_blocked is not None:
+            self.report["save_error"] = self.save_blocked
         # SAVE: which manifest is there now, so that save() sees a SAVE another replica finished meanwhile
         self._manifest_at_decision = decide.record_stamp(archive.manifest_path(self.cfg, self.rank))
         self.report.update(mode=mode, reason=why)
@@ -281,6 +287,9 @@ class FoundrySession:
             )
 
     def save(self, adapter: Any) -> None:
+        if self.save_blocked is not None:  # warned at the decision; serving with the captured graphs
+            self.report.update(saved=False, save_error=self.save_blocked)
+            return
         import torch
 
         import foundry_core as fc

@@ -112,6 +112,36 @@ def test_auto_with_a_read_only_archive_dir_and_a_refused_archive_serves_on(
     assert archive.read_manifest(archive.manifest_path(s.cfg, 0))["sizing"] == SIZING  # left as it was
 
 
+def test_auto_deciding_save_in_an_unwritable_archive_dir_warns_at_once_and_skips_the_save(
+    base_vllm_config, tmp_path, monkeypatch, warnings_logged
+):
+    """On the H200 (8d3f0b9) such a start warned only after its capture, when the SAVE failed."""
+    blocker = tmp_path / "not-a-dir"  # below a regular file nothing can be created, also for root
+    blocker.write_text("")
+    s = FoundrySession(base_vllm_config)
+    s.cfg = dataclasses.replace(s.cfg, mode="auto", archive_dir=blocker / "archive")
+    s.fingerprint = dict(FP)
+    s.region, s.kv_cache_memory_bytes, s.num_gpu_blocks = object(), 1 << 30, 4096
+    s.decide_mode(0)
+    assert s.mode == "save"  # the graphs are captured as a SAVE would, the engine serves with them
+    messages = [r.getMessage() for r in warnings_logged]
+    assert len(messages) == 1 and "\n" not in messages[0]
+    assert f"archive_dir {blocker / 'archive'} is not writable (" in messages[0]
+    assert messages[0].endswith("auto mode serves with the graphs it captures and saves nothing this time")
+    monkeypatch.setattr(foundry_core, "save", lambda *a, **k: pytest.fail("a blocked SAVE does no work"))
+    monkeypatch.setattr(Adapter, "collect", lambda self: pytest.fail("nothing is collected either"))
+    s.save(Adapter())
+    s.publish(0)
+    assert s.report["saved"] is False and "is not writable" in s.report["save_error"]
+    assert len(warnings_logged) == 1  # no second warning after the capture
+
+
+def test_auto_deciding_save_in_a_writable_dir_is_not_blocked(base_vllm_config, tmp_path):
+    s = _session(base_vllm_config, tmp_path)
+    s.decide_mode(0)
+    assert s.mode == "save" and s.save_blocked is None and "save_error" not in s.report
+
+
 @pytest.mark.parametrize("mode", ["auto", "save"])
 def test_a_manifest_that_cannot_be_written_after_the_core_archive_serves_on(
     base_vllm_config, tmp_path, monkeypatch, full_disk_at_flush, warnings_logged, mode

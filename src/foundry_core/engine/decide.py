@@ -157,6 +157,23 @@ def archive_dir_problem(cfg: Any) -> str | None:
     return None
 
 
+def save_blocked(cfg: Any, rank: int, log: logging.Logger | None = None) -> str | None:
+    """A rank that resolved ``auto`` to SAVE, at its decision: why its SAVE cannot be written
+    (:func:`archive_dir_problem`), said now in a warning instead of after the capture, or None. The
+    engine then captures and serves as it would alone and skips the SAVE's work; ``save`` mode
+    refused such a directory at startup already."""
+    if getattr(cfg, "mode", None) != "auto":
+        return None
+    problem = archive_dir_problem(cfg)
+    if problem is not None:
+        (log or logger).warning(
+            "Foundry rank %d: %s; auto mode serves with the graphs it captures and saves nothing this time",
+            rank,
+            problem,
+        )
+    return problem
+
+
 def save_failed(cfg: Any, rank: int, error: BaseException, log: logging.Logger | None = None) -> None:
     """A SAVE that could not be written (disk full, read-only, ...): in ``auto`` mode the engine
     goes on serving with the graphs it captured, with a warning, and the next start captures
