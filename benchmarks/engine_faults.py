@@ -57,16 +57,18 @@ dummy weights (``--model 1.7b`` for the Qwen3-1.7B shape), graphs up to batch 64
 
 On the GPU machine: ``benchmarks/run_faults_h200.sh`` (one device call; see its header).
 
-Table mode, anywhere (no GPU, no engine), from the results of earlier calls, one per engine:
+Table mode, anywhere (no GPU, no engine), from the results of earlier calls, one or more per engine:
 
     python benchmarks/engine_faults.py table --out benchmarks/results/faults-h200.json \
-        benchmarks/results/faults-*-h200.json
+        benchmarks/results/faults-*-h200*.json
 
 writes one row per case of CASES and engine of ENGINES: the case's verdict as ``outcome`` and, derived
 from its checks, ``partial_archive_loadable``, ``served_after``, ``outputs_identical`` and
 ``strict_mode_refused`` (null, with ``notes``, where a field does not apply); sustained_load's row adds
-its requests, duration, mismatches and memory growth. A case or engine without a result is a row
-``not run`` with null fields; ``all_required_rows_passed`` is true only when every row passed.
+its requests, duration, mismatches and memory growth. Of several results of one engine, each row takes
+the newest (by ``date``) in which its case ran, and names that result's file, commit and date. A case
+or engine without a result is a row ``not run`` with null fields; ``all_required_rows_passed`` is true
+only when every row passed.
 """
 
 from __future__ import annotations
@@ -1890,11 +1892,20 @@ def setup_namespace(opts: argparse.Namespace) -> argparse.Namespace:
 # --- the table across engines (issue 19) ----------------------------------------------------------------------
 #
 # ``python benchmarks/engine_faults.py table --out TABLE.json RESULT.json [RESULT.json ...]`` reads the
-# results of earlier calls (one per engine) and writes one row per case and engine: the case's verdict
-# and three answers derived from its checks. Nothing is measured here, and nothing is filled in: a case
-# or an engine without a result is a row "not run" with its fields null.
+# results of earlier calls (one or more per engine) and writes one row per case and engine: the case's
+# verdict and three answers derived from its checks. Nothing is measured here, and nothing is filled in:
+# a case or an engine without a result is a row "not run" with its fields null.
+#
+# Several results of one engine (calls on different machines, each running some of the cases) are
+# combined per case: the row comes from the newest result (by its ``date``) in which the case ran (a
+# verdict of RUN_VERDICTS), whatever that verdict is, so a newer fail replaces an older pass. A result
+# that only mentions the case (skipped for the budget, requested but not reached) never hides an older
+# one that ran it; without any run, the row comes from the newest result that mentions the case, else
+# from the newest result of the engine (``not run``, with its reason).
 
 TABLE_OUTCOMES = (*VERDICTS, "not run")
+#: The verdicts of a case that ran: a row takes the newest of these over any skip.
+RUN_VERDICTS = ("pass", "fail", "inconclusive", "error")
 #: The cases whose strict start (mode save or load) must refuse: its check prefix.
 STRICT_PREFIX = {"disk_full": "save_", "read_only_dir": "save_", "damaged_cache": "load_"}
 
@@ -2048,7 +2059,8 @@ def _sustained_fields(rec: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def table_row(case: str, engine: str, result: dict[str, Any] | None, source: str | None) -> dict[str, Any]:
-    """One (case, engine) row of the table from that engine's result (None: no result)."""
+    """One (case, engine) row of the table from one result of that engine (None: no result); ``commit``
+    and ``date`` are that result's."""
     row: dict[str, Any] = {
         "case": case,
         "engine": engine,
@@ -2062,6 +2074,8 @@ def table_row(case: str, engine: str, result: dict[str, Any] | None, source: str
         "checks_not_passed": None,
         "notes": [],
         "source": source,
+        "commit": (result or {}).get("commit"),
+        "date": (result or {}).get("date"),
         "call": None,
     }
     rec = ((result or {}).get("cases") or {}).get(case)
@@ -2100,14 +2114,15 @@ def table_row(case: str, engine: str, result: dict[str, Any] | None, source: str
     return row
 
 
-def _one(values: dict[str, Any]) -> Any:
-    """One value if every engine's is the same, else "engine: value; ..." (None without any)."""
-    known = {e: v for e, v in values.items() if v is not None}
+def _one(values: list[tuple[str, Any]]) -> Any:
+    """One value if every source's (``(engine, value)`` pairs) is the same, else "engine: value; ..."
+    in their order, each pair once (None without any)."""
+    known = list(dict.fromkeys((e, v) for e, v in values if v is not None))
     if not known:
         return None
-    if len(set(map(str, known.values()))) == 1:
-        return next(iter(known.values()))
-    return "; ".join(f"{e}: {v}" for e, v in known.items())
+    if len({str(v) for _, v in known}) == 1:
+        return known[0][1]
+    return "; ".join(f"{e}: {v}" for e, v in known)
 
 
 def _source_path(path: Path) -> str:
@@ -2117,49 +2132,81 @@ def _source_path(path: Path) -> str:
         return str(path)
 
 
-def build_table(results: dict[str, tuple[str, dict[str, Any]]], command: str) -> dict[str, Any]:
-    """The table from ``{engine: (file, result)}``: every case of CASES for every engine of ENGINES."""
-    sources: dict[str, Any] = {}
-    for engine in ENGINES:
-        if engine not in results:
-            sources[engine] = None
-            continue
-        path, r = results[engine]
-        earlier = r.get("resumed_from") or None
-        sources[engine] = {
-            "file": path,
-            "date": r.get("date"),
-            "commit": r.get("commit"),
-            "machine": r.get("machine"),
-            "engine_version": r.get("engine_version"),
-            "command": r.get("command"),
-            "resumed_from": earlier,
-            "commands": [c for c in [(earlier or {}).get("command"), r.get("command")] if c],
-            "cases_requested": r.get("cases_requested"),
-            "base_ok": (r.get("base") or {}).get("ok"),
-            "all_passed": r.get("all_passed"),
-            "error": (r.get("error") or "").split("\n")[0] or None,
-        }
-    rows = [
-        table_row(
-            case,
-            engine,
-            results[engine][1] if engine in results else None,
-            (sources[engine] or {}).get("file"),
-        )
-        for case in CASES
-        for engine in ENGINES
-    ]
-    counts = {o: sum(1 for r in rows if r["outcome"] == o) for o in TABLE_OUTCOMES}
-    present = {e: s for e, s in sources.items() if s}
+def _date_key(result: dict[str, Any]) -> datetime.datetime:
+    """A result's ``date`` for ordering (an unreadable or missing one sorts first, as the oldest)."""
+    oldest = datetime.datetime.min.replace(tzinfo=datetime.timezone.utc)
+    try:
+        when = datetime.datetime.fromisoformat(str(result.get("date")))
+    except ValueError:
+        return oldest
+    return when if when.tzinfo else when.replace(tzinfo=datetime.timezone.utc)
+
+
+def newest_first(results: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
+    """One engine's ``(file, result)`` pairs, newest ``date`` first (equal dates: the later given first)."""
+    order = sorted(range(len(results)), key=lambda i: (_date_key(results[i][1]), i), reverse=True)
+    return [results[i] for i in order]
+
+
+def _mentions(result: dict[str, Any], case: str) -> bool:
+    return case in (result.get("cases") or {}) or case in (result.get("cases_requested") or [])
+
+
+def row_source(case: str, results: list[tuple[str, dict[str, Any]]]) -> tuple[str, dict[str, Any]] | None:
+    """Of one engine's results (newest first), the one a case's row comes from: the newest in which the
+    case ran (a verdict of RUN_VERDICTS, whatever it is), else the newest that mentions it (skipped,
+    requested, started), else the newest (None without any)."""
+    for path, r in results:
+        if ((r.get("cases") or {}).get(case) or {}).get("verdict") in RUN_VERDICTS:
+            return path, r
+    for path, r in results:
+        if _mentions(r, case):
+            return path, r
+    return results[0] if results else None
+
+
+def source_entry(path: str, r: dict[str, Any]) -> dict[str, Any]:
+    """What the table keeps of one result (``sources``)."""
+    earlier = r.get("resumed_from") or None
     return {
-        "date": _one({e: s["date"] for e, s in present.items()}),
-        "commit": _one({e: s["commit"] for e, s in present.items()}),
-        "machine": _one({e: s["machine"] for e, s in present.items()}),
+        "file": path,
+        "date": r.get("date"),
+        "commit": r.get("commit"),
+        "machine": r.get("machine"),
+        "engine_version": r.get("engine_version"),
+        "command": r.get("command"),
+        "resumed_from": earlier,
+        "commands": [c for c in [(earlier or {}).get("command"), r.get("command")] if c],
+        "cases_requested": r.get("cases_requested"),
+        "base_ok": (r.get("base") or {}).get("ok"),
+        "all_passed": r.get("all_passed"),
+        "error": (r.get("error") or "").split("\n")[0] or None,
+    }
+
+
+def build_table(results: dict[str, list[tuple[str, dict[str, Any]]]], command: str) -> dict[str, Any]:
+    """The table from ``{engine: [(file, result), ...]}``: every case of CASES for every engine of
+    ENGINES, each row from the result ``row_source`` picks among its engine's; ``sources`` lists each
+    engine's results, oldest first."""
+    ordered = {e: newest_first(list(results.get(e) or [])) for e in ENGINES}
+    sources = {e: [source_entry(path, r) for path, r in reversed(ordered[e])] for e in ENGINES}
+    rows = []
+    for case in CASES:
+        for engine in ENGINES:
+            path, r = row_source(case, ordered[engine]) or (None, None)
+            rows.append(table_row(case, engine, r, path))
+    counts = {o: sum(1 for r in rows if r["outcome"] == o) for o in TABLE_OUTCOMES}
+    every = [(e, s) for e in ENGINES for s in sources[e]]
+    return {
+        "date": _one([(e, s["date"]) for e, s in every]),
+        "commit": _one([(e, s["commit"]) for e, s in every]),
+        "machine": _one([(e, s["machine"]) for e, s in every]),
         "command": command,
         "about": (
-            "date, commit, machine: of the GPU calls behind the rows (per engine in sources); command and "
-            "built: this table's build, which reads those results and measures nothing"
+            "date, commit, machine: of the GPU calls behind the rows (per engine and result in sources, "
+            "per row its source's commit and date: of several results of one engine, a row comes from the "
+            "newest in which its case ran); command and built: this table's build, which reads those "
+            "results and measures nothing"
         ),
         "built": {
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -2184,11 +2231,11 @@ def _cell(value: Any) -> str:
 
 def table_markdown(table: dict[str, Any]) -> list[str]:
     lines = [
-        "| case | engine | outcome | partial archive loadable | served after | outputs identical | s |",
-        "|---|---|---|---|---|---|---|",
+        "| case | engine | outcome | partial archive loadable | served after | outputs identical | s | commit |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in table["rows"]:
-        fields = ("partial_archive_loadable", "served_after", "outputs_identical", "seconds")
+        fields = ("partial_archive_loadable", "served_after", "outputs_identical", "seconds", "commit")
         lines.append(
             f"| {r['case']} | {r['engine']} | {r['outcome']} | "
             + " | ".join(_cell(r[f]) for f in fields)
@@ -2200,14 +2247,18 @@ def table_markdown(table: dict[str, Any]) -> list[str]:
 def table_main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(
         prog="engine_faults.py table",
-        description="One row per case and engine from engine_faults results (one per engine); measures nothing.",
+        description="One row per case and engine from engine_faults results (one or more per engine; per "
+        "case the newest result that ran it); measures nothing.",
     )
     p.add_argument("--out", required=True, help="the table's JSON")
     p.add_argument(
-        "results", nargs="+", help="engine_faults results (--out of earlier calls), one per engine"
+        "results",
+        nargs="+",
+        help="engine_faults results (--out of earlier calls), one or more per engine (the table itself, "
+        "if a glob matches it, is left out)",
     )
     opts = p.parse_args(argv)
-    results: dict[str, tuple[str, dict[str, Any]]] = {}
+    results: dict[str, list[tuple[str, dict[str, Any]]]] = {}
     out_path = Path(opts.out).resolve()
     for name in opts.results:
         path = Path(name)
@@ -2223,15 +2274,22 @@ def table_main(argv: list[str]) -> int:
             or not isinstance(data.get("cases"), dict)
         ):
             p.error(f"{name} is not an engine_faults result (no engine of {ENGINES} and cases)")
-        if data["engine"] in results:
-            p.error(f"{name}: a second result for {data['engine']} (the first: {results[data['engine']][0]})")
-        results[data["engine"]] = (_source_path(path), data)
+        engine = data["engine"]
+        for first, r in results.get(engine, []):
+            if (r.get("date"), r.get("commit")) == (data.get("date"), data.get("commit")):
+                p.error(
+                    f"{name}: the same {engine} result as {first} (date {data.get('date')}, commit "
+                    f"{data.get('commit')}): a file given twice?"
+                )
+        results.setdefault(engine, []).append((_source_path(path), data))
     command = shlex.join(["benchmarks/engine_faults.py", "table", *argv])
     table = build_table(results, command)
     write_result(out_path, table)
     print("\n".join(table_markdown(table)))
+    n = sum(map(len, results.values()))
     print(
-        f"{len(table['rows'])} rows, {table['counts']['pass']} passed; all required rows passed: "
+        f"{len(table['rows'])} rows from {n} result{'s' * (n != 1)}, "
+        f"{table['counts']['pass']} passed; all required rows passed: "
         f"{table['all_required_rows_passed']}; written to {opts.out}",
         flush=True,
     )

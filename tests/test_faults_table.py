@@ -19,7 +19,8 @@ sys.modules["engine_faults"] = ef  # dataclasses look their module up by name
 _spec.loader.exec_module(ef)
 
 RESULTS = ROOT / "benchmarks" / "results"
-REAL_VLLM = RESULTS / "faults-vllm-h200.json"
+REAL_VLLM = RESULTS / "faults-vllm-h200-8d3f0b9.json"
+REAL_VLLM_FILE = "benchmarks/results/faults-vllm-h200-8d3f0b9.json"
 TABLE = RESULTS / "faults-h200.json"
 
 
@@ -220,7 +221,7 @@ def all_good() -> dict:
 
 def test_every_case_passing_on_both_engines_passes_the_table():
     table = ef.build_table(
-        {e: (f"faults-{e}.json", result(e, all_good())) for e in ef.ENGINES},
+        {e: [(f"faults-{e}.json", result(e, all_good()))] for e in ef.ENGINES},
         "benchmarks/engine_faults.py table",
     )
     assert [(r["case"], r["engine"]) for r in table["rows"]] == [(c, e) for c in ef.CASES for e in ef.ENGINES]
@@ -256,27 +257,27 @@ def test_every_case_passing_on_both_engines_passes_the_table():
 
 
 def test_an_engine_without_a_result_keeps_the_table_from_passing():
-    table = ef.build_table({"vllm": ("v.json", result("vllm", all_good()))}, "t")
+    table = ef.build_table({"vllm": [("v.json", result("vllm", all_good()))]}, "t")
     assert table["all_required_rows_passed"] is False and table["counts"]["pass"] == len(ef.CASES)
     assert table["not_passed"] == [f"sglang/{c}: not run" for c in ef.CASES]
 
 
 def test_a_loadable_partial_archive_is_reported_true_and_the_case_does_not_pass():
     cases = {"kill_during_save": kill_case(partial=True)}
-    r = rows_by(ef.build_table({"vllm": ("v.json", result("vllm", cases))}, "t"))[
+    r = rows_by(ef.build_table({"vllm": [("v.json", result("vllm", cases))]}, "t"))[
         ("kill_during_save", "vllm")
     ]
     assert r["partial_archive_loadable"] is True and r["outcome"] == "fail"
     assert "no_loadable_partial_after_persisting" in r["checks_not_passed"]
     # A restart that LOADed what was incomplete at the kill counts too (its own check fails).
     cases = {"kill_during_save": kill_case(restart_mode="load", complete_at_kill=False)}
-    table = ef.build_table({"vllm": ("v.json", result("vllm", cases))}, "t")
+    table = ef.build_table({"vllm": [("v.json", result("vllm", cases))]}, "t")
     r = rows_by(table)[("kill_during_save", "vllm")]
     assert r["partial_archive_loadable"] is True and r["outcome"] == "fail"
     assert "LOADed an incomplete archive" in r["notes"] and table["partial_archive_loadable_anywhere"] is True
     # ... while a restart that LOADed a complete archive (kill after the record) is no partial.
     cases = {"kill_during_save": kill_case(restart_mode="load", complete_at_kill=True)}
-    r = rows_by(ef.build_table({"vllm": ("v.json", result("vllm", cases))}, "t"))[
+    r = rows_by(ef.build_table({"vllm": [("v.json", result("vllm", cases))]}, "t"))[
         ("kill_during_save", "vllm")
     ]
     assert r["partial_archive_loadable"] is False and r["outcome"] == "pass"
@@ -290,7 +291,7 @@ def test_derived_fields_follow_the_checks():
         "damaged_cache": damaged_cache_case(load_served=True),
         "sustained_load": sustained_case(mismatches=2, growth=None),
     }
-    rows = rows_by(ef.build_table({"sglang": ("s.json", result("sglang", cases))}, "t"))
+    rows = rows_by(ef.build_table({"sglang": [("s.json", result("sglang", cases))]}, "t"))
     r = rows[("disk_full", "sglang")]  # something was left, but it does not load: fails, not partial
     assert r["outcome"] == "fail" and r["partial_archive_loadable"] is False and "left" in r["notes"]
     r = rows[("read_only_dir", "sglang")]  # no write check with this method: unknown, said so
@@ -333,14 +334,15 @@ def test_missing_engines_cases_and_unfinished_cases_are_null_rows():
         "damaged_cache": {**damaged_cache_case(), "verdict": "error", "error": "RuntimeError: boom"},
     }
     r = result("vllm", cases, cases_requested=[*cases, "disk_full"])
-    table = ef.build_table({"vllm": ("v.json", r)}, "t")
+    table = ef.build_table({"vllm": [("v.json", r)]}, "t")
     rows = rows_by(table)
     null_fields = ("partial_archive_loadable", "served_after", "outputs_identical", "seconds")
     for case in ef.CASES:
         s = rows[(case, "sglang")]
         assert s["outcome"] == "not run" and s["reason"] == "no result for sglang"
         assert all(s[f] is None for f in null_fields) and s["source"] is None
-    assert table["sources"]["sglang"] is None and table["sources"]["vllm"]["file"] == "v.json"
+        assert s["commit"] is None and s["date"] is None
+    assert table["sources"]["sglang"] == [] and [x["file"] for x in table["sources"]["vllm"]] == ["v.json"]
     skipped = rows[("two_replicas", "vllm")]
     assert skipped["outcome"] == "skipped" and skipped["reason"].startswith("skipped: needs about")
     assert all(skipped[f] is None for f in null_fields)
@@ -368,11 +370,11 @@ def test_metadata_from_both_engines_and_a_resumed_call():
         command="second --resume",
         resumed_from={"date": "d0", "command": "first", "elapsed_s": 10.0},
     )
-    table = ef.build_table({"sglang": ("s.json", s), "vllm": ("v.json", v)}, "the command")
+    table = ef.build_table({"sglang": [("s.json", s)], "vllm": [("v.json", v)]}, "the command")
     assert table["commit"] == "sglang: def5678; vllm: abc1234" and table["command"] == "the command"
     assert table["date"] == "2026-12-04T10:00:00+00:00" and table["built"]["date"]
-    assert table["sources"]["vllm"]["commands"] == ["first", "second --resume"]
-    assert table["sources"]["sglang"]["commands"] == [s["command"]]
+    assert table["sources"]["vllm"][0]["commands"] == ["first", "second --resume"]
+    assert table["sources"]["sglang"][0]["commands"] == [s["command"]]
     rows = rows_by(table)
     assert rows[("kill_during_save", "vllm")]["call"] == "earlier"
     assert (
@@ -380,18 +382,174 @@ def test_metadata_from_both_engines_and_a_resumed_call():
     )
 
 
+# --- several results of one engine --------------------------------------------------------------------------------
+
+
+def skipped(name: str, reason: str = "skipped: needs about 163 s, 130 s of the budget left") -> dict:
+    return {"name": name, "verdict": "skipped", "reason": reason}
+
+
+def first_vllm_call() -> dict:
+    """Shaped as the H200 call at 8d3f0b9: three cases passed, three skipped for the budget."""
+    cases = {
+        "kill_during_save": kill_case(),
+        "disk_full": disk_full_case(),
+        "read_only_dir": read_only_case(),
+        **{c: skipped(c) for c in ("two_replicas", "archive_replaced", "damaged_cache")},
+    }
+    return result("vllm", cases, date="2026-12-03T16:02:55+00:00", commit="8d3f0b9")
+
+
+def test_a_newer_result_fills_in_the_cases_an_older_one_skipped():
+    old = first_vllm_call()
+    new = result(
+        "vllm",
+        {
+            "two_replicas": two_replicas_case(),
+            "archive_replaced": archive_replaced_case(),
+            "damaged_cache": damaged_cache_case(),
+        },
+        date="2026-12-05T09:00:00+00:00",
+        commit="1234567",
+    )
+    # Given newest first: the order of the files does not matter, their dates do.
+    table = ef.build_table({"vllm": [("new.json", new), ("old.json", old)]}, "t")
+    rows = rows_by(table)
+    for case in ("kill_during_save", "disk_full", "read_only_dir"):
+        r = rows[(case, "vllm")]
+        assert r["outcome"] == "pass" and r["partial_archive_loadable"] is False
+        assert (r["source"], r["commit"], r["date"]) == ("old.json", "8d3f0b9", old["date"])
+    for case in ("two_replicas", "archive_replaced", "damaged_cache"):
+        r = rows[(case, "vllm")]
+        assert r["outcome"] == "pass" and r["served_after"] is True and r["reason"] is None
+        assert (r["source"], r["commit"], r["date"]) == ("new.json", "1234567", new["date"])
+    # Ran by neither: the newest result's reason.
+    r = rows[("sustained_load", "vllm")]
+    assert r["outcome"] == "not run" and r["source"] == "new.json" and "--cases" in r["reason"]
+    assert table["counts"]["pass"] == 6 and table["not_passed"][-1] == "vllm/sustained_load: not run"
+    # sources: per engine a list, oldest first; the top level lists what differs.
+    assert [s["file"] for s in table["sources"]["vllm"]] == ["old.json", "new.json"]
+    assert [s["commit"] for s in table["sources"]["vllm"]] == ["8d3f0b9", "1234567"]
+    assert table["sources"]["sglang"] == []
+    assert table["commit"] == "vllm: 8d3f0b9; vllm: 1234567"
+    assert table["date"] == f"vllm: {old['date']}; vllm: {new['date']}"
+    assert table["machine"] == old["machine"] == new["machine"]
+
+
+@pytest.mark.parametrize(
+    ("older", "newer"),
+    [("pass", "fail"), ("fail", "pass"), ("pass", "error"), ("pass", "inconclusive")],
+)
+def test_the_newest_run_verdict_wins_whatever_it_is(older, newer):
+    def run(verdict: str) -> dict:
+        if verdict == "fail":
+            return kill_case(partial=True)
+        rec = kill_case()
+        if verdict == "error":
+            rec.update(verdict="error", error="RuntimeError: the engine died")
+        elif verdict == "inconclusive":
+            rec.update(verdict="inconclusive")
+        return rec
+
+    # The newer date is the earlier instant in UTC text order only: dates are compared as times.
+    old = result("vllm", {"kill_during_save": run(older)}, date="2026-12-05T01:00:00+02:00", commit="aaa")
+    new = result("vllm", {"kill_during_save": run(newer)}, date="2026-12-04T23:30:00+00:00", commit="bbb")
+    for given in ([("o.json", old), ("n.json", new)], [("n.json", new), ("o.json", old)]):
+        r = rows_by(ef.build_table({"vllm": given}, "t"))[("kill_during_save", "vllm")]
+        assert (r["outcome"], r["source"], r["commit"]) == (newer, "n.json", "bbb")
+        assert r["partial_archive_loadable"] is (newer == "fail")
+
+
+def test_a_case_a_newer_result_did_not_run_keeps_the_older_run_verdict():
+    """Skipped (for the budget), started but not finished, requested but not reached, or not requested
+    in the newer result: the row keeps the older result's run verdict (a pass here, and a fail)."""
+    old = result(
+        "vllm",
+        {
+            "two_replicas": two_replicas_case(),
+            "archive_replaced": archive_replaced_case(),
+            "disk_full": disk_full_case(),
+            "read_only_dir": read_only_case(save_served=True),  # a fail
+            "damaged_cache": skipped("damaged_cache", "skipped: the older one"),
+        },
+        date="2026-12-03T10:00:00+00:00",
+        commit="aaa",
+    )
+    new = result(
+        "vllm",
+        {
+            "two_replicas": skipped("two_replicas"),
+            "archive_replaced": {"name": "archive_replaced", "checks": {}, "details": {}, "started_s": 3.0},
+            "read_only_dir": skipped("read_only_dir"),
+            "damaged_cache": skipped("damaged_cache", "skipped: the newer one"),
+            "kill_during_save": skipped(
+                "kill_during_save", "skipped: the base SAVE did not give a reference"
+            ),
+        },
+        date="2026-12-04T10:00:00+00:00",
+        commit="bbb",
+        cases_requested=[
+            "two_replicas",
+            "archive_replaced",
+            "read_only_dir",
+            "damaged_cache",
+            "kill_during_save",
+            "disk_full",
+        ],
+    )
+    rows = rows_by(ef.build_table({"vllm": [("o.json", old), ("n.json", new)]}, "t"))
+    for case, outcome in [
+        ("two_replicas", "pass"),
+        ("archive_replaced", "pass"),
+        ("disk_full", "pass"),
+        ("read_only_dir", "fail"),
+    ]:
+        r = rows[(case, "vllm")]
+        assert (r["outcome"], r["source"], r["commit"]) == (outcome, "o.json", "aaa"), case
+        assert r["served_after"] is True and r["seconds"] == 42.0
+    # Ran by neither: the newest that mentions it, with its reason.
+    r = rows[("damaged_cache", "vllm")]
+    assert (r["outcome"], r["reason"], r["commit"]) == ("skipped", "skipped: the newer one", "bbb")
+    r = rows[("kill_during_save", "vllm")]
+    assert r["outcome"] == "skipped" and "base SAVE" in r["reason"] and r["source"] == "n.json"
+    # An older skip is still named when the newer result does not mention the case at all.
+    newest = result("vllm", {"sustained_load": sustained_case()}, date="2026-12-06T10:00:00+00:00")
+    rows = rows_by(ef.build_table({"vllm": [("o.json", old), ("n.json", new), ("s.json", newest)]}, "t"))
+    r = rows[("damaged_cache", "vllm")]
+    assert (r["outcome"], r["reason"], r["source"]) == ("skipped", "skipped: the newer one", "n.json")
+    assert rows[("two_replicas", "vllm")]["source"] == "o.json"
+    assert rows[("sustained_load", "vllm")]["outcome"] == "pass"
+    assert rows[("sustained_load", "vllm")]["source"] == "s.json"
+
+
+def test_the_top_level_metadata_lists_every_source_once():
+    s = result("sglang", {"disk_full": disk_full_case()}, commit="fff")
+    v1 = result("vllm", {"disk_full": disk_full_case()}, commit="aaa", date="2026-12-01T00:00:00+00:00")
+    v2 = result("vllm", {"read_only_dir": read_only_case()}, commit="aaa", date="2026-12-02T00:00:00+00:00")
+    table = ef.build_table({"vllm": [("v2.json", v2), ("v1.json", v1)], "sglang": [("s.json", s)]}, "t")
+    assert table["commit"] == "sglang: fff; vllm: aaa"
+    assert table["date"] == (
+        f"sglang: {s['date']}; vllm: 2026-12-01T00:00:00+00:00; vllm: 2026-12-02T00:00:00+00:00"
+    )
+    assert table["machine"] == s["machine"]
+    assert ef._one([]) is None and ef._one([("vllm", None)]) is None
+    assert ef._one([("sglang", "x"), ("vllm", "x"), ("vllm", None)]) == "x"
+
+
 # --- the real vLLM result of the H200 ----------------------------------------------------------------------------
 
 
 def test_the_real_vllm_result():
     real = json.loads(REAL_VLLM.read_text())
-    table = ef.build_table({"vllm": ("benchmarks/results/faults-vllm-h200.json", real)}, "t")
+    table = ef.build_table({"vllm": [(REAL_VLLM_FILE, real)]}, "t")
     rows = rows_by(table)
     assert (table["commit"], table["date"][:10]) == ("8d3f0b9", "2026-12-03")
-    assert "H200" in table["machine"] and table["sources"]["vllm"]["engine_version"] == "0.26.0"
-    assert (
-        len(table["sources"]["vllm"]["commands"]) == 2 and "--resume" in table["sources"]["vllm"]["command"]
-    )
+    [source] = table["sources"]["vllm"]
+    assert "H200" in table["machine"] and source["engine_version"] == "0.26.0"
+    assert len(source["commands"]) == 2 and "--resume" in source["command"]
+    assert {(r["source"], r["commit"], r["date"]) for r in rows.values() if r["engine"] == "vllm"} == {
+        (REAL_VLLM_FILE, "8d3f0b9", real["date"])
+    }
     for case in ("kill_during_save", "disk_full", "read_only_dir"):
         r = rows[(case, "vllm")]
         assert r["outcome"] == "pass" == real["cases"][case]["verdict"]
@@ -429,8 +587,13 @@ def test_the_real_vllm_result():
 def test_the_committed_table_is_what_the_table_mode_makes_of_its_sources():
     table = json.loads(TABLE.read_text())
     results = {
-        e: (s["file"], json.loads((ROOT / s["file"]).read_text())) for e, s in table["sources"].items() if s
+        e: [(s["file"], json.loads((ROOT / s["file"]).read_text())) for s in sources]
+        for e, sources in table["sources"].items()
     }
+    # Every committed per-engine result is one of the table's sources (the glob of its command).
+    committed = sorted(f"benchmarks/results/{f.name}" for f in RESULTS.glob("faults-*-h200*.json"))
+    assert REAL_VLLM_FILE in committed and TABLE.name not in {Path(f).name for f in committed}
+    assert sorted(s["file"] for sources in table["sources"].values() for s in sources) == committed
     again = ef.build_table(results, table["command"])
     for key in ("date", "commit", "machine", "sources", "rows", "counts", "all_required_rows_passed"):
         assert again[key] == table[key], key
@@ -461,27 +624,56 @@ def test_the_table_command_writes_the_file(tmp_path):
     assert "| kill_during_save | vllm | pass | no | yes | yes | 149.1 |" in done.stdout
     table = json.loads(out.read_text())
     assert len(table["rows"]) == len(ef.CASES) * len(ef.ENGINES)
-    assert table["sources"]["vllm"]["file"] == "benchmarks/results/faults-vllm-h200.json"
-    assert table["sources"]["sglang"]["file"] == str(sglang)
+    assert [s["file"] for s in table["sources"]["vllm"]] == [REAL_VLLM_FILE]
+    assert [s["file"] for s in table["sources"]["sglang"]] == [str(sglang)]
     assert table["command"].startswith("benchmarks/engine_faults.py table --out ")
     assert table["commit"] == "sglang: abc1234; vllm: 8d3f0b9"
     assert rows_by(table)[("sustained_load", "sglang")]["outcome"] == "pass"
     assert table["all_required_rows_passed"] is False  # vLLM's skipped and missing cases
 
 
-@pytest.mark.parametrize("what", ["duplicate", "not_a_result", "missing"])
+def test_the_table_command_combines_results_of_one_engine(tmp_path):
+    newer = tmp_path / "faults-vllm-h200-1234567.json"
+    cases = {"two_replicas": two_replicas_case(), "disk_full": disk_full_case(auto_left=True)}  # a fail
+    newer.write_text(json.dumps(result("vllm", cases, date="2026-12-05T09:00:00+00:00", commit="1234567")))
+    out = tmp_path / "faults-h200.json"
+    done = _cli("table", "--out", str(out), str(newer), str(REAL_VLLM))
+    assert done.returncode == 0, done.stderr
+    assert "| kill_during_save | vllm | pass | no | yes | yes | 149.1 | 8d3f0b9 |" in done.stdout
+    assert "| two_replicas | vllm | pass | no | yes | yes | 42.0 | 1234567 |" in done.stdout
+    assert "from 2 results" in done.stdout
+    table = json.loads(out.read_text())
+    assert [s["file"] for s in table["sources"]["vllm"]] == [REAL_VLLM_FILE, str(newer)]
+    rows = rows_by(table)
+    assert (rows[("disk_full", "vllm")]["outcome"], rows[("disk_full", "vllm")]["commit"]) == (
+        "fail",
+        "1234567",
+    )
+    assert rows[("archive_replaced", "vllm")]["outcome"] == "skipped"  # ran by neither: the older skip
+    assert rows[("archive_replaced", "vllm")]["commit"] == "8d3f0b9"
+    assert table["commit"] == "vllm: 8d3f0b9; vllm: 1234567"
+
+
+@pytest.mark.parametrize("what", ["copy", "twice", "not_a_result", "missing"])
 def test_the_table_command_refuses_bad_inputs(tmp_path, what):
+    """Two results of one engine with the same date and commit are one result given twice (a copy, or
+    the same file); a file that is not a result, or missing, is refused too."""
     other = tmp_path / "other.json"
-    if what == "duplicate":
-        other.write_text(json.dumps(result("vllm", {})))
+    if what == "copy":
+        other.write_text(REAL_VLLM.read_text())
+    elif what == "twice":
+        other = REAL_VLLM
     elif what == "not_a_result":
         other.write_text(json.dumps({"engine": "vllm", "rows": []}))
     out = tmp_path / "t.json"
     done = _cli("table", "--out", str(out), str(REAL_VLLM), str(other))
     assert done.returncode == 2 and not out.exists()
-    assert {"duplicate": "a second result for vllm", "not_a_result": "not an engine_faults result"}.get(
-        what, "No such file"
-    ) in done.stderr
+    assert len([line for line in done.stderr.splitlines() if "error:" in line]) == 1
+    assert {
+        "copy": f"the same vllm result as {REAL_VLLM_FILE} (date 2026-12-03T16:02:55+00:00, commit 8d3f0b9)",
+        "twice": "the same vllm result as",
+        "not_a_result": "not an engine_faults result",
+    }.get(what, "No such file") in done.stderr
 
 
 def test_the_run_command_line_is_unchanged():
