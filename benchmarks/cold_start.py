@@ -218,6 +218,8 @@ PHASE_MARKS: dict[str, dict[str, str]] = {
         "weights_begin": r"Starting to load model",
         "graphs_begin": r"Capturing CUDA graphs",
         "graphs_end": r"Graph capturing finished|Foundry rank 0: restored",
+        # the end of vLLM's warmups after the graphs (sampler, kernel warmup, autotune lookups)
+        "warmups_end": r"Kernel JIT monitor activated",
         "server_ready_log": r"Application startup complete",
     },
 }
@@ -1482,10 +1484,61 @@ def assemble(meta: dict[str, Any], runs: dict[str, dict[str, Any]]) -> dict[str,
     out["restore_s"], out["capture_s"] = rep["load_cold"].get("restore_s"), rep["save"].get("capture_s")
     out["breakdown"] = _get(runs, "load_cold", "phases")
     out["breakdown_stock_cold"] = _get(runs, "stock_cold", "phases")
+    out["warm_restart"] = warm_restart(engine, runs)
     out.update(cold_repeats(runs))
     out["errors"] = {r: rec["error"] for r, rec in runs.items() if rec and rec.get("error")}
     out["runs"] = runs
     return out
+
+
+def stock_warm_costs(engine: str, rec: dict[str, Any] | None) -> dict[str, float | None]:
+    """What a stock warm restart spends compiling, warming up and capturing (its own log), the work
+    a LOAD replaces. vLLM: torch.compile's total (a cache load when warm), the initial profiling /
+    warmup run, the capture, and its warmups after the graphs until "Kernel JIT monitor activated".
+    SGLang: the decode-graph phase (its per-shape warmup forwards, JIT builds and capture); its
+    server warmup request is not counted, a LOAD runs it too."""
+    parse = (rec or {}).get("log_parse") or {}
+    timers, marks = parse.get("timers") or {}, parse.get("marks") or {}
+
+    def timer(name: str) -> float | None:
+        return (timers.get(name) or {}).get("sum")
+
+    if engine == "sglang":
+        return {"compile_s": None, "warmup_s": None, "capture_s": timer("decode_graph_s")}
+    after = None
+    if marks.get("warmups_end") is not None and marks.get("graphs_end") is not None:
+        after = round(marks["warmups_end"] - marks["graphs_end"], 3)
+    # vLLM's own timer (whole seconds) over the marks: its "Capturing CUDA graphs" line is a progress
+    # bar, which reaches the log when it is done
+    capture = timer("graph_capture_s")
+    begin, end = marks.get("graphs_begin"), marks.get("graphs_end")
+    if capture is None and begin is not None and end is not None:
+        capture = round(end - begin, 3)
+    parts = [timer("initial_warmup_s"), after]
+    return {
+        "compile_s": timer("torch_compile_total_s"),
+        "warmup_s": None if all(p is None for p in parts) else round(sum(p or 0.0 for p in parts), 3),
+        "capture_s": capture,
+    }
+
+
+def warm_restart(engine: str, runs: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """Issue 12's warm target, as measured: how much sooner the warm LOAD was ready than the warm
+    stock run, against what stock spent compiling, warming up and capturing (stock_warm_costs).
+    ``met``: the LOAD was ready sooner by at least that much; None when a part is missing."""
+    load, stock = runs.get("load_warm") or {}, runs.get("stock_warm") or {}
+    if not (load.get("ok") and stock.get("ok")):
+        return None
+    costs = stock_warm_costs(engine, stock)
+    known = [v for v in costs.values() if v is not None]
+    saved = _get(runs, "stock_warm", "ready_s") - _get(runs, "load_warm", "ready_s")
+    total = round(sum(known), 3) if known else None
+    return {
+        "ready_saved_s": round(saved, 3),
+        "stock": costs,
+        "stock_compile_warmup_capture_s": total,
+        "met": None if total is None else saved >= total,
+    }
 
 
 def cold_repeats(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -1539,6 +1592,12 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
         f"TTFT stock {f('ttft_s_stock_cold')} s / LOAD {f('ttft_s_load_cold')} s (ratio {f('ttft_ratio_cold')})",
         f"  warm: ready stock {f('ready_s_stock_warm')} s / LOAD {f('ready_s_load_warm')} s; "
         f"TTFT stock {f('ttft_s_stock_warm')} s / LOAD {f('ttft_s_load_warm')} s (ratio {f('ttft_ratio_warm')})",
+        "  warm restart: LOAD ready {} s sooner; stock's compile + warmup + capture {} s (target met: {})".format(
+            *(
+                (result.get("warm_restart") or {}).get(k, "n/a")
+                for k in ("ready_saved_s", "stock_compile_warmup_capture_s", "met")
+            )
+        ),
         f"  tokens LOAD==SAVE {f('tokens_identical_to_save')}, LOAD==stock {f('tokens_identical_to_stock')}, "
         f"logprobs LOAD==SAVE {f('logprobs_identical_to_save')}, prompts differ {f('outputs_differ_between_prompts')}",
     ]

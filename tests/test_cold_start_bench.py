@@ -143,6 +143,7 @@ VLLM_LOG = """\
 [   30.100] (EngineCore pid=2) INFO 01-01 10:00:30 [monitor.py:20] torch.compile took 12.40 s in total
 [   31.000] Capturing CUDA graphs (decode, FULL): 100%|██████████| 67/67 [00:09<00:00]
 [   40.000] (EngineCore pid=2) INFO 01-01 10:00:40 [model_runner.py:748] Graph capturing finished in 9 secs, took 0.50 GiB
+[   40.700] (EngineCore pid=2) INFO 01-01 10:00:40 [jit_monitor.py:79] Kernel JIT monitor activated; monitored JIT compilations during inference will use mode=warn.
 [   41.000] (EngineCore pid=2) INFO 01-01 10:00:41 [core.py:348] init engine (profile, create kv cache, warmup model) took 25.50 s (compilation: 12.40 s)
 [   44.000] (APIServer pid=1) INFO:     Application startup complete.
 """
@@ -195,6 +196,7 @@ def test_parse_vllm_log(tmp_path):
     assert parsed["marks"]["imports_done"] == 4.1
     assert parsed["marks"]["graphs_begin"] == 31.0
     assert parsed["marks"]["server_ready_log"] == 44.0
+    assert parsed["marks"]["warmups_end"] == 40.7
     assert parsed["graphs_log"] == 67
     assert parsed["compile_markers"]["torch_compile"] == 1
     assert parsed["compile_markers"]["compiling"] == 1
@@ -439,6 +441,29 @@ def _run(tokens, lps, ready, ttft, report=None, compiled=None):
     if compiled is not None:
         rec["compiled_files"] = compiled
     return rec
+
+
+def test_warm_restart_weighs_the_time_saved_against_stocks_compile_warmup_and_capture(tmp_path):
+    stock = _run([[1]], [[-1.0]], 44.0, 44.2)
+    stock["log_parse"] = cs.parse_log(_lines(tmp_path, VLLM_LOG), "vllm")
+    runs = {"stock_warm": stock, "load_warm": _run([[1]], [[-1.0]], 20.0, 20.2)}
+    got = cs.warm_restart("vllm", runs)
+    # torch.compile 12.4 s, capture 9 s (vLLM's timer), warmups after the graphs 0.7 s
+    assert got["stock"] == {"compile_s": 12.4, "warmup_s": 0.7, "capture_s": 9.0}
+    assert got["stock_compile_warmup_capture_s"] == 22.1 and got["ready_saved_s"] == 24.0
+    assert got["met"] is True
+    runs["load_warm"]["ready_s"] = 22.5  # 21.5 s sooner: less than stock's 22.1 s of that work
+    assert cs.warm_restart("vllm", runs)["met"] is False
+    runs["load_warm"] = {"ok": False, "error": "TimeoutError"}
+    assert cs.warm_restart("vllm", runs) is None
+    sglang_stock = _run([[1]], [[-1.0]], 50.0, 50.3)
+    sglang_stock["log_parse"] = cs.parse_log(_lines(tmp_path, SGLANG_LOG), "sglang")
+    sg = cs.warm_restart(
+        "sglang", {"stock_warm": sglang_stock, "load_warm": _run([[1]], [[-1.0]], 40.0, 40.3)}
+    )
+    capture = sglang_stock["log_parse"]["timers"]["decode_graph_s"]["sum"]
+    assert sg["stock"] == {"compile_s": None, "warmup_s": None, "capture_s": capture}
+    assert capture == 10.52 and sg["met"] is False  # 10 s sooner, stock captured for 10.52 s
 
 
 def test_assemble_has_every_field():
