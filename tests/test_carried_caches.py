@@ -442,6 +442,59 @@ def test_the_launch_redirect_gives_the_job_id_back(tmp_path):
     assert "TORCH_COMPILE_JOB_ID" not in os.environ and torch.compiler.config.job_id is None
 
 
+def test_the_launch_redirect_seeds_the_private_triton_folder_with_this_machines_helpers(
+    tmp_path, monkeypatch
+):
+    """SGLang's schedulers create Triton's CUDA driver at import, before their carried caches are
+    handed over: without the launcher's helper in their private folder they ran the C compiler."""
+    import sysconfig
+
+    from foundry_core.engine import redirect_for_launch, undo_launch_redirect
+
+    suffix = sysconfig.get_config_var("EXT_SUFFIX")
+    home = tmp_path / "home"
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("TRITON_HOME", raising=False)
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    shared = home / ".triton" / "cache"
+    helper = shared / "XU5DT2AO5BD5AEHEYGLP" / f"cuda_utils{suffix}"
+    helper.parent.mkdir(parents=True)
+    helper.write_bytes(b"\x7fELF the launcher's build")
+    (shared / "KERNELKEY" / "kernel.cubin").parent.mkdir()
+    (shared / "KERNELKEY" / "kernel.cubin").write_bytes(b"a kernel")  # kernels are not the launcher's to give
+    (shared / "OTHERKEY").mkdir()
+    (shared / "OTHERKEY" / "cuda_utils.so.tmp").write_bytes(b"half written")
+    try:
+        dirs = redirect_for_launch(_cfg(tmp_path), ["triton", "inductor"])
+        private = dirs.path("triton")
+        assert os.environ["TRITON_CACHE_DIR"] == str(private)
+        got = sorted(p.relative_to(private).as_posix() for p in private.rglob("*") if p.is_file())
+        assert got == [f"XU5DT2AO5BD5AEHEYGLP/cuda_utils{suffix}"]
+        assert (private / got[0]).read_bytes() == helper.read_bytes()
+        assert helper.exists()  # the user's folder is only read
+    finally:
+        undo_launch_redirect()
+
+    # The user's own TRITON_CACHE_DIR is where the launcher's Triton looked: that one is read.
+    theirs = tmp_path / "theirs"
+    (theirs / "KEY2").mkdir(parents=True)
+    (theirs / "KEY2" / f"cuda_utils{suffix}").write_bytes(b"theirs")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(theirs))
+    try:
+        dirs = redirect_for_launch(_cfg(tmp_path), ["triton"])
+        assert [p.name for p in dirs.path("triton").iterdir()] == ["KEY2"]
+    finally:
+        undo_launch_redirect()
+    assert os.environ["TRITON_CACHE_DIR"] == str(theirs)
+
+    # No Triton kind carried, or nothing built yet: nothing to seed.
+    try:
+        dirs = redirect_for_launch(_cfg(tmp_path), ["inductor"])
+        assert "TRITON_CACHE_DIR" in os.environ and os.environ["TRITON_CACHE_DIR"] == str(theirs)
+    finally:
+        undo_launch_redirect()
+
+
 # One process of a carried-caches round trip: torch.compile'd like SGLang's MoE sum-reduce (plain
 # @torch.compile: static for the first shape, dynamic after a second), the caches redirected as the
 # engine layer does before the engine imports torch. Prints the FX-graph cache hits and misses.

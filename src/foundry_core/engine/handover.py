@@ -28,6 +28,7 @@ import os
 import threading
 import time
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 from ..archive import ArchiveError, ArchiveNotFound
@@ -65,12 +66,52 @@ def redirect_for_launch(
     if not getattr(cfg, "carry_caches", True):
         return None
     dirs = caches.CacheDirs.create(kinds, label=_label(cfg))
-    _launch_env.update({name: os.environ.get(name) for name in dirs.environment()})
+    before = {name: os.environ.get(name) for name in dirs.environment()}
+    _launch_env.update(before)
     dirs.redirect()
     _launch_dirs.append(dirs)
+    seed_triton_helpers(dirs, before.get("TRITON_CACHE_DIR"), log or logger)
     if launcher_records and engine is not None and cfg.mode != "save":
         _launcher_records(cfg, dirs, engine, launcher_records, log or logger)
     return dirs
+
+
+#: Triton's host-side helper modules, built with the system C compiler when Triton's CUDA driver is
+#: first created in a process and found by content key in its cache folder after that.
+TRITON_HELPERS = ("cuda_utils",)
+
+
+def seed_triton_helpers(dirs: caches.CacheDirs, user_dir: str | None, log: logging.Logger) -> int:
+    """Copy the Triton helper modules this launching process's own Triton folder holds into the
+    workers' private Triton folder, under the same content keys. An engine whose workers import
+    Triton's CUDA driver before their carried caches are handed over (SGLang's schedulers do, at
+    import) would otherwise build them again with the C compiler at every start, where stock
+    workers find the launcher's copy in the shared folder: these are the files stock loads. Their
+    folder: ``user_dir`` (the user's TRITON_CACHE_DIR), else TRITON_HOME's or HOME's ``.triton/cache``.
+    Returns the number of files copied; nothing is read from the archive here."""
+    import shutil
+    import sysconfig
+
+    if "triton" not in dirs.kinds:
+        return 0
+    source = Path(user_dir or os.path.join(os.environ.get("TRITON_HOME") or Path.home(), ".triton", "cache"))
+    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    copied = 0
+    for name in TRITON_HELPERS:
+        for found in sorted(source.glob(f"*/{name}{suffix}")):
+            target = dirs.path("triton") / found.parent.name / found.name
+            try:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(found, target)
+            except OSError as e:  # the worker builds it then, as it would without this
+                log.debug("Foundry: %s not copied into the private Triton folder (%s)", found, e)
+                continue
+            copied += 1
+    if copied:
+        log.info(
+            "Foundry: %d Triton helper module(s) of this machine put in the private Triton folder", copied
+        )
+    return copied
 
 
 def _launcher_records(
