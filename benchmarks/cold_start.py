@@ -1499,21 +1499,18 @@ def stock_warm_costs(engine: str, rec: dict[str, Any] | None) -> dict[str, float
     server warmup request is not counted, a LOAD runs it too."""
     parse = (rec or {}).get("log_parse") or {}
     timers, marks = parse.get("timers") or {}, parse.get("marks") or {}
+    # The engine's own graph-phase timer, as the breakdown reads it (vLLM's "Capturing CUDA graphs"
+    # line is a progress bar that reaches the log when it is done: no measure of the capture).
+    capture = graph_phase_s(rec or {}, engine)[0]
+    if engine == "sglang":
+        return {"compile_s": None, "warmup_s": None, "capture_s": capture}
 
     def timer(name: str) -> float | None:
         return (timers.get(name) or {}).get("sum")
 
-    if engine == "sglang":
-        return {"compile_s": None, "warmup_s": None, "capture_s": timer("decode_graph_s")}
     after = None
     if marks.get("warmups_end") is not None and marks.get("graphs_end") is not None:
         after = round(marks["warmups_end"] - marks["graphs_end"], 3)
-    # vLLM's own timer (whole seconds) over the marks: its "Capturing CUDA graphs" line is a progress
-    # bar, which reaches the log when it is done
-    capture = timer("graph_capture_s")
-    begin, end = marks.get("graphs_begin"), marks.get("graphs_end")
-    if capture is None and begin is not None and end is not None:
-        capture = round(end - begin, 3)
     parts = [timer("initial_warmup_s"), after]
     return {
         "compile_s": timer("torch_compile_total_s"),

@@ -2108,8 +2108,6 @@ def table_row(case: str, engine: str, result: dict[str, Any] | None, source: str
             row["checks_not_passed"] = rec.get("not_passed_checks")
     if case == "sustained_load":
         row.update(_sustained_fields(rec if row["outcome"] not in ("not run", "skipped") else None))
-    if row["outcome"] in ("not run", "skipped"):
-        row["notes"] = []
     row["notes"] = "; ".join(row["notes"]) or None
     return row
 

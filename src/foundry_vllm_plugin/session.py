@@ -287,8 +287,8 @@ class FoundrySession:
             )
 
     def save(self, adapter: Any) -> None:
-        if self.save_blocked is not None:  # warned at the decision; serving with the captured graphs
-            self.report.update(saved=False, save_error=self.save_blocked)
+        if self.save_blocked is not None:  # warned (and reported) at the decision; serving on
+            self.report["saved"] = False
             return
         import torch
 
