@@ -1403,6 +1403,17 @@ def _outputs(runs: dict[str, Any], run: str, field: str) -> Any:
     return ((runs.get(run) or {}).get("outputs") or {}).get(field)
 
 
+def _agree(runs: dict[str, Any], repeated: list[str], reference: str) -> bool | None:
+    """Whether every run of ``repeated`` gave ``reference``'s tokens and top logprobs; None when
+    one of them (or there is none) has no outputs to compare."""
+    same = [
+        _same(_outputs(runs, r, f), _outputs(runs, reference, f))
+        for r in repeated
+        for f in ("tokens", "top_logprobs")
+    ]
+    return None if None in same or not same else all(same)
+
+
 def decode_captures(engine: str, report: dict[str, Any] | None) -> int | None:
     """Stream captures in the graph phase of a start: SGLang counts the decode-graph phase itself;
     vLLM's worker snapshots the process total before the graphs and at the end."""
@@ -1449,6 +1460,13 @@ def assemble(meta: dict[str, Any], runs: dict[str, dict[str, Any]]) -> dict[str,
     out["logprobs_identical_to_save"] = None if None in load_lp + save_lp else load_lp == save_lp
     stock_lp = [_outputs(runs, "stock_cold", f) for f in lp]
     out["logprobs_identical_to_stock"] = None if None in load_lp + stock_lp else load_lp == stock_lp
+    # Stock against its own restart: where its cold and warm starts disagree (vLLM 0.26 did once, at
+    # 4adbae1), LOAD == stock_cold alone says nothing either way; LOAD is compared with each stock run.
+    stock_runs = [r for r in runs if r.startswith("stock") and (runs.get(r) or {}).get("outputs")]
+    out["stock_warm_identical_to_stock_cold"] = (
+        _agree(runs, ["stock_warm"], "stock_cold") if "stock_warm" in stock_runs else None
+    )
+    out["load_identical_to_stock_runs"] = {r: _agree(runs, ["load_cold"], r) for r in stock_runs}
     load_tokens = _outputs(runs, "load_cold", "tokens")
     out["distinct_outputs"] = len({json.dumps(t) for t in load_tokens}) if load_tokens else None
     sampled = {r: (runs.get(r) or {}).get("outputs_sampled") for r in ("save", "load_cold", "stock_cold")}
@@ -1552,26 +1570,16 @@ def cold_repeats(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     ratios = sorted(r for r in pairs if r is not None)
     median = statistics.median(ratios) if ratios else None
 
-    def agree(repeated: list[str], reference: str) -> bool | None:
-        """Whether every run of ``repeated`` gave ``reference``'s tokens and top logprobs; None when
-        one of them (or there is none) has no outputs to compare."""
-        same = [
-            _same(_outputs(runs, r, f), _outputs(runs, reference, f))
-            for r in repeated
-            for f in ("tokens", "top_logprobs")
-        ]
-        return None if None in same or not same else all(same)
-
     return {
         "ttft_s_load_cold_runs": [ttft[r] for r in loads],
         "ttft_s_stock_cold_runs": [ttft[r] for r in stocks],
         "ttft_ratio_cold_pairs": pairs,
         "ttft_ratio_cold_median": None if median is None else round(median, 4),
         "ttft_ratio_cold_spread": round((ratios[-1] - ratios[0]) / median, 4) if len(ratios) > 1 else None,
-        "repeated_loads_identical_to_save": agree(loads, "save"),
+        "repeated_loads_identical_to_save": _agree(runs, loads, "save"),
         # Whether stock itself reproduces across processes: where it does not (an engine whose
         # compile picks kernels by timing in every new process), no LOAD can be identical to stock.
-        "repeated_stocks_identical_to_stock": agree(stocks[1:], "stock_cold"),
+        "repeated_stocks_identical_to_stock": _agree(runs, stocks[1:], "stock_cold"),
     }
 
 
@@ -1597,6 +1605,8 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
         ),
         f"  tokens LOAD==SAVE {f('tokens_identical_to_save')}, LOAD==stock {f('tokens_identical_to_stock')}, "
         f"logprobs LOAD==SAVE {f('logprobs_identical_to_save')}, prompts differ {f('outputs_differ_between_prompts')}",
+        f"  stock warm == stock cold {f('stock_warm_identical_to_stock_cold')}; LOAD == each stock run "
+        f"{json.dumps(result.get('load_identical_to_stock_runs'), sort_keys=True)}",
     ]
     if len(result.get("ttft_ratio_cold_pairs") or []) > 1:
         lines.append(

@@ -991,3 +991,26 @@ def test_every_ranks_start_report_is_kept_beside_rank_0s(tmp_path):
     got = cs.other_rank_reports(types.SimpleNamespace(engine="sglang"), paths)
     assert got["1"] == {"rank": 1, "graphs": 1} and "unreadable" in got["3"] and set(got) == {"1", "3"}
     assert cs.other_rank_reports(types.SimpleNamespace(engine="vllm"), paths) == {}
+
+
+def test_load_is_compared_with_each_stock_run_and_stock_with_its_own_restart():
+    # As vLLM 0.26 did at 4adbae1: the cold stock start differs from the warm one, LOAD matches SAVE
+    # and the warm stock run; LOAD == stock_cold alone would read as a Foundry fault.
+    lps = [[-1.0, -2.0]] * 2
+    same, other = [[1, 2], [3, 4]], [[1, 2], [3, 7]]
+    runs = {
+        "save": _run(same, lps, 60.0, 61.0),
+        "load_cold": _run(same, lps, 40.0, 40.0),
+        "stock_cold": _run(other, lps, 100.0, 100.0),
+        "stock_warm": _run(same, lps, 80.0, 80.0),
+    }
+    out = cs.assemble({"engine": "vllm"}, runs)
+    assert out["tokens_identical_to_stock"] is False
+    assert out["stock_warm_identical_to_stock_cold"] is False
+    assert out["load_identical_to_stock_runs"] == {"stock_cold": False, "stock_warm": True}
+    assert "stock warm == stock cold False" in "\n".join(cs.summary_lines(out))
+    runs["stock_cold"] = _run(same, lps, 100.0, 100.0)
+    out = cs.assemble({"engine": "vllm"}, runs)
+    assert out["stock_warm_identical_to_stock_cold"] is True
+    del runs["stock_warm"]
+    assert cs.assemble({"engine": "vllm"}, runs)["stock_warm_identical_to_stock_cold"] is None
