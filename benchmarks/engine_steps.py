@@ -191,11 +191,32 @@ def wrap_replay(cls: type, timer: StepTimer, how: str) -> bool:
 
     @functools.wraps(orig)
     def replay(self, *args, **kwargs):
-        return timer.replay(orig, self, name, args, kwargs)
+        out = timer.replay(orig, self, name, args, kwargs)
+        _time_own_path(self, timer, name)
+        return out
 
     replay._foundry_bench_steps = True  # type: ignore[attr-defined]
     cls.replay = replay
     return True
+
+
+def _time_own_path(graph: Any, timer: StepTimer, name: Callable[[Any], str]) -> None:
+    """A graph that put a replay of its own on the instance, over the class's method (Foundry's
+    restored graphs do at their first replay: a closure over their executable), would replay
+    untimed from then on, the class's wrapper never reached again: time that path too. It costs one
+    call frame more than the class's wrapper does."""
+    own = getattr(graph, "__dict__", {}).get("replay")
+    if own is None or getattr(own, "_foundry_bench_steps", False):
+        return
+
+    def call(_graph, *args, **kwargs):
+        return own(*args, **kwargs)
+
+    def replay(*args, **kwargs):
+        return timer.replay(call, graph, name, args, kwargs)
+
+    replay._foundry_bench_steps = True  # type: ignore[attr-defined]
+    graph.__dict__["replay"] = replay
 
 
 class _PatchingLoader(importlib.abc.Loader):

@@ -533,3 +533,57 @@ def test_the_benchmarks_pin_their_runs_to_the_cores_they_are_given(steps):
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == f"[{core}]"
+
+
+def test_a_graph_that_puts_its_own_replay_on_the_instance_stays_timed(steps, timer, tmp_path):
+    # As foundry_core's RestoredGraph does at its first replay (a closure over its executable): the
+    # class's timed method is never reached again, so the instance's own path must be timed too.
+    class SelfReplacing:
+        def __init__(self):
+            self.name, self.fast = "decode/bs8", 0
+
+        def replay(self):
+            FakeEvent.clock[0] += 2.5
+
+            def fast():
+                self.fast += 1
+                FakeEvent.clock[0] += 2.5
+                return "out"
+
+            self.replay = fast
+            return "out"
+
+    steps.wrap_replay(SelfReplacing, timer, "name")
+    g = SelfReplacing()
+    for _ in range(5):
+        assert g.replay() == "out"
+    assert g.fast == 4
+    timer.close()
+    records = steps.read_steps(tmp_path / "steps")
+    assert len(records) == 5 and {r[1] for r in records} == {"decode/bs8"}
+    assert all(r[3] == pytest.approx(2500.0) for r in records)
+
+
+def test_restored_graphs_stay_timed_after_their_first_replay(steps, timer, tmp_path):
+    api = pytest.importorskip("foundry_core.api")
+
+    class Rebuilt:  # the executable's stand-in: launcher() is what the first replay installs
+        launches = 0
+
+        def launcher(self, current_stream, device):
+            def launch():
+                Rebuilt.launches += 1
+                FakeEvent.clock[0] += 1.0
+
+            return launch
+
+    class Timed(api.RestoredGraph):  # a subclass, so that wrapping does not patch the real class
+        pass
+
+    steps.wrap_replay(Timed, timer, "name")
+    g = Timed("decode/bs1", Rebuilt(), 0, None, 3)
+    for _ in range(6):
+        g.replay()
+    assert Rebuilt.launches == 6
+    timer.close()
+    assert len(steps.read_steps(tmp_path / "steps")) == 6
