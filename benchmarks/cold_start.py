@@ -1676,10 +1676,34 @@ def write_chart(result: dict[str, Any], path: Path) -> str | None:
 # --- the parent -------------------------------------------------------------------------------------
 
 
+def _flat(value: Any) -> bool:
+    """A list of scalars, or of lists of scalars (token ids, logprobs): one line in a result."""
+
+    def scalar(v: Any) -> bool:
+        return not isinstance(v, dict | list)
+
+    return isinstance(value, list) and all(
+        scalar(v) or (isinstance(v, list) and all(scalar(w) for w in v)) for v in value
+    )
+
+
+def results_text(data: Any, depth: int = 0) -> str:
+    """JSON as ``json.dumps(indent=1)`` writes it, except that lists of numbers (and of such lists)
+    stay on one line: the outputs of a run took half of a result's bytes as one number per line,
+    and every device call carries the committed results beside its wheel piece."""
+    pad = " " * (depth + 1)
+    if isinstance(data, dict) and data:
+        items = (f"{pad}{json.dumps(str(k))}: {results_text(v, depth + 1)}" for k, v in data.items())
+        return "{\n" + ",\n".join(items) + "\n" + " " * depth + "}"
+    if isinstance(data, list) and data and not _flat(data):
+        return "[\n" + ",\n".join(pad + results_text(v, depth + 1) for v in data) + "\n" + " " * depth + "]"
+    return json.dumps(data, default=str)
+
+
 def write_json(path: Path, data: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=str) + "\n")
+    tmp.write_text(results_text(data) + "\n")
     os.replace(tmp, path)
 
 

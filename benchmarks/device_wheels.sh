@@ -8,7 +8,8 @@
 #   .devwheels/parts-<engine>/part-* one engine's wheels in pieces (44 MiB: SGLang 25, vLLM 21 on
 #                                    2026-12-03): a lease that runs one engine sends only these
 #   .devwheels/parts-both/part-*     both engines' wheels (34 pieces): a lease that runs both
-# A call carries the whole tracked tree (~16 MB on 2026-12-03, mostly benchmarks/results) beside its
+# A call carries the whole tracked tree (~20 MB on 2026-12-03, mostly benchmarks/results, whose large
+# results cold_start.results_text writes with number lists on one line) beside its
 # piece, and the device refuses more than 64 MiB in all: the pieces are cut to what the tree leaves
 # (less 4 MiB of margin), at most 44 MiB. Cut them again when benchmarks/results has grown.
 # Send each piece of one set with its own call, carrying only that piece, e.g.

@@ -1859,7 +1859,7 @@ def write_result(path: Path, data: dict[str, Any]) -> None:
     """Atomic, and tolerant of a case thread changing a record while it is serialised (--parallel)."""
     for _ in range(20):
         try:
-            text = json.dumps(data, indent=1, default=str)
+            text = cs.results_text(data)
             break
         except RuntimeError:  # "dictionary changed size during iteration"
             time.sleep(0.05)

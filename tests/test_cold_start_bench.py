@@ -1014,3 +1014,20 @@ def test_load_is_compared_with_each_stock_run_and_stock_with_its_own_restart():
     assert out["stock_warm_identical_to_stock_cold"] is True
     del runs["stock_warm"]
     assert cs.assemble({"engine": "vllm"}, runs)["stock_warm_identical_to_stock_cold"] is None
+
+
+def test_results_text_is_the_same_json_with_number_lists_on_one_line():
+    data = {
+        "runs": {"save": {"outputs": {"tokens": [[1, 2, 3], [4, 5]], "top_logprobs": [[["t:1", -0.5]]]}}},
+        "empty": {},
+        "none": None,
+        "pairs": [0.3, 0.29],
+        "rows": [{"case": "a", "s": 1.5}, {"case": "b"}],
+        "tuple": (1, 2),
+        "path": Path("/x"),
+    }
+    text = cs.results_text(data)
+    assert json.loads(text) == json.loads(json.dumps(data, default=str))
+    assert '"tokens": [[1, 2, 3], [4, 5]]' in text and '"pairs": [0.3, 0.29]' in text
+    assert '\n  "runs": {\n' not in text and '\n "runs": {\n' in text  # one space per level, as indent=1
+    assert len(text) < len(json.dumps(data, indent=1, default=str))
