@@ -5,9 +5,9 @@
 # Downloads each engine's resolved list (../shared/tools/device-wheels/lists) with that folder's
 # fetch.sh into .devwheels/<engine>/cache, then writes
 #   .devwheels/lists/<engine>.list   the engine's wheel file names (carry .devwheels/lists)
-#   .devwheels/parts-<engine>/part-* one engine's wheels in pieces (44 MiB: SGLang 25, vLLM 21 on
-#                                    2026-12-03): a lease that runs one engine sends only these
-#   .devwheels/parts-both/part-*     both engines' wheels (34 pieces): a lease that runs both
+#   .devwheels/parts-<engine>/part-* one engine's wheels in pieces (40 MiB on 2026-12-03: SGLang 27,
+#                                    vLLM 23): a lease that runs one engine sends only these
+#   .devwheels/parts-both/part-*     both engines' wheels (37 pieces): a lease that runs both
 # A call carries the whole tracked tree (~20 MB on 2026-12-03, mostly benchmarks/results, whose large
 # results cold_start.results_text writes with number lists on one line) beside its
 # piece, and the device refuses more than 64 MiB in all: the pieces are cut to what the tree leaves
