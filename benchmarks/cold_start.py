@@ -1463,9 +1463,7 @@ def assemble(meta: dict[str, Any], runs: dict[str, dict[str, Any]]) -> dict[str,
     # Stock against its own restart: where its cold and warm starts disagree (vLLM 0.26 did once, at
     # 4adbae1), LOAD == stock_cold alone says nothing either way; LOAD is compared with each stock run.
     stock_runs = [r for r in runs if r.startswith("stock") and (runs.get(r) or {}).get("outputs")]
-    out["stock_warm_identical_to_stock_cold"] = (
-        _agree(runs, ["stock_warm"], "stock_cold") if "stock_warm" in stock_runs else None
-    )
+    out["stock_warm_identical_to_stock_cold"] = _agree(runs, ["stock_warm"], "stock_cold")
     out["load_identical_to_stock_runs"] = {r: _agree(runs, ["load_cold"], r) for r in stock_runs}
     load_tokens = _outputs(runs, "load_cold", "tokens")
     out["distinct_outputs"] = len({json.dumps(t) for t in load_tokens}) if load_tokens else None

@@ -64,11 +64,13 @@ def save(archive: str) -> None:
 
 
 def _pin() -> int | None:
+    """One core from the middle of those this process may use (engine_steps.pin, as the engine
+    benchmarks' --cpus does)."""
+    from engine_steps import pin  # beside this file
+
     cpus = sorted(os.sched_getaffinity(0))
-    cpu = cpus[len(cpus) // 2] if cpus else None
-    if cpu is not None:
-        os.sched_setaffinity(0, {cpu})
-    return cpu
+    pinned = pin(cpus[len(cpus) // 2 :][:1])
+    return pinned[0] if pinned else None
 
 
 def _time_batch(graph, batch: int) -> float:
