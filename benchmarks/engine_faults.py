@@ -36,7 +36,9 @@ but the last):
   LOADs the graphs with a warning naming the reason and compiles as usual; load mode refuses.
 * ``sustained_load`` (only when listed): a LOAD server under a request schedule of mixed batch
   sizes for ``--sustain`` seconds, each answer compared with the base server's answer to the same
-  request, the server's device memory sampled for growth.
+  request, the server's device memory sampled for growth; a stock server (no ``--enable-foundry``,
+  the plugins' Inductor pin in its environment) started beside it answers two passes of the same
+  schedule, compared with the LOAD's first two and with the base's.
 
 Budget: ``--budget`` seconds for everything; a case whose estimate (from the base's measured SAVE
 and the LOADs seen so far) does not fit what is left is skipped with the reason. The JSON at
@@ -122,6 +124,9 @@ VERDICTS = ("pass", "fail", "inconclusive", "skipped", "error")
 DEFAULT_TIMES = {"save": 170.0, "load": 65.0, "refuse": 45.0}
 MARGIN_S = 25.0  # kept back from the budget for stopping servers and writing the result
 REFUSAL_GRACE_S = 60.0  # a start that printed its refusal has this long to end by itself
+#: A stock server's additions to its environment: the Inductor defaults both plugins pin in the
+#: engine's processes (foundry_core.engine.inductor.PINNED, spelled out; a test keeps them equal).
+STOCK_ENV = {"TORCHINDUCTOR_DYNAMIC_SCALE_RBLOCK": "0"}
 MAX_TOKENS = 32
 SUSTAIN_SIZES = (1, 3, 8, 16, 32, 64)
 RANK = 0
@@ -714,8 +719,12 @@ class Server:
         toml: Path,
         fsize_limit: int | None = None,
         cache_root: Path | None = None,
+        stock: bool = False,
     ):
         self.ctx, self.case, self.label, self.mode = ctx, case, label, mode
+        # stock: the same server without --enable-foundry (no TOML, no plugin), with a HOME and
+        # TMPDIR of its own so that what it compiles stays out of the Foundry servers' caches.
+        self.stock = stock
         self.archive_dir, self.toml, self.fsize_limit = archive_dir, toml, fsize_limit
         self.rundir = ctx.workdir / "runs" / case / label
         self.cache_root = cache_root or self.rundir / "caches"
@@ -735,36 +744,45 @@ class Server:
         ctx = self.ctx
         shutil.rmtree(self.rundir, ignore_errors=True)
         self.rundir.mkdir(parents=True)
-        if write:
+        if write and not self.stock:
             write_toml(self.toml, self.archive_dir, self.mode, ctx.opts.region_size)
         self.port = cs.free_port()
         argv = server_argv(
             ctx.engine,
             ctx.bench.model_dir,
             self.port,
-            self.toml,
+            None if self.stock else self.toml,
             dummy=ctx.bench.dummy_weights,
             max_bs=ctx.opts.max_bs,
             kv_tokens=ctx.kv_tokens,
             kv_bytes=ctx.kv_bytes,
         )
+        home, tmp = ctx.home, ctx.tmp
+        if self.stock:
+            home, tmp = self.rundir / "home", self.rundir / "tmp"
+            home.mkdir()
+            tmp.mkdir()
         paths = cs.RunPaths(
-            home=ctx.home,
-            tmp=ctx.tmp,
-            kept_home=ctx.home,
-            kept_tmp=ctx.tmp,
+            home=home,
+            tmp=tmp,
+            kept_home=home,
+            kept_tmp=tmp,
             cache_root=self.cache_root,
             report_dir=self.rundir / "report",
         )
         env = cs.child_env(
             dict(os.environ),
             ctx.engine,
-            "save",
+            "stock_cold" if self.stock else "save",
             paths,
             ctx.bench.shim,
             ctx.bench.other_plugins,
             ctx.bench.user_base,
         )
+        if self.stock:
+            # What both plugins set in the engine's processes (foundry_core's Inductor pin): without
+            # it a stock process benchmarks halved reduction blocks and may sum in another order.
+            env.update(STOCK_ENV)
         self.report_dir = paths.report_dir
         self.rec.update(command=shlex.join(argv), port=self.port, log=self.log_name, toml=str(self.toml))
         self.rec["toml_text"] = self.toml.read_text() if self.toml.exists() else None
@@ -790,7 +808,7 @@ class Server:
             self.rec["rlimit_fsize"] = self.fsize_limit
         self.pump = Pump(self.proc.stdout, ctx.logs / self.log_name, self.t0)
         self.pump.start()
-        if ctx.engine == "vllm":  # its start report lands beside the archive, shared by replicas
+        if ctx.engine == "vllm" and not self.stock:  # its start report lands beside the archive
             threading.Thread(target=self._watch_reports, daemon=True).start()
         return self
 
@@ -1599,15 +1617,51 @@ def memory_growth(samples: list[dict[str, Any]], key: str) -> float | None:
     return None if len(values) < 2 else float(max(values) - values[0])
 
 
+def _stock_answers(ctx: Ctx, stock: Server, requests: list[list[list[int]]], into: dict[str, Any]) -> None:
+    """The stock server's answers to two passes of the schedule (``into["passes"]``), then its stop."""
+    try:
+        if stock.wait_ready(ctx.deadline()):
+            into["passes"] = [run_schedule(stock, requests) for _ in range(2)]
+    finally:
+        stock.stop()
+
+
+def compare_passes(got: list[list[dict[str, Any]]], want: list[list[dict[str, Any]]] | None) -> dict[str, Any]:
+    """Pass by pass, request by request: how many answers differ (an error counts as differing),
+    and the first difference."""
+    if not want or not got:
+        return {"compared": 0, "mismatches": None, "first_mismatch": None}
+    compared = mismatches = 0
+    first = None
+    for p, (g_pass, w_pass) in enumerate(zip(got, want)):
+        for i, (g, w) in enumerate(zip(g_pass, w_pass)):
+            compared += 1
+            cmp = compare_outputs(g, w) if "error" not in g and "error" not in w else {"equal": False}
+            if cmp["equal"] is not True:
+                mismatches += 1
+                first = first or {"pass": p, "request": i, **cmp}
+    return {"compared": compared, "mismatches": mismatches, "first_mismatch": first}
+
+
 def case_sustained_load(ctx: Ctx, run: CaseRun) -> None:
     archive = _stage(ctx, run)
     srv = _start_staged(run, archive, "load", "auto")
+    requests = sustained_requests(ctx.opts.max_bs)
+    # A stock server (no --enable-foundry) starts beside it and answers two passes of the same
+    # schedule while the load runs: the LOAD's answers are compared with stock's, not only with the
+    # base SAVE's (itself a Foundry server).
+    stock = run.server(
+        "stock", mode="stock", archive_dir=run.dir / "stock", toml=run.dir / "stock.toml", stock=True
+    ).start(write=False)
+    stock_out: dict[str, Any] = {}
+    asking = threading.Thread(target=_stock_answers, args=(ctx, stock, requests, stock_out), daemon=True)
+    asking.start()
     checks = run.rec["checks"]
     if not srv.wait_ready(ctx.deadline()):
         checks["served"] = False
         return
-    requests = sustained_requests(ctx.opts.max_bs)
     refs = ctx.sustained_reference
+    load_first: list[list[dict[str, Any]]] = []  # the LOAD's answers of its first two passes
     duration = max(0.0, min(ctx.opts.sustain, ctx.left() - MARGIN_S - 15))
     t_end = time.monotonic() + duration
     samples: list[dict[str, Any]] = []
@@ -1617,6 +1671,8 @@ def case_sustained_load(ctx: Ctx, run: CaseRun) -> None:
     t0 = time.monotonic()
     while (passes == 0 or time.monotonic() < t_end) and srv.alive():
         got = run_schedule(srv, requests)
+        if len(load_first) < 2:
+            load_first.append(got)
         want = refs[min(passes, len(refs) - 1)] if refs else None
         for i, g in enumerate(got):
             if "error" in g:
@@ -1635,6 +1691,11 @@ def case_sustained_load(ctx: Ctx, run: CaseRun) -> None:
             next_sample = time.monotonic() + ctx.opts.sample_every
     wall = time.monotonic() - t0
     srv.stop()
+    asking.join(max(0.0, ctx.deadline() - time.time()))
+    stock.stop()  # also when it was not ready by the deadline
+    stock_passes = stock_out.get("passes")
+    vs_load = compare_passes(load_first, stock_passes)
+    vs_reference = compare_passes(refs[:2] if refs else [], stock_passes)
     key = "server_mib" if any(s.get("server_mib") for s in samples) else "device_mib"
     growth = memory_growth(samples, key)
     run.rec["details"].update(
@@ -1651,11 +1712,23 @@ def case_sustained_load(ctx: Ctx, run: CaseRun) -> None:
         memory_samples=samples[:200],
         memory_key=key,
         memory_growth_mib=growth,
+        stock={
+            "ready_s": stock.rec.get("ready_s"),
+            "passes": len(stock_passes or []),
+            "vs_load": vs_load,
+            "vs_reference": vs_reference,
+        },
     )
+    # Every LOAD pass equals the base SAVE's answers, and stock's two passes equal both the base's
+    # and the LOAD's first two: so every LOAD answer equals stock's answer to the same request.
+    stock_equal = None
+    if stock_passes and refs and vs_load["compared"] and vs_reference["compared"]:
+        stock_equal = vs_load["mismatches"] == 0 and vs_reference["mismatches"] == 0 and mismatches == 0
     checks.update(
         loaded=srv.rec.get("mode_logged") == "load",
         no_request_errors=errors == 0,
         outputs_equal_reference=None if not refs else mismatches == 0,
+        outputs_equal_stock=stock_equal,
         memory_growth_under_256_mib=None if growth is None else growth <= 256,
     )
 
@@ -2028,6 +2101,10 @@ def derive_row(case: str, rec: dict[str, Any]) -> dict[str, Any]:
         notes.append("partial_archive_loadable: does not apply (no fault on the archive)")
         served = False if checks.get("served") is False else _bool(checks.get("no_request_errors"))
         identical = _bool(checks.get("outputs_equal_reference"))
+        if "outputs_equal_stock" in checks:  # results from before the stock server have no such check
+            identical = _all3([identical, checks["outputs_equal_stock"]])
+        else:
+            notes.append("outputs_identical: against the base SAVE server's answers (no stock server then)")
     strict = None
     if case in STRICT_PREFIX:
         prefix = STRICT_PREFIX[case]
@@ -2048,6 +2125,7 @@ def _sustained_fields(rec: dict[str, Any] | None) -> dict[str, Any]:
         "requests": d.get("requests"),
         "duration_s": d.get("seconds"),
         "mismatches": d.get("mismatches"),
+        "stock_mismatches": ((d.get("stock") or {}).get("vs_load") or {}).get("mismatches"),
         "request_errors": d.get("errors"),
         "device_memory_growth_mib": d.get("memory_growth_mib"),
         "device_memory_measure": {

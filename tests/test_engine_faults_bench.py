@@ -435,8 +435,11 @@ FAKE_ENGINE = textwrap.dedent(
     knob = lambda name, default: float(os.environ.get("FAKE_" + name, default))
     argv = sys.argv
     port = int(argv[argv.index("--port") + 1])
-    cfg = tomllib.loads(Path(argv[argv.index("--foundry-config") + 1]).read_text())
-    mode, adir = cfg["mode"], Path(cfg["archive_dir"])
+    if "--foundry-config" in argv:
+        cfg = tomllib.loads(Path(argv[argv.index("--foundry-config") + 1]).read_text())
+        mode, adir = cfg["mode"], Path(cfg["archive_dir"])
+    else:  # a stock server: no Foundry at all
+        mode, adir = "stock", Path(tempfile.mkdtemp())
     record = adir / ("rank0.sglang.json" if style == "sglang" else "rank0.vllm.json")
     pid = os.getpid()
     slots = {"memory_pool_config": {"tokens": 64}}
@@ -477,7 +480,7 @@ FAKE_ENGINE = textwrap.dedent(
     decided = {"auto": "load" if complete() else "save"}.get(mode, mode)
     if decided == "load" and not complete():
         print(f"error: mode=load but {adir} holds no complete archive"); sys.exit(1)
-    foundry = True
+    foundry = mode != "stock"
     if style == "sglang" and decided == "save" and problem is not True:
         log(f"Foundry: archive_dir {adir} is not writable ({problem}); auto mode serves without Foundry this time")
         foundry = False
@@ -584,8 +587,9 @@ FAKE_ENGINE = textwrap.dedent(
         def do_POST(self):
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             choices = []
+            shift = 1 if mode == "stock" and os.environ.get("FAKE_STOCK_DIFFERS") else 0
             for i, prompt in enumerate(body["prompt"]):
-                ids = [(sum(prompt) * 31 + len(prompt) + k) % 4000 for k in range(body["max_tokens"])]
+                ids = [(sum(prompt) * 31 + len(prompt) + k + shift) % 4000 for k in range(body["max_tokens"])]
                 lps = [-0.5 - (t % 7) / 8 for t in ids]
                 tops = [{str(t): lp, "x": lp - 1} for t, lp in zip(ids, lps)]
                 choices.append({"index": i, "text": "", "token_ids": ids,
@@ -623,6 +627,7 @@ def fake_engine(tmp_path, monkeypatch):
         "STYLE",
         "QUIET_CAPTURE",
         "STAGGER_DIR",
+        "STOCK_DIFFERS",
     ):
         monkeypatch.delenv(f"FAKE_{knob}", raising=False)
 
@@ -752,6 +757,12 @@ def test_staged_cases_replace_damage_and_sustain(fake_engine, monkeypatch):
     assert sustained["details"]["passes"] >= 2 and sustained["details"]["mismatches"] == 0
     assert sustained["details"]["batch_sizes"] == [1, 3, 8, 16, 32, 64]
     assert sustained["checks"]["memory_growth_under_256_mib"] is True
+    assert sustained["checks"]["outputs_equal_stock"] is True
+    stock = sustained["details"]["stock"]
+    assert stock["passes"] == 2 and stock["vs_load"] == {"compared": 12, "mismatches": 0, "first_mismatch": None}
+    assert stock["vs_reference"]["compared"] == 12 and stock["vs_reference"]["mismatches"] == 0
+    stock_server = sustained["servers"]["stock"]
+    assert "--enable-foundry" not in stock_server["command"] and stock_server["exit_code"] is not None
     assert sustained["verdict"] == "pass", sustained.get("not_passed_checks")
     # Every staged start used the base's TOML path (part of vLLM's fingerprint).
     tomls = {
@@ -766,7 +777,8 @@ def test_staged_cases_replace_damage_and_sustain(fake_engine, monkeypatch):
     staged = [
         s
         for c in ("archive_replaced", "damaged_cache", "sustained_load")
-        for s in result["cases"][c]["servers"].values()
+        for label, s in result["cases"][c]["servers"].items()
+        if label != "stock"  # sustained_load's stock server has no archive
     ]
     assert {s["archive_dir"] for s in staged} == {result["base"]["server"]["archive_dir"]}
     sustained_load = result["cases"]["sustained_load"]["servers"]["load"]
@@ -775,6 +787,23 @@ def test_staged_cases_replace_damage_and_sustain(fake_engine, monkeypatch):
         and sustained_load["report"]["caches"]["new_files"]["total"] == 0
     )
     assert rc == 0
+
+
+def test_sustained_load_fails_where_stock_answers_otherwise(fake_engine, monkeypatch):
+    monkeypatch.setenv("FAKE_STOCK_DIFFERS", "1")
+    rc, result = fake_engine("--cases", "sustained_load", "--sustain", "0.5", "--sample-every", "0.2")
+    sustained = result["cases"]["sustained_load"]
+    assert sustained["details"]["mismatches"] == 0  # the LOAD still equals the base SAVE
+    assert sustained["checks"]["outputs_equal_stock"] is False
+    assert sustained["details"]["stock"]["vs_load"]["mismatches"] == 12
+    assert sustained["details"]["stock"]["vs_load"]["first_mismatch"]["pass"] == 0
+    assert sustained["verdict"] == "fail" and rc == 1
+
+
+def test_stock_env_is_what_the_plugins_pin():
+    from foundry_core.engine.inductor import PINNED
+
+    assert ef.STOCK_ENV == {env: "1" if value else "0" for value, env, _why in PINNED.values()}
 
 
 def test_vllm_reports_by_engine_pid_and_a_wrong_output_fails(fake_engine, monkeypatch):
