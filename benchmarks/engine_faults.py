@@ -1626,7 +1626,9 @@ def _stock_answers(ctx: Ctx, stock: Server, requests: list[list[list[int]]], int
         stock.stop()
 
 
-def compare_passes(got: list[list[dict[str, Any]]], want: list[list[dict[str, Any]]] | None) -> dict[str, Any]:
+def compare_passes(
+    got: list[list[dict[str, Any]]], want: list[list[dict[str, Any]]] | None
+) -> dict[str, Any]:
     """Pass by pass, request by request: how many answers differ (an error counts as differing),
     and the first difference."""
     if not want or not got:

@@ -402,6 +402,7 @@ def measure_decode(
     mono: Callable[[], float] = time.monotonic,
     wall: Callable[[], float] = time.time,
     sleep: Callable[[float], None] = time.sleep,
+    gate: PairGate | None = None,
 ) -> dict[str, Any]:
     """Decode tokens per second and per-step replay times over ``reps`` generates of ``tokens + 1``
     tokens for every prompt (greedy, no EOS stop), after one warm-up generate of that length.
@@ -412,7 +413,11 @@ def measure_decode(
     :data:`ENV_DIR`), each repetition's replays are read back from the engine's step files by start
     time; the medians of the graph most replayed in it are that repetition's host and device time.
     Repetitions stop early (at least two are kept) when the next would end past ``deadline`` (epoch
-    seconds). ``decode_stats`` holds median and spread across repetitions of each measure."""
+    seconds). ``decode_stats`` holds median and spread across repetitions of each measure.
+
+    ``gate`` (paired runs, :class:`PairGate`): each repetition waits for the gate to open it and
+    reports back when done, so that a parent alternates this engine's repetitions with another's;
+    the gate, not ``deadline``, then says when to stop."""
 
     def timed(n: int, batch: list[list[int]] = prompts) -> dict[str, Any]:
         m0, t0 = mono(), clock()
@@ -426,15 +431,23 @@ def measure_decode(
     n_short = statistics.median(s["tokens"] for s in short)
     longs: list[dict[str, Any]] = []
     cut = False
-    for _ in range(reps):
-        if deadline is not None and len(longs) >= 2 and wall() + 1.3 * max(x["s"] for x in longs) > deadline:
+    for i in range(reps):
+        if gate is not None:
+            if not gate.wait(i):
+                cut = True
+                break
+        elif (
+            deadline is not None and len(longs) >= 2 and wall() + 1.3 * max(x["s"] for x in longs) > deadline
+        ):
             cut = True
             break
         longs.append(timed(tokens + 1))
+        if gate is not None:
+            gate.done(i)
     tok_s = [(x["tokens"] - n_short) / (x["s"] - t_short) if x["s"] > t_short else None for x in longs]
     out: dict[str, Any] = {
         "decode_prompts": len(prompts),
-        "decode_tokens": statistics.median(x["tokens"] for x in longs) - n_short,
+        "decode_tokens": statistics.median(x["tokens"] for x in longs) - n_short if longs else None,
         "warmup_s": round(warm["s"], 4),
         "timed_short_s": [round(s["s"], 4) for s in short],
         "timed_long_s": [round(x["s"], 4) for x in longs],
@@ -462,6 +475,149 @@ def measure_decode(
         "replay_device_us": summarize(w["device_us"] for w in windows),
     }
     return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# Paired runs: stock's and LOAD's repetitions alternating in time
+#
+# Run one after the other, two engine runs meet the host in different states: on the H200 machine
+# (2026-12-03) the host ran slower for periods of seconds, which took a run's decode from about
+# 21,000 to about 16,000 tok/s and its replay call from about 16.5 to about 22 us, so the order of
+# the runs decided their ratio. With both engines up, a parent opens one repetition at a time,
+# alternating the order each round (stock, LOAD; LOAD, stock; ...), and compares each round's two.
+
+
+class PairGate:
+    """A child's side: ``wait(i)`` announces that repetition ``i`` is ready to run (``wait-<name>-<i>``)
+    and blocks until the parent opens it (``go-<name>-<i>``: True) or says stop (``stop``, or
+    ``timeout_s`` passed: False); ``done(i)`` reports it finished (``done-<name>-<i>``)."""
+
+    def __init__(
+        self, directory: str | os.PathLike, name: str, timeout_s: float = 600.0, poll_s: float = 0.01
+    ):
+        self.dir, self.name, self.timeout_s, self.poll_s = Path(directory), name, timeout_s, poll_s
+
+    def _touch(self, what: str, i: int) -> None:
+        (self.dir / f"{what}-{self.name}-{i}").touch()
+
+    def wait(self, i: int) -> bool:
+        self._touch("wait", i)
+        go, stop = self.dir / f"go-{self.name}-{i}", self.dir / "stop"
+        end = time.monotonic() + self.timeout_s
+        while time.monotonic() < end:
+            if go.exists():
+                return True
+            if stop.exists():
+                return False
+            time.sleep(self.poll_s)
+        return False
+
+    def done(self, i: int) -> None:
+        self._touch("done", i)
+
+
+def run_pairs(
+    directory: str | os.PathLike,
+    names: tuple[str, str],
+    rounds: int,
+    deadline: float,
+    alive: Callable[[str], bool],
+    poll_s: float = 0.01,
+    clock: Callable[[], float] = time.time,
+) -> dict[str, Any]:
+    """The parent's side of :class:`PairGate`: wait until both children wait at repetition 0, then
+    open repetitions one at a time, ``names`` in order in even rounds and reversed in odd ones, each
+    after the previous one reported done; stop (the ``stop`` file) after ``rounds`` rounds, when a
+    round would not end before ``deadline`` (epoch seconds; judged by the longest round so far), or
+    when a child is gone. Returns the rounds run, each child's order, and why it stopped."""
+    d = Path(directory)
+    out: dict[str, Any] = {"names": list(names), "rounds": 0, "order": [], "stopped": None}
+
+    def wait_for(path: Path, who: str) -> bool:
+        while not path.exists():
+            if not alive(who):
+                out["stopped"] = f"{who} ended before {path.name}"
+                return False
+            if clock() > deadline:
+                out["stopped"] = f"deadline passed waiting for {path.name}"
+                return False
+            time.sleep(poll_s)
+        return True
+
+    try:
+        if not all(wait_for(d / f"wait-{n}-0", n) for n in names):
+            return out
+        longest = 0.0
+        for i in range(rounds):
+            if i and clock() + 1.3 * longest > deadline:
+                out["stopped"] = f"budget: a round takes up to {longest:.1f} s"
+                return out
+            t0 = clock()
+            order = names if i % 2 == 0 else names[::-1]
+            for n in order:
+                if not wait_for(d / f"wait-{n}-{i}", n):
+                    return out
+                (d / f"go-{n}-{i}").touch()
+                if not wait_for(d / f"done-{n}-{i}", n):
+                    return out
+            out["rounds"] = i + 1
+            out["order"].append(list(order))
+            longest = max(longest, clock() - t0)
+        out["stopped"] = "all rounds run"
+        return out
+    finally:
+        (d / "stop").touch()
+
+
+def paired_stats(a: dict[str, Any] | None, b: dict[str, Any] | None, rounds: int) -> dict[str, Any]:
+    """Round by round, ``b`` against ``a`` (two runs' :func:`measure_decode` results): tokens per second
+    and device time per replay as ratios b / a, host time per replay as the difference b - a (us);
+    each with median, spread across rounds ((max - min) / median for the ratios) and the values."""
+
+    def per_round(run: dict[str, Any] | None, key: str) -> list[Any]:
+        run = run or {}
+        if key == "tok_s":
+            values = run.get("decode_tok_s_reps") or []
+        else:
+            values = [w.get(key) for w in run.get("replay_windows") or []]
+        return list(values[:rounds])
+
+    out: dict[str, Any] = {"rounds": rounds}
+    for key, name, how in (
+        ("tok_s", "tok_s_ratio", "ratio"),
+        ("device_us", "replay_device_ratio", "ratio"),
+        ("host_us", "replay_host_diff_us", "diff"),
+    ):
+        pairs = [(x, y) for x, y in zip(per_round(a, key), per_round(b, key)) if x and y]
+        values = [round(y / x, 4) if how == "ratio" else round(y - x, 2) for x, y in pairs]
+        stat: dict[str, Any] = {"values": values, "n": len(values), "median": None, "spread": None}
+        if values:
+            med = statistics.median(values)
+            stat["median"] = round(med, 4)
+            stat["min"], stat["max"] = min(values), max(values)
+            if how == "ratio" and med:
+                stat["spread"] = round((max(values) - min(values)) / med, 4)
+        out[name] = stat
+    return out
+
+
+def paired_lines(paired: dict[str, Any] | None) -> list[str]:
+    """The summary's lines for a paired run (none without one)."""
+    if not paired:
+        return []
+
+    def cell(stat: dict[str, Any] | None, unit: str = "") -> str:
+        if not stat or stat.get("median") is None:
+            return "n/a"
+        rng = f"{stat['min']}..{stat['max']}{unit}"
+        sp = stat.get("spread")
+        return f"{stat['median']}{unit} ({rng}" + ("" if sp is None else f", spread {100 * sp:.1f}%") + ")"
+
+    return [
+        f"  paired, {paired.get('rounds', 0)} rounds ({paired.get('stopped')}): LOAD/stock tok/s "
+        f"{cell(paired.get('tok_s_ratio'))}, device {cell(paired.get('replay_device_ratio'))}, "
+        f"host LOAD-stock {cell(paired.get('replay_host_diff_us'), ' us')}"
+    ]
 
 
 # ---------------------------------------------------------------------------------------------------

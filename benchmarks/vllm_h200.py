@@ -50,6 +50,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -330,6 +331,12 @@ def assemble(meta: dict, runs: dict) -> dict:
         runner=load_report.get("runner", save_report.get("runner")),
         attention_backends=load_report.get("attention_backends", save_report.get("attention_backends")),
     )
+    if meta.get("paired"):
+        # --paired: LOAD's repetitions against stock's, round by round (both engines up at once).
+        result["paired"] = {
+            **(meta.get("pairing") or {}),
+            **steps.paired_stats(stock, load, (meta.get("pairing") or {}).get("rounds") or 0),
+        }
     checks = {
         "save_mode_is_save": result["save_mode"] == "save",
         "load_mode_is_load": result["load_mode"] == "load",
@@ -369,6 +376,7 @@ def summary_lines(result: dict) -> list[str]:
         f"capture {f('capture_s')} s + save {f('save_s')} s (SAVE)",
         f"  tokens LOAD==SAVE {f('tokens_identical_to_save')}, LOAD==stock {f('tokens_identical_to_stock')}, "
         f"SAVE==stock {f('save_tokens_identical_to_stock')}",
+        *steps.paired_lines(result.get("paired")),
     ]
     failed = [k for k, v in (result.get("checks") or {}).items() if not v]
     if failed:
@@ -502,6 +510,11 @@ def child_main(spec_path: str) -> int:
                 int(spec["reps"]),
                 steps_dir=os.environ.get(steps.ENV_DIR),
                 deadline=spec.get("deadline"),
+                gate=steps.PairGate(
+                    spec["pair_dir"], spec["name"], timeout_s=max(1.0, spec["deadline"] - time.time())
+                )
+                if spec.get("pair_dir")
+                else None,
             )
         )
         result["total_s"] = round(time.perf_counter() - t0, 3)
@@ -570,24 +583,40 @@ def wait_gpu_idle(baseline_mib: int | None, limit_s: float = 30.0) -> float:
 _BASELINE_MIB: list[int | None] = [None]
 
 
-def launch_child(name: str, spec: dict, env: dict, logs: Path, timeout_s: float) -> dict:
-    """Run one child in its own session; returns its result (or what is known) with exit status."""
-    spec_path = Path(spec["result"]).with_suffix(".spec.json")
-    write_json(spec_path, spec)
-    stdout_path, stderr_path = logs / f"vllm-{name}.stdout.log", logs / f"vllm-{name}.stderr.log"
-    t0 = time.perf_counter()
-    with open(stdout_path, "wb") as so, open(stderr_path, "wb") as se:
-        proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), "--child", str(spec_path)],
-            stdout=so,
-            stderr=se,
-            env=env,
-            cwd=str(ROOT),
-            start_new_session=True,
-        )
+class Child:
+    """One child (:func:`child_main`) in its own session: :meth:`start` it, then :meth:`finish` it,
+    which waits at most ``timeout_s``, ends whatever it left behind and returns its result (or what
+    is known) with its exit status. Paired runs keep two alive at once."""
+
+    def __init__(self, name: str, spec: dict, env: dict, logs: Path):
+        self.name, self.spec, self.env = name, spec, env
+        self.stdout_path = logs / f"vllm-{name}.stdout.log"
+        self.stderr_path = logs / f"vllm-{name}.stderr.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> Child:
+        spec_path = Path(self.spec["result"]).with_suffix(".spec.json")
+        write_json(spec_path, self.spec)
+        self.t0 = time.perf_counter()
+        with open(self.stdout_path, "wb") as so, open(self.stderr_path, "wb") as se:
+            self.proc = subprocess.Popen(
+                [sys.executable, str(Path(__file__).resolve()), "--child", str(spec_path)],
+                stdout=so,
+                stderr=se,
+                env=self.env,
+                cwd=str(ROOT),
+                start_new_session=True,
+            )
+        return self
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def finish(self, timeout_s: float) -> dict:
+        proc, spec, name = self.proc, self.spec, self.name
         timed_out = False
         try:
-            rc = proc.wait(timeout=timeout_s)
+            rc = proc.wait(timeout=max(1.0, timeout_s))
         except subprocess.TimeoutExpired:
             timed_out = True
             _kill_session(proc.pid, signal.SIGTERM)
@@ -596,34 +625,84 @@ def launch_child(name: str, spec: dict, env: dict, logs: Path, timeout_s: float)
             except subprocess.TimeoutExpired:
                 _kill_session(proc.pid, signal.SIGKILL)
                 rc = proc.wait()
-    _kill_session(proc.pid, signal.SIGKILL)  # the engine core and anything else the child left behind
-    wall = round(time.perf_counter() - t0, 1)
-    try:
-        result = json.loads(Path(spec["result"]).read_text())
-    except (OSError, ValueError):
-        result = {"name": name, "stage": "no result file"}
-    result.update(exit_code=rc, wall_s=wall, timeout_s=round(timeout_s), timed_out=timed_out)
-    if timed_out:
-        result["error"] = (
-            f"timed out after {timeout_s:.0f} s in stage {result.get('stage')!r}\n" + result.get("error", "")
-        )
-    elif rc != 0 and not result.get("error"):
-        result["error"] = f"exit status {rc} in stage {result.get('stage')!r} (see vllm-{name}.stderr.log)"
-    if spec.get("start_report") and not result.get("foundry_report"):
-        try:  # the worker may have written it before the child failed
-            result["foundry_report"] = json.loads(Path(spec["start_report"]).read_text())
-        except (OSError, ValueError):
-            pass
-    text = ""
-    for path in (stdout_path, stderr_path):
+        _kill_session(proc.pid, signal.SIGKILL)  # the engine core and anything else the child left behind
+        wall = round(time.perf_counter() - self.t0, 1)
         try:
-            text += path.read_text(errors="replace") + "\n"
-        except OSError:
-            pass
-    result["log"] = parse_log(text, result.get("t0_epoch"))
-    report = result.get("foundry_report") or {}
-    result["graphs"] = report.get("graphs", result["log"].get("graphs_captured"))
-    return result
+            result = json.loads(Path(spec["result"]).read_text())
+        except (OSError, ValueError):
+            result = {"name": name, "stage": "no result file"}
+        result.update(exit_code=rc, wall_s=wall, timeout_s=round(timeout_s), timed_out=timed_out)
+        if timed_out:
+            result["error"] = (
+                f"timed out after {timeout_s:.0f} s in stage {result.get('stage')!r}\n"
+                + result.get("error", "")
+            )
+        elif rc != 0 and not result.get("error"):
+            result["error"] = (
+                f"exit status {rc} in stage {result.get('stage')!r} (see vllm-{name}.stderr.log)"
+            )
+        if spec.get("start_report") and not result.get("foundry_report"):
+            try:  # the worker may have written it before the child failed
+                result["foundry_report"] = json.loads(Path(spec["start_report"]).read_text())
+            except (OSError, ValueError):
+                pass
+        text = ""
+        for path in (self.stdout_path, self.stderr_path):
+            try:
+                text += path.read_text(errors="replace") + "\n"
+            except OSError:
+                pass
+        result["log"] = parse_log(text, result.get("t0_epoch"))
+        report = result.get("foundry_report") or {}
+        result["graphs"] = report.get("graphs", result["log"].get("graphs_captured"))
+        return result
+
+
+def launch_child(name: str, spec: dict, env: dict, logs: Path, timeout_s: float) -> dict:
+    """Run one child to its end (see :class:`Child`)."""
+    return Child(name, spec, env, logs).start().finish(timeout_s)
+
+
+def run_paired(
+    load: Child,
+    stock: Child,
+    pair_dir: Path,
+    rounds: int,
+    deadline: float,
+    poll_s: float = 0.2,
+) -> tuple[dict, dict, dict]:
+    """``--paired``: LOAD starts alone and stock only once LOAD waits at its first repetition (LOAD's
+    engine sizes its KV cache with the GPU to itself, as SAVE's did, or the archive would not match);
+    then both children's repetitions alternate (:func:`engine_steps.run_pairs`). Returns the pairing
+    record and the two children's results. ``deadline``: epoch seconds for everything."""
+    load.start()
+    first = pair_dir / "wait-load-0"
+    while not first.exists() and load.alive() and time.time() < deadline - 60:
+        time.sleep(poll_s)
+    pairs: dict = {"stock_started_after_load_s": None}
+    if first.exists():
+        pairs["stock_started_after_load_s"] = round(time.perf_counter() - load.t0, 1)
+        stock.start()
+        # Repetitions end 30 s before the deadline: both engines must still shut down.
+        pairs.update(
+            steps.run_pairs(
+                pair_dir,
+                ("stock", "load"),
+                rounds,
+                deadline - 30,
+                lambda n: (stock if n == "stock" else load).alive(),
+            )
+        )
+    else:
+        (pair_dir / "stop").touch()
+        pairs["stopped"] = "LOAD did not reach its first repetition"
+    load_result = load.finish(max(1.0, deadline - time.time()))
+    stock_result = (
+        stock.finish(max(1.0, deadline - time.time()))
+        if stock.proc is not None
+        else {"name": "stock", "error": "skipped: LOAD did not reach its first repetition"}
+    )
+    return pairs, stock_result, load_result
 
 
 def machine_info() -> dict:
@@ -689,6 +768,7 @@ def run_benchmark(args, launch=launch_child) -> dict:
         "reps": args.reps,
         "budget_s": args.budget,
         "step_timing": args.step_timing,
+        "paired": args.paired,
     }
     runs: dict = {}
 
@@ -730,17 +810,8 @@ def run_benchmark(args, launch=launch_child) -> dict:
         meta["setup_error"] = traceback.format_exc()[-4000:]
         return flush()
     flush()
-    for i, name in enumerate(args.order):
-        if name == "load" and (runs.get("save") or {}).get("error"):
-            runs[name] = {"name": name, "error": "skipped: the SAVE run failed"}
-            flush()
-            continue
-        remaining = args.budget - (time.perf_counter() - t_start)
-        timeout_s = child_timeout(remaining, len(args.order) - i - 1, args.child_timeout)
-        if remaining < 60:
-            runs[name] = {"name": name, "error": f"skipped: {remaining:.0f} s of the budget left"}
-            flush()
-            continue
+
+    def make_spec(name: str, timeout_s: float) -> dict:
         spec = {
             "name": name,
             "foundry": name != "stock",
@@ -758,6 +829,58 @@ def run_benchmark(args, launch=launch_child) -> dict:
         }
         if spec["start_report"]:
             Path(spec["start_report"]).unlink(missing_ok=True)  # only this child's worker may write it
+        return spec
+
+    def make_env(name: str) -> dict:
+        return child_env(dict(os.environ), name, plugin_dir, cache_dir, step_plugin, work / f"steps-{name}")
+
+    for i, name in enumerate(args.order):
+        if name in runs:  # the other half of a paired run
+            continue
+        if name == "load" and (runs.get("save") or {}).get("error"):
+            runs[name] = {"name": name, "error": "skipped: the SAVE run failed"}
+            flush()
+            continue
+        remaining = args.budget - (time.perf_counter() - t_start)
+        timeout_s = child_timeout(remaining, len(args.order) - i - 1, args.child_timeout)
+        if remaining < 60:
+            runs[name] = {"name": name, "error": f"skipped: {remaining:.0f} s of the budget left"}
+            flush()
+            continue
+        if args.paired and name in ("stock", "load") and not (runs.get("save") or {}).get("error"):
+            if i > 0 and _BASELINE_MIB[0] is not None:
+                wait_gpu_idle(_BASELINE_MIB[0], limit_s=30.0)
+            deadline = time.time() + remaining - 10
+            pair_dir = work / "pairs"
+            shutil.rmtree(pair_dir, ignore_errors=True)
+            pair_dir.mkdir()
+            children = {}
+            for n in ("stock", "load"):
+                spec = make_spec(n, deadline - time.time())
+                spec.update(pair_dir=str(pair_dir), deadline=round(deadline - 20, 1))
+                children[n] = Child(n, spec, make_env(n), logs)
+            print(
+                f"[bench] stock and load, paired: starting (LOAD first; {remaining:.0f} s left)", flush=True
+            )
+            try:
+                meta["pairing"], runs["stock"], runs["load"] = run_paired(
+                    children["load"], children["stock"], pair_dir, args.reps, deadline
+                )
+            except Exception:
+                for n, c in children.items():
+                    if c.alive():
+                        _kill_session(c.proc.pid, signal.SIGKILL)
+                    runs[n] = {"name": n, "error": "paired run failed:\n" + traceback.format_exc()[-4000:]}
+            for n in ("stock", "load"):
+                r = runs[n]
+                print(
+                    f"[bench] {n}: exit {r.get('exit_code')} after {r.get('wall_s')} s, ready {r.get('ready_s')} s"
+                    + (" ERROR" if r.get("error") else ""),
+                    flush=True,
+                )
+            flush()
+            continue
+        spec = make_spec(name, timeout_s)
         idle_wait = None
         if i > 0 and _BASELINE_MIB[0] is not None:
             # The previous child's engine core frees its memory asynchronously; the wait is counted
@@ -766,9 +889,8 @@ def run_benchmark(args, launch=launch_child) -> dict:
             timeout_s = max(30.0, timeout_s - idle_wait)
             spec["deadline"] = round(time.time() + timeout_s - 20, 1)
         print(f"[bench] {name}: starting (timeout {timeout_s:.0f} s)", flush=True)
-        env = child_env(dict(os.environ), name, plugin_dir, cache_dir, step_plugin, work / f"steps-{name}")
         try:
-            runs[name] = launch(name, spec, env, logs, timeout_s)
+            runs[name] = launch(name, spec, make_env(name), logs, timeout_s)
         except Exception:
             runs[name] = {"name": name, "error": "launch failed:\n" + traceback.format_exc()[-4000:]}
         r = runs[name]
@@ -838,6 +960,13 @@ def parse_args(argv: list[str]):
         "throughput varied by 20-35 %% between repetitions unpinned",
     )
     p.add_argument(
+        "--paired",
+        action="store_true",
+        help="run stock and LOAD at once and alternate their timed repetitions (stock, LOAD; LOAD, "
+        "stock; ...), comparing each round's two: runs one after the other met the host in different "
+        "states (tok/s 16,000 vs 21,000 between periods of seconds on the H200 machine)",
+    )
+    p.add_argument(
         "--check-structure",
         action="store_true",
         help="LOAD reads its graphs back and compares them with the archive ([load] check_structure)",
@@ -852,6 +981,8 @@ def parse_args(argv: list[str]):
         p.error(f"--order takes each of {', '.join(RUN_NAMES)} at most once")
     if "load" in args.order and "save" in args.order and args.order.index("load") < args.order.index("save"):
         p.error("--order: load needs the archive of save, so save comes first")
+    if args.paired and not {"stock", "load"} <= set(args.order):
+        p.error("--paired needs stock and load in --order")
     counts = (args.new_tokens, args.decode_tokens, args.reps, args.max_bs, args.decode_prompts)
     if min(c for c in counts if c is not None) < 1:
         p.error("--max-bs, --new-tokens, --decode-prompts, --decode-tokens and --reps must be at least 1")

@@ -759,7 +759,11 @@ def test_staged_cases_replace_damage_and_sustain(fake_engine, monkeypatch):
     assert sustained["checks"]["memory_growth_under_256_mib"] is True
     assert sustained["checks"]["outputs_equal_stock"] is True
     stock = sustained["details"]["stock"]
-    assert stock["passes"] == 2 and stock["vs_load"] == {"compared": 12, "mismatches": 0, "first_mismatch": None}
+    assert stock["passes"] == 2 and stock["vs_load"] == {
+        "compared": 12,
+        "mismatches": 0,
+        "first_mismatch": None,
+    }
     assert stock["vs_reference"]["compared"] == 12 and stock["vs_reference"]["mismatches"] == 0
     stock_server = sustained["servers"]["stock"]
     assert "--enable-foundry" not in stock_server["command"] and stock_server["exit_code"] is not None

@@ -194,6 +194,104 @@ def test_repetitions_stop_before_the_deadline(steps):
     assert got["reps_done"] == 2 and got["reps_cut"]
 
 
+# --- paired runs: two engines' repetitions alternating ----------------------------------------------
+
+
+def _paired_child(steps, directory, name, eng, reps, log, lock):
+    """A child's decode under a gate; every generate of a timed repetition is logged in order."""
+
+    def generate(prompts, n):
+        out = eng.generate(prompts, n)
+        if n > 2:
+            with lock:
+                log.append(name)
+        return out
+
+    gate = steps.PairGate(directory, name, timeout_s=30)
+    return steps.measure_decode(generate, [[1, 2]] * 4, 16, reps, clock=eng.clock, mono=eng.clock, gate=gate)
+
+
+def test_paired_repetitions_alternate_and_stop_when_told(steps, tmp_path):
+    import threading
+
+    log, lock, results = [], threading.Lock(), {}
+    children = {
+        name: threading.Thread(
+            target=lambda n=name: results.__setitem__(
+                n, _paired_child(steps, tmp_path, n, FakeEngine(None, [0.001]), 10, log, lock)
+            )
+        )
+        for name in ("stock", "load")
+    }
+    for t in children.values():
+        t.start()
+    import time as _time
+
+    pairs = steps.run_pairs(
+        tmp_path, ("stock", "load"), 3, _time.time() + 60, lambda n: children[n].is_alive()
+    )
+    for t in children.values():
+        t.join(30)
+    assert pairs["rounds"] == 3 and pairs["stopped"] == "all rounds run"
+    assert pairs["order"] == [["stock", "load"], ["load", "stock"], ["stock", "load"]]
+    # warm-up generates (not gated) first, then exactly the opened repetitions, one at a time, in order
+    timed = log[2:]
+    assert timed == ["stock", "load", "load", "stock", "stock", "load"]
+    for name in ("stock", "load"):
+        assert results[name]["reps_done"] == 3 and results[name]["reps_cut"]  # the stop ended rep 4
+    assert (tmp_path / "stop").exists()
+
+
+def test_pairs_stop_when_a_child_is_gone_or_the_budget_ends(steps, tmp_path):
+    (tmp_path / "wait-stock-0").touch()
+    got = steps.run_pairs(tmp_path, ("stock", "load"), 5, 1e12, lambda n: n == "stock", poll_s=0.001)
+    assert got["rounds"] == 0 and got["stopped"] == "load ended before wait-load-0"
+    assert (tmp_path / "stop").exists()
+    d = tmp_path / "late"
+    d.mkdir()
+    for n in ("stock", "load"):
+        (d / f"wait-{n}-0").touch()
+    got = steps.run_pairs(d, ("stock", "load"), 5, 0.0, lambda n: True, poll_s=0.001)
+    assert got["rounds"] == 0 and got["stopped"].startswith("deadline passed")
+    # a gate that is never opened gives up after its timeout, and at once on stop
+    gate = steps.PairGate(d, "load", timeout_s=0.05)
+    assert gate.wait(7) is False and (d / "wait-load-7").exists()
+    # a child stopped before its first repetition still reports (no numbers)
+    eng = FakeEngine(None, [0.001])
+    got = steps.measure_decode(eng.generate, [[1, 2]] * 2, 8, 3, clock=eng.clock, mono=eng.clock, gate=gate)
+    assert got["reps_done"] == 0 and got["reps_cut"] and got["decode_tok_s"] is None
+    assert got["decode_tokens"] is None
+
+
+def test_paired_stats_compare_round_by_round(steps):
+    stock = {
+        "decode_tok_s_reps": [20000.0, 16000.0, 21000.0],
+        "replay_windows": [
+            {"host_us": 16.5, "device_us": 2660.0},
+            {"host_us": 22.0, "device_us": 2670.0},
+            {"host_us": 16.0, "device_us": 2665.0},
+        ],
+    }
+    load = {
+        "decode_tok_s_reps": [19800.0, 16160.0, 21000.0, 5.0],  # a fourth repetition has no partner
+        "replay_windows": [
+            {"host_us": 17.5, "device_us": 2640.0},
+            {"host_us": 23.5, "device_us": 2670.0},
+            {"host_us": 16.5, "device_us": 2680.0},
+        ],
+    }
+    got = steps.paired_stats(stock, load, 3)
+    assert got["tok_s_ratio"]["values"] == [0.99, 1.01, 1.0]
+    assert got["tok_s_ratio"]["median"] == 1.0 and got["tok_s_ratio"]["spread"] == pytest.approx(0.02)
+    assert (
+        got["replay_host_diff_us"]["values"] == [1.0, 1.5, 0.5]
+        and got["replay_host_diff_us"]["median"] == 1.0
+    )
+    assert got["replay_host_diff_us"]["spread"] is None  # differences have no relative spread
+    assert got["replay_device_ratio"]["n"] == 3
+    assert steps.paired_stats(stock, None, 3)["tok_s_ratio"]["median"] is None
+
+
 # --- the timer in an engine process, with stand-in graphs and events -------------------------------
 
 
@@ -587,3 +685,76 @@ def test_restored_graphs_stay_timed_after_their_first_replay(steps, timer, tmp_p
     assert Rebuilt.launches == 6
     timer.close()
     assert len(steps.read_steps(tmp_path / "steps")) == 6
+
+
+def test_vllm_paired_run_starts_stock_once_load_waits_and_alternates(tmp_path):
+    """benchmarks/vllm_h200.py --paired: LOAD alone until it waits at its first repetition (its KV
+    cache is sized with the GPU to itself), then stock, then rounds alternating the two."""
+    import threading
+    import time as _time
+
+    spec = importlib.util.spec_from_file_location(
+        "vllm_h200_under_test", ROOT / "benchmarks" / "vllm_h200.py"
+    )
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = bench
+    try:
+        spec.loader.exec_module(bench)
+    finally:
+        sys.modules.pop(spec.name, None)
+    steps = bench.steps
+    events, lock = [], threading.Lock()
+
+    class StandInChild:
+        def __init__(self, name):
+            self.name, self.proc, self.result = name, None, None
+
+        def start(self):
+            self.proc, self.t0 = True, _time.perf_counter()
+            with lock:
+                events.append(("start", self.name, (tmp_path / "wait-load-0").exists()))
+
+            def run():
+                eng = FakeEngine(None, [0.001])
+
+                def generate(prompts, n):
+                    if n > 2:
+                        with lock:
+                            events.append(("rep", self.name))
+                    return eng.generate(prompts, n)
+
+                _time.sleep(0.2)  # the engine's start
+                gate = steps.PairGate(tmp_path, self.name, timeout_s=20)
+                self.result = {
+                    "name": self.name,
+                    **steps.measure_decode(
+                        generate, [[1, 2]] * 2, 8, 4, clock=eng.clock, mono=eng.clock, gate=gate
+                    ),
+                }
+
+            self.thread = threading.Thread(target=run)
+            self.thread.start()
+            return self
+
+        def alive(self):
+            return self.thread.is_alive()
+
+        def finish(self, timeout_s):
+            self.thread.join(timeout_s)
+            return self.result
+
+    pairs, stock, load = bench.run_paired(
+        StandInChild("load"), StandInChild("stock"), tmp_path, 3, _time.time() + 120, poll_s=0.01
+    )
+    assert events[0] == ("start", "load", False)
+    assert ("start", "stock", True) in events  # stock started once LOAD waited at repetition 0
+    timed = [e[1] for e in events if e[0] == "rep"][2:]  # after the two warm-up generates
+    assert timed == ["stock", "load", "load", "stock", "stock", "load"]
+    assert pairs["rounds"] == 3 and pairs["stock_started_after_load_s"] is not None
+    assert stock["reps_done"] == 3 and load["reps_done"] == 3
+    paired = steps.paired_stats(stock, load, pairs["rounds"])
+    assert paired["tok_s_ratio"]["median"] == 1.0 and paired["tok_s_ratio"]["n"] == 3
+    assert steps.paired_lines({**pairs, **paired})[0].startswith("  paired, 3 rounds (all rounds run)")
+    assert bench.parse_args(["--out", "o", "--logs", "l", "--paired"]).paired is True
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--out", "o", "--logs", "l", "--paired", "--order", "save,load"])
