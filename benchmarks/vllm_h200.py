@@ -23,6 +23,14 @@ the JSON after every child, so a failure or a hang still leaves what was measure
 All children together stay inside ``--budget`` seconds (each at most ``--child-timeout``, keeping
 time for the later ones; a child's repetitions stop early rather than pass its timeout).
 
+``--paired``: after SAVE, LOAD starts alone and stock once LOAD waits at its first timed repetition
+(LOAD sizes its KV cache with the GPU to itself, as SAVE did); then the parent opens one repetition
+at a time, stock and LOAD alternating with the order swapped every round, and the result's
+``paired`` block compares each round's two (tokens/s and device time as ratios, host time per
+replay as a difference; median, range and spread).  Run one after the other, the two children had
+met the host in different states (periods of seconds in which the whole decode loop, the replay
+call included, ran slower), which decided their ratio.
+
 Order: SAVE first, then stock, then LOAD.  All children share one set of compile caches (vLLM,
 Inductor, Triton) under the work directory, so the first child pays the cold caches; with stock second,
 stock and LOAD both start with warm kernel caches (stock still compiles its own graph: vLLM keys its
