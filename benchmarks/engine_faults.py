@@ -147,7 +147,8 @@ ENGINE_PATTERNS: dict[str, dict[str, str]] = {
         "mode": r"Foundry rank \d+: (SAVE|LOAD) \(",
         "capture_begin": r"Capturing CUDA graphs",
         "ready": r"Application startup complete",
-        "published": r"Foundry rank \d+: saved (\d+) decode graphs to",
+        # The graph archive written (its publication is the manifest's); "saved" before 4db6fd5's successor.
+        "published": r"Foundry rank \d+: (?:saved|wrote) (\d+) decode graphs to",
     },
 }
 #: Lines both plugins write (foundry_core.engine.decide / handover, the plugins' launch checks).

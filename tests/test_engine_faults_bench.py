@@ -533,7 +533,7 @@ FAKE_ENGINE = textwrap.dedent(
                 time.sleep(knob("PERSIST_S", 0))
                 w.commit(fingerprint={"fake": 1}, meta={"kind": "foundry-graphs", "graphs": graphs, "slots": slots})
             if style == "vllm":
-                log(f"Foundry rank 0: saved 2 decode graphs to {adir}/rank0 in 0.1 s")
+                log(f"Foundry rank 0: wrote 2 decode graphs to {adir}/rank0 in 0.1 s; published with the manifest")
             time.sleep(knob("PUBLISH_GAP_S", 0))
             with ArchiveWriter(adir / "rank0.caches") as w:
                 w.add_bytes("caches/triton/k.cubin", os.urandom(3000))

@@ -351,8 +351,10 @@ class FoundrySession:
         self._ours = decide.archive_stamp(core)
         elapsed = time.perf_counter() - t0
         self.report.update(graphs=len(graph_map), save_s=round(elapsed, 3), runner=adapter.kind)
+        # Written, not yet published: another replica's SAVE may still replace it (publish()).
         logger.info(
-            "Foundry rank %d: saved %d decode graphs to %s in %.2f s",
+            "Foundry rank %d: wrote %d decode graphs to %s in %.2f s; published with the manifest, "
+            "after the compile caches",
             self.rank,
             len(graph_map),
             archive.core_archive_dir(self.cfg, self.rank),
@@ -379,6 +381,7 @@ class FoundrySession:
             self.report.update(saved=False, save_error=decide.save_error(e))
             return
         self.report["saved"] = True
+        logger.info("Foundry rank %d: archive published (manifest %s)", self.rank, pending[0])
 
     def restore_or_capture(self, adapter: Any) -> bool:
         """LOAD at the graph phase: True when the graphs were restored and installed. False when the

@@ -163,7 +163,7 @@ def test_a_manifest_that_cannot_be_written_after_the_core_archive_serves_on(
 
 
 def test_a_replica_that_decided_to_save_keeps_an_archive_published_meanwhile(
-    base_vllm_config, tmp_path, monkeypatch
+    base_vllm_config, tmp_path, monkeypatch, caplog
 ):
     published: list[str] = []
     default_timeout = inspect.signature(foundry_core.save).parameters["lock_timeout"].default
@@ -177,6 +177,7 @@ def test_a_replica_that_decided_to_save_keeps_an_archive_published_meanwhile(
         return digest
 
     monkeypatch.setattr(foundry_core, "save", save)
+    caplog.set_level(logging.INFO, logger="vllm.foundry")
     replicas = {tag: _session(base_vllm_config, tmp_path) for tag in ("a", "b")}
     for s in replicas.values():  # both start on the empty directory
         s.decide_mode(0)
@@ -187,4 +188,8 @@ def test_a_replica_that_decided_to_save_keeps_an_archive_published_meanwhile(
     replicas["b"].save(Adapter("b"))
     replicas["b"].publish(0)
     assert published == ["a"]  # exactly one SAVE publishes
+    # ... and says so once: a line that only says the graphs were written cannot be read as published
+    said = [r.getMessage() for r in caplog.records]
+    assert sum("archive published" in m for m in said) == 1, said
+    assert not any("saved" in m and "decode graphs" in m for m in said)
     assert open_archive(archive.core_archive_dir(replicas["a"].cfg, 0)).meta["tag"] == "a"
