@@ -24,6 +24,13 @@ scheduler (graphs, capture/restore seconds, stream captures counted by CUPTI dur
 phase, the plugin's own timing of the first ``--replay-timing`` replays) through the plugin's report
 file (``FOUNDRY_SGLANG_REPORT_DIR``).
 
+``--paired``: SAVE first, then LOAD alone until it waits at its first timed repetition, then stock
+beside it; the parent opens one repetition at a time, stock and LOAD alternating with the order
+swapped every round, and the result's ``paired`` block compares each round's two (tokens/s and
+device time as ratios, host time per replay as a difference). Every run's KV cache is then pinned
+(``--max-total-tokens``, default 65,536 tokens): SGLang sizes its pool from the memory it finds free
+at start, and stock starts beside LOAD.
+
 The JSON at ``--out`` is written after every run and always at the end, failures included, with
 each run's error; each run's stdout and stderr (SGLang's scheduler logs included) are kept as
 ``--logs/sglang-h200-<run>.std{out,err}.log`` (six files). All runs together stay inside
@@ -42,6 +49,7 @@ import os
 import platform
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -120,6 +128,9 @@ PROMPTS = [[3 + (7 * i + 13 * j) % 31000 for j in range(4 + 3 * i)] for i in ran
 LOG_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 MIN_RUN_S = 60  # a run is not started with less time than this left in the budget
 RESERVE_S = 100.0  # kept in the budget for each later run when a run's timeout is set
+#: --paired: KV tokens of every run (SGLang sizes its pool from the memory it finds free at start,
+#: and the second engine up finds the first one's: pinned, both get the same pool, as SAVE's).
+PAIRED_KV_TOKENS = 65536
 
 
 # --- arguments ------------------------------------------------------------------------------------
@@ -153,6 +164,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "to SGLang)",
     )
     p.add_argument("--mem-fraction-static", type=float, default=0.3)
+    p.add_argument(
+        "--max-total-tokens",
+        type=int,
+        default=None,
+        help=f"KV cache tokens of every run (default: SGLang sizes it; {PAIRED_KV_TOKENS} with --paired)",
+    )
+    p.add_argument(
+        "--paired",
+        action="store_true",
+        help="after SAVE, run LOAD and stock at once and alternate their timed repetitions (LOAD "
+        "first, stock once LOAD waits at its first one), comparing each round's two; the KV cache "
+        "of every run is then pinned (--max-total-tokens)",
+    )
     p.add_argument("--region-size", default="96GiB", help="Foundry region per rank ([region] size)")
     p.add_argument(
         "--cpus",
@@ -197,7 +221,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--child", choices=RUNS, help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     p.add_argument("--deadline", type=float, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--pair-dir", default=None, help=argparse.SUPPRESS)
     opts = p.parse_args(argv)
+    if opts.paired and opts.stock_from:
+        p.error("--paired runs stock beside LOAD: it cannot take stock from an earlier result")
+    if opts.paired and opts.max_total_tokens is None:
+        opts.max_total_tokens = PAIRED_KV_TOKENS
     if opts.max_bs == 0:
         opts.max_bs = None  # SGLang's own decode batch sizes, as a user gets them
     counts = (opts.new_tokens, opts.decode_tokens, opts.reps, opts.max_bs, opts.decode_prompts)
@@ -230,6 +259,8 @@ def engine_kwargs(opts: argparse.Namespace, model_dir: str) -> dict[str, Any]:
     }
     if opts.max_bs is not None:  # otherwise SGLang's own decode batch sizes, as a user gets them
         kwargs["cuda_graph_max_bs_decode"] = opts.max_bs
+    if getattr(opts, "max_total_tokens", None):
+        kwargs["max_total_tokens"] = opts.max_total_tokens
     return kwargs
 
 
@@ -399,6 +430,11 @@ def child_main(opts: argparse.Namespace) -> int:
                     opts.reps,
                     steps_dir=env_steps,
                     deadline=opts.deadline,
+                    gate=steps.PairGate(
+                        opts.pair_dir, kind, timeout_s=max(1.0, (opts.deadline or 0) - time.time())
+                    )
+                    if opts.pair_dir
+                    else None,
                 )
             )
         finally:
@@ -447,7 +483,12 @@ def _kill_group(pgid: int, wait_s: float = 15.0) -> None:
 
 
 def child_argv(
-    kind: str, opts: argparse.Namespace, workdir: Path, result: Path, deadline: float | None = None
+    kind: str,
+    opts: argparse.Namespace,
+    workdir: Path,
+    result: Path,
+    deadline: float | None = None,
+    pair_dir: Path | None = None,
 ) -> list[str]:
     argv = [sys.executable, str(Path(__file__).resolve()), "--child", kind, "--workdir", str(workdir)]
     argv += ["--result", str(result), "--attention-backend", opts.attention_backend]
@@ -455,6 +496,10 @@ def child_argv(
     argv += ["--mem-fraction-static", str(opts.mem_fraction_static), "--new-tokens", str(opts.new_tokens)]
     argv += ["--decode-prompts", str(opts.decode_prompts), "--decode-tokens", str(opts.decode_tokens)]
     argv += ["--reps", str(opts.reps), "--log-level", opts.log_level]
+    if opts.max_total_tokens:
+        argv += ["--max-total-tokens", str(opts.max_total_tokens)]
+    if pair_dir is not None:
+        argv += ["--pair-dir", str(pair_dir)]
     if opts.cpus:
         argv += ["--cpus", ",".join(map(str, sorted(opts.cpus)))]
     if deadline is not None:
@@ -469,16 +514,31 @@ def run_timeout(left_s: float, runs_after: int, cap_s: float, reserve_s: float =
     return min(cap_s, max(room - reserve_s * runs_after, min(room, MIN_RUN_S)))
 
 
-def run_one(
-    kind: str, argv: list[str], env: dict[str, str], logs: Path, result: Path, timeout: float
-) -> dict[str, Any]:
-    out_name, err_name = log_names(kind)
-    t0 = time.monotonic()
-    timed_out = False
-    with open(logs / out_name, "wb") as out, open(logs / err_name, "wb") as err:
-        proc = subprocess.Popen(argv, stdout=out, stderr=err, env=env, cwd=REPO, start_new_session=True)
+class RunProc:
+    """One run's subprocess: :meth:`start`, then :meth:`finish` (waits at most ``timeout`` seconds,
+    ends what the run left behind and returns its result). Paired runs keep two alive at once."""
+
+    def __init__(self, kind: str, argv: list[str], env: dict[str, str], logs: Path, result: Path):
+        self.kind, self.argv, self.env, self.logs, self.result = kind, argv, env, logs, result
+        self.out_name, self.err_name = log_names(kind)
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> RunProc:
+        self.t0 = time.monotonic()
+        with open(self.logs / self.out_name, "wb") as out, open(self.logs / self.err_name, "wb") as err:
+            self.proc = subprocess.Popen(
+                self.argv, stdout=out, stderr=err, env=self.env, cwd=REPO, start_new_session=True
+            )
+        return self
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def finish(self, timeout: float) -> dict[str, Any]:
+        proc, logs, out_name, err_name = self.proc, self.logs, self.out_name, self.err_name
+        timed_out = False
         try:
-            rc = proc.wait(timeout=timeout)
+            rc = proc.wait(timeout=max(1.0, timeout))
         except subprocess.TimeoutExpired:
             timed_out = True
             rc = None
@@ -486,32 +546,74 @@ def run_one(
             _kill_group(proc.pid)
             if proc.poll() is None:
                 proc.wait()
-    run: dict[str, Any] = {}
-    try:
-        run = json.loads(result.read_text())
-    except (OSError, ValueError):
-        pass
-    run.update(
-        returncode=rc if rc is not None else proc.returncode,
-        timed_out=timed_out,
-        timeout_s=round(timeout),
-        wall_s=round(time.monotonic() - t0, 2),
-        logs=[out_name, err_name],
-    )
-    run.update(
-        parse_logs(
-            (logs / out_name).read_text(errors="replace") + (logs / err_name).read_text(errors="replace")
+        run: dict[str, Any] = {}
+        try:
+            run = json.loads(self.result.read_text())
+        except (OSError, ValueError):
+            pass
+        run.update(
+            returncode=rc if rc is not None else proc.returncode,
+            timed_out=timed_out,
+            timeout_s=round(timeout),
+            wall_s=round(time.monotonic() - self.t0, 2),
+            logs=[out_name, err_name],
         )
-    )
-    if timed_out:
-        run["ok"] = False
-        run["error"] = f"timed out after {timeout:.0f} s in stage {run.get('stage', 'start')!r}" + (
-            f" ({run['error']})" if run.get("error") else ""
+        run.update(
+            parse_logs(
+                (logs / out_name).read_text(errors="replace") + (logs / err_name).read_text(errors="replace")
+            )
         )
-    elif not run.get("ok"):
-        run.setdefault("error", f"exited with status {rc} before reporting")
-        run["stderr_tail"] = (logs / err_name).read_text(errors="replace")[-3000:]
-    return run
+        if timed_out:
+            run["ok"] = False
+            run["error"] = f"timed out after {timeout:.0f} s in stage {run.get('stage', 'start')!r}" + (
+                f" ({run['error']})" if run.get("error") else ""
+            )
+        elif not run.get("ok"):
+            run.setdefault("error", f"exited with status {rc} before reporting")
+            run["stderr_tail"] = (logs / err_name).read_text(errors="replace")[-3000:]
+        return run
+
+
+def run_one(
+    kind: str, argv: list[str], env: dict[str, str], logs: Path, result: Path, timeout: float
+) -> dict[str, Any]:
+    return RunProc(kind, argv, env, logs, result).start().finish(timeout)
+
+
+def run_paired(
+    load: RunProc, stock: RunProc, pair_dir: Path, rounds: int, deadline: float, poll_s: float = 0.2
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """``--paired``: LOAD alone until it waits at its first timed repetition, then stock beside it,
+    then their repetitions alternating (:func:`engine_steps.run_pairs`). Returns the pairing record
+    and stock's and LOAD's results. ``deadline``: epoch seconds for everything."""
+    load.start()
+    first = pair_dir / "wait-load-0"
+    while not first.exists() and load.alive() and time.time() < deadline - 60:
+        time.sleep(poll_s)
+    pairs: dict[str, Any] = {"stock_started_after_load_s": None}
+    if first.exists():
+        pairs["stock_started_after_load_s"] = round(time.monotonic() - load.t0, 1)
+        stock.start()
+        # Repetitions end 30 s before the deadline: both engines must still shut down.
+        pairs.update(
+            steps.run_pairs(
+                pair_dir,
+                ("stock", "load"),
+                rounds,
+                deadline - 30,
+                lambda n: (stock if n == "stock" else load).alive(),
+            )
+        )
+    else:
+        (pair_dir / "stop").touch()
+        pairs["stopped"] = "LOAD did not reach its first repetition"
+    load_run = load.finish(deadline - time.time())
+    stock_run = (
+        stock.finish(deadline - time.time())
+        if stock.proc is not None
+        else {"ok": False, "skipped": True, "error": "skipped: LOAD did not reach its first repetition"}
+    )
+    return pairs, stock_run, load_run
 
 
 _CAPTURE_BEGIN = re.compile(r"Capture (?:target )?decode \S+ graph begin\..*?bs=\[([^\]]*)\]")
@@ -599,6 +701,10 @@ def assemble(meta: dict[str, Any], runs: dict[str, dict[str, Any]], errors: list
     out["decode_graph_phase_s_log"] = {k: (runs.get(k) or {}).get("log_decode_graph_phase_s") for k in RUNS}
     out["modes"] = {k: (runs.get(k) or {}).get("foundry_mode") for k in ("save", "load")}
     out["load_stream_captures_process_total"] = rep_load.get("stream_captures_total")
+    if meta.get("paired"):
+        # --paired: LOAD's repetitions against stock's, round by round (both engines up at once).
+        pairing = meta.get("pairing") or {}
+        out["paired"] = {**pairing, **steps.paired_stats(stock, load, pairing.get("rounds") or 0)}
     out["runs"] = runs
     checks = {
         "every run finished": all((runs.get(k) or {}).get("ok") for k in RUNS),
@@ -672,6 +778,7 @@ def summary(result: dict[str, Any]) -> str:
     ]
     lines += steps.summary_table(result, RUNS)
     lines += steps.foundry_lines(result)
+    lines += steps.paired_lines(result.get("paired"))
     lines.append(
         f"  stock log: {result.get('graphs_stock_log')} decode graphs, phase "
         f"{(result.get('decode_graph_phase_s_log') or {}).get('stock')} s; plugin replay timing "
@@ -723,6 +830,7 @@ def parent_main(opts: argparse.Namespace) -> int:
         "budget_s": opts.budget,
         "replay_timing_n": opts.replay_timing,
         "step_timing": opts.step_timing,
+        "paired": opts.paired,
     }
     runs: dict[str, dict[str, Any]] = {}
     errors: list[str] = []
@@ -760,11 +868,41 @@ def parent_main(opts: argparse.Namespace) -> int:
                 earlier["runs"]["stock"], reused_from=f"{opts.stock_from} (commit {earlier.get('commit')})"
             )
             meta["stock_reused_from"] = runs["stock"]["reused_from"]
-        for i, kind in enumerate(RUNS):
+        order = ("save", "load", "stock") if opts.paired else RUNS  # paired: LOAD and stock at once
+        for i, kind in enumerate(order):
             if kind in runs:
                 continue
+            if opts.paired and kind == "load" and (runs.get("save") or {}).get("ok"):
+                left = opts.budget - (time.monotonic() - started)
+                deadline = time.time() + left - 10
+                pair_dir = workdir / "pairs"
+                shutil.rmtree(pair_dir, ignore_errors=True)
+                pair_dir.mkdir()
+                procs = {}
+                for k in ("stock", "load"):
+                    result_file = workdir / f"result-{k}.json"
+                    result_file.unlink(missing_ok=True)
+                    env = run_env(
+                        k, dict(os.environ), workdir, shim, plugins, opts.replay_timing, step_plugin
+                    )
+                    argv = child_argv(k, opts, workdir, result_file, deadline - 20, pair_dir)
+                    procs[k] = RunProc(k, argv, env, logs, result_file)
+                print(f"[sglang_h200] load and stock, paired: starting ({left:.0f} s left)", flush=True)
+                meta["pairing"], runs["stock"], runs["load"] = run_paired(
+                    procs["load"], procs["stock"], pair_dir, opts.reps, deadline
+                )
+                if not runs["load"].get("foundry_report"):
+                    runs["load"]["foundry_report"] = read_reports(workdir / "report-load")
+                for k in ("load", "stock"):
+                    print(
+                        f"[sglang_h200] {k}: {'ok' if runs[k].get('ok') else 'FAILED'} "
+                        f"in {runs[k].get('wall_s')} s {runs[k].get('error') or ''}",
+                        flush=True,
+                    )
+                result = write()
+                continue
             left = opts.budget - (time.monotonic() - started)
-            timeout = run_timeout(left, len(RUNS) - i - 1, opts.timeout)
+            timeout = run_timeout(left, len(order) - i - 1, opts.timeout)
             if kind == "load" and not (runs.get("save") or {}).get("ok"):
                 runs[kind] = {"ok": False, "skipped": True, "error": "skipped: the SAVE run did not succeed"}
             elif timeout < MIN_RUN_S:

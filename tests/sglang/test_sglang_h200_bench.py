@@ -81,7 +81,8 @@ def test_every_run_has_the_same_engine_configuration(bench, plugins_loaded, tmp_
     # msgspec record (0.5.20+) or dataclass (before)
     fields = getattr(ServerArgs, "__struct_fields__", None) or tuple(ServerArgs.__dataclass_fields__)
     small = bench.engine_kwargs(bench.parse_args(["--max-bs", "8"]), str(tmp_path))
-    missing = [name for name in {**kwargs, **small} if name not in fields]
+    paired = bench.engine_kwargs(bench.parse_args(["--paired"]), str(tmp_path))  # KV tokens pinned
+    missing = [name for name in {**kwargs, **small, **paired} if name not in fields]
     assert missing == [], f"fields this SGLang release does not have: {missing}"
 
 
@@ -237,6 +238,11 @@ def test_a_run_gets_the_parents_options(bench, tmp_path):
     own = bench.parse_args(["--max-bs", "0"])
     child = bench.parse_args(bench.child_argv("stock", own, tmp_path, tmp_path / "r.json")[2:])
     assert child.max_bs is None  # the child leaves the list to SGLang too
+    paired = bench.parse_args(["--paired"])
+    argv = bench.child_argv("load", paired, tmp_path, tmp_path / "r.json", 99.0, tmp_path / "pairs")
+    child = bench.parse_args(argv[2:])
+    assert child.pair_dir == str(tmp_path / "pairs") and child.max_total_tokens == bench.PAIRED_KV_TOKENS
+    assert bench.engine_kwargs(child, "m") == bench.engine_kwargs(paired, "m")
 
 
 def test_run_timeouts_keep_time_for_the_later_runs(bench):
@@ -409,3 +415,66 @@ def test_parent_records_a_crash_and_stops_at_the_budget(bench, monkeypatch, tmp_
     assert bench.main([*argv, "--budget", "1"]) == 1  # no time for any run: all skipped, JSON written
     result = json.loads(out.read_text())
     assert all(result["runs"][k]["skipped"] for k in bench.RUNS)
+
+
+_FAKE_PAIRED = textwrap.dedent(
+    """
+    import importlib.util, json, sys, time
+    from pathlib import Path
+
+    kind, result, pair_dir, steps_path = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+    out = {"ok": True, "kind": kind, "ready_s": 1.0}
+    if pair_dir:
+        spec = importlib.util.spec_from_file_location("steps", steps_path)
+        steps = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(steps)
+        out["saw_load_waiting"] = (Path(pair_dir) / "wait-load-0").exists()
+        gate = steps.PairGate(pair_dir, kind, timeout_s=30)
+        reps = []
+        i = 0
+        while gate.wait(i):
+            time.sleep(0.05)
+            reps.append(5000.0 if kind == "stock" else 5100.0)
+            gate.done(i)
+            i += 1
+        out.update(decode_tok_s_reps=reps, reps_done=len(reps))
+    json.dump(out, open(result, "w"))
+    """
+)
+
+
+def test_paired_runs_start_stock_beside_a_waiting_load_and_alternate(bench, monkeypatch, tmp_path):
+    fake = tmp_path / "fake_paired.py"
+    fake.write_text(_FAKE_PAIRED)
+    steps_path = str(SCRIPT.with_name("engine_steps.py"))
+    monkeypatch.setattr(bench, "MIN_RUN_S", 1)
+    monkeypatch.setattr(
+        bench,
+        "child_argv",
+        lambda kind, opts, workdir, result, deadline=None, pair_dir=None: [
+            sys.executable,
+            str(fake),
+            kind,
+            str(result),
+            str(pair_dir or ""),
+            steps_path,
+        ],
+    )
+    out = tmp_path / "r.json"
+    argv = ["--out", str(out), "--logs", str(tmp_path / "logs"), "--workdir", str(tmp_path / "w")]
+    bench.main([*argv, "--budget", "200", "--paired", "--reps", "4"])
+    result = json.loads(out.read_text())
+    runs = result["runs"]
+    assert runs["save"]["ok"] and "saw_load_waiting" not in runs["save"]  # SAVE alone, first
+    assert runs["stock"]["saw_load_waiting"] is True  # stock started once LOAD waited
+    paired = result["paired"]
+    assert paired["rounds"] == 4 and paired["stopped"] == "all rounds run"
+    assert paired["order"][:2] == [["stock", "load"], ["load", "stock"]]
+    assert paired["tok_s_ratio"]["median"] == 1.02 and paired["tok_s_ratio"]["n"] == 4
+    assert runs["stock"]["reps_done"] == 4 and runs["load"]["reps_done"] == 4
+    # the KV cache is pinned in every run of a paired benchmark
+    opts = bench.parse_args(["--paired"])
+    assert bench.engine_kwargs(opts, "m")["max_total_tokens"] == bench.PAIRED_KV_TOKENS
+    assert "max_total_tokens" not in bench.engine_kwargs(bench.parse_args([]), "m")
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--paired", "--stock-from", "x.json"])
