@@ -23,10 +23,12 @@ from foundry_core.archive import (
     MISSING,
     ArchiveError,
     ArchiveNotFound,
+    ArchiveSuperseded,
     ArchiveWriter,
     FingerprintMismatch,
     compare_fingerprint,
     open_archive,
+    published_version,
     remove_archive,
 )
 from foundry_core.fingerprint import (
@@ -1114,6 +1116,73 @@ def test_second_writer_waits_with_a_timeout(tmp_path):
     assert released and got >= released[0]
     ar = open_archive(path)
     assert ar.meta == {"by": "second"} and ar.read_bytes("a") == b"second"
+
+
+# ------------------------------------------------------------------------------- expected_version
+
+
+def test_published_version_names_each_publication(tmp_path):
+    path = tmp_path / "x"
+    assert published_version(path) is None
+    save(path, meta={"by": "first"})
+    first = published_version(path)
+    assert first is not None and published_version(path) == first
+    save(path, meta={"by": "second"})
+    assert published_version(path) not in (None, first)
+    remove_archive(path)
+    assert published_version(path) is None
+
+
+def test_a_save_expecting_no_archive_keeps_one_published_meanwhile(tmp_path):
+    path = tmp_path / "x"
+    expected = published_version(path)  # both replicas decide on an empty directory
+    save(path, meta={"by": "first"}, expected_version=expected)
+    before = entries(tmp_path)
+    with pytest.raises(ArchiveSuperseded, match="another SAVE published it since"):
+        save(path, meta={"by": "second"}, expected_version=expected)
+    assert open_archive(path).meta == {"by": "first"}
+    assert entries(tmp_path) == before  # no scratch directory left, the lock released:
+    save(path, meta={"by": "third"})  # a later SAVE (default: replace) takes the lock at once
+    assert open_archive(path).meta == {"by": "third"}
+
+
+def test_a_save_expecting_the_archive_it_saw_replaces_it(tmp_path):
+    path = tmp_path / "x"
+    save(path, meta={"by": "old"})  # an archive this start refused (another configuration)
+    seen = published_version(path)
+    save(path, meta={"by": "new"}, expected_version=seen)
+    assert open_archive(path).meta == {"by": "new"}
+    with pytest.raises(ArchiveSuperseded):  # what it saw is gone now
+        save(path, meta={"by": "late"}, expected_version=seen)
+
+
+def test_the_version_is_checked_under_the_lock(tmp_path):
+    """The second writer waits for the first one's lock, then finds its publication: of two SAVEs
+    that decided at the same moment, exactly one publishes."""
+    path = tmp_path / "x"
+    expected = published_version(path)
+    holding, results = threading.Event(), []
+
+    def first():
+        with ArchiveWriter(path, expected_version=expected) as w:
+            holding.set()
+            time.sleep(0.2)
+            w.add_bytes("a", b"first")
+            w.commit(fingerprint=fp(), meta={"by": "first"})
+
+    t = threading.Thread(target=first)
+    t.start()
+    assert holding.wait(10)
+    try:
+        with ArchiveWriter(path, lock_timeout=10, expected_version=expected) as w:
+            results.append("entered")
+            w.add_bytes("a", b"second")
+            w.commit(fingerprint=fp(), meta={"by": "second"})
+    except ArchiveSuperseded:
+        results.append("superseded")
+    t.join()
+    assert results == ["superseded"]
+    assert open_archive(path).meta == {"by": "first"}
 
 
 # ---------------------------------------------------------------------------------------------- docs

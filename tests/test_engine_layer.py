@@ -323,3 +323,17 @@ def test_inductor_pin_process_sets_this_process_defaults_once(monkeypatch, caplo
     monkeypatch.setitem(sys.modules, "torch._inductor.config", config)
     assert inductor.pin_process() == {"dynamic_scale_rblock": True}
     assert config.dynamic_scale_rblock is False and os.environ[env] == "0"
+
+
+def test_only_auto_mode_saves_over_just_the_archive_it_saw(tmp_path):
+    import dataclasses
+
+    from foundry_core.archive import ANY_VERSION
+    from foundry_core.config import FoundryConfig
+    from foundry_core.engine import decide
+
+    cfg = FoundryConfig(archive_dir=tmp_path)
+    seen = decide.archive_stamp(tmp_path / "rank0")
+    assert seen is None
+    assert decide.save_expectation(dataclasses.replace(cfg, mode="auto"), seen) is None
+    assert decide.save_expectation(dataclasses.replace(cfg, mode="save"), seen) is ANY_VERSION

@@ -89,6 +89,18 @@ def test_save_preconditions(monkeypatch, tmp_path):
     assert not (tmp_path / "a").exists()
 
 
+def test_a_save_that_expects_no_archive_stops_before_any_work_when_one_appeared(monkeypatch, tmp_path):
+    from foundry_core.archive import ArchiveWriter, open_archive
+
+    with ArchiveWriter(tmp_path / "a") as w:  # another replica's SAVE, published meanwhile
+        w.add_bytes("memory/00000.bin", b"other")
+        w.commit(fingerprint={"gpu_name": "NVIDIA H200"}, meta={"by": "other"})
+    monkeypatch.setattr(api, "recording", lambda: pytest.fail("the check comes first"))
+    with pytest.raises(foundry_core.ArchiveSuperseded, match="another SAVE published it"):
+        foundry_core.save(tmp_path / "a", graphs={"g": object()}, region=object(), expected_version=None)
+    assert open_archive(tmp_path / "a").meta == {"by": "other"}
+
+
 def test_random_kernels_refused_without_rng_detection():
     """save(detect_rng=False) replays nothing; a graph with a Philox-drawing kernel is refused instead."""
     from foundry_core import api

@@ -33,7 +33,15 @@ import time
 from collections.abc import Sequence
 
 from . import __version__, module_globals
-from .archive import Archive, ArchiveError, ArchiveWriter, compare_fingerprint, open_archive
+from .archive import (
+    ANY_VERSION,
+    Archive,
+    ArchiveError,
+    ArchiveWriter,
+    compare_fingerprint,
+    open_archive,
+    require_version,
+)
 from .driver import call, cu
 from .errors import FoundryError
 from .fingerprint import current_fingerprint
@@ -221,6 +229,7 @@ def save(
     detect_rng: bool = True,
     timings: dict | None = None,
     symmetric: Sequence[SymmetricBuffer] = (),
+    expected_version: object = ANY_VERSION,
 ) -> str:
     """Persist ``graphs`` (name -> ``torch.cuda.CUDAGraph(keep_graph=True)``) with their device context.
 
@@ -247,10 +256,17 @@ def save(
     all-reduce), each recorded with :meth:`SymmetricBuffer.of` after its rendezvous. Pointers into
     them pass the audit; they are stored, and LOAD refuses unless the same buffers are mapped at the
     same addresses (symmetric.py).
+
+    ``expected_version``: publish only over the archive that was at ``path`` when the caller
+    decided to SAVE (``foundry_core.archive.published_version(path)`` then; None for none). If
+    another process published there since, :class:`~foundry_core.archive.ArchiveSuperseded` is
+    raised and nothing is written; the check is made again under the archive's lock, right before
+    writing, so of two replicas saving at the same moment exactly one publishes.
     """
     torch = _torch()
     timings = {} if timings is None else timings
     t0 = time.perf_counter()
+    require_version(path, expected_version)  # early, to skip the walk; final under the lock
     if not recording():
         raise SaveError("module recording is off: call foundry_core.start_recording() before the model runs")
     if not graphs:
@@ -359,7 +375,7 @@ def save(
     # Code images, memory snapshots and graph encodings are stored compressed (190 MiB -> 24 MiB in
     # the bench, for up to 0.2 s of inflation per LOAD); FOUNDRY_ARCHIVE_COMPRESS=0 stores them as they are.
     compress = os.environ.get("FOUNDRY_ARCHIVE_COMPRESS", "1").strip() != "0"
-    with ArchiveWriter(path, lock_timeout=lock_timeout) as writer:
+    with ArchiveWriter(path, lock_timeout=lock_timeout, expected_version=expected_version) as writer:
         with Progress("foundry: writing archive", len(images) + len(walked), progress) as bar:
             for digest in images:
                 writer.add_bytes(f"modules/{digest}.cubin", recorded.images[digest].data, compress=compress)

@@ -113,6 +113,7 @@ class Session:
         self.capture_started = False
         self.sidecar: dict[str, Any] | None = None
         self._sidecar_at_decision: Any = None  # decide.record_stamp of the sidecar when SAVE was decided
+        self._archive_at_decision: Any = None  # decide.archive_stamp of the graph archive then
         self.report: dict[str, Any] = {"mode": mode, "rank": rank, "archive": str(self.path), "ok": None}
         from foundry_core.engine import CacheHandover
 
@@ -193,6 +194,7 @@ class Session:
         ``_persist`` sees a SAVE another replica finished meanwhile."""
         archive.drop_sidecar(self.cfg, self.rank)
         self._sidecar_at_decision = decide.record_stamp(archive.sidecar_path(self.cfg, self.rank))
+        self._archive_at_decision = decide.archive_stamp(self.path)
 
     @property
     def device(self) -> int:
@@ -498,6 +500,8 @@ class Session:
                 detect_rng=False,
                 timings=save_timings,
                 symmetric=self.tp.buffers if self.tp is not None else (),
+                # auto: a replica that decided to SAVE at the same moment published first
+                expected_version=decide.save_expectation(self.cfg, self._archive_at_decision),
             )
             self.report["fc_save_s"] = round(time.perf_counter() - t0, 4)
             self.report["fc_save_timings"] = {k: round(v, 4) for k, v in save_timings.items()}
@@ -514,6 +518,10 @@ class Session:
                 self.rank,
                 {"fingerprint": self.fingerprint, "slots": self.slots, "outputs": self.layouts},
             )
+        except fc.ArchiveSuperseded:  # raised before anything was written
+            logger.info("Foundry SAVE: another process published an archive meanwhile; keeping it")
+            self.report.update(saved=False, kept_other_save=True)
+            return
         # Disk full, read-only, a graph that cannot be saved, or a defect in Foundry's own SAVE code:
         # the graphs just captured are untouched and nothing partial is published, so auto serves on.
         except Exception as e:

@@ -147,6 +147,7 @@ class FoundrySession:
         self._pending_manifest: tuple | None = None  # SAVE: written once the caches are saved too
         self._ours: Any = None  # SAVE: decide.archive_stamp of the core archive this rank published
         self._manifest_at_decision: Any = None  # decide.record_stamp of the manifest when SAVE was decided
+        self._core_at_decision: Any = None  # decide.archive_stamp of the core archive then
         from foundry_core.engine import CacheHandover
 
         self.caches = CacheHandover(cfg, self.rank, CACHE_KINDS, engine_facts(), self.world_size, logger)
@@ -221,6 +222,7 @@ class FoundrySession:
             self.report["save_error"] = self.save_blocked
         # SAVE: which manifest is there now, so that save() sees a SAVE another replica finished meanwhile
         self._manifest_at_decision = decide.record_stamp(archive.manifest_path(self.cfg, self.rank))
+        self._core_at_decision = decide.archive_stamp(archive.core_archive_dir(self.cfg, self.rank))
         self.report.update(mode=mode, reason=why)
         logger.info("Foundry rank %d: %s (%s)", self.rank, mode.upper(), why)
         if mode == "load":  # before the model is built: torch.compile reads its cache next
@@ -321,7 +323,11 @@ class FoundrySession:
         core = archive.core_archive_dir(self.cfg, self.rank)
         logger.info("Foundry rank %d: writing %d decode graphs to %s", self.rank, len(graph_map), core)
         t0 = time.perf_counter()
+        # auto: a replica that decided to SAVE at the same moment may have published first; then its
+        # archive stays, and so does its manifest (checked before the unlink below, again in fc.save)
+        expected = decide.save_expectation(self.cfg, self._core_at_decision)
         try:
+            fc.archive.require_version(core, expected)
             mpath.unlink(missing_ok=True)  # an interrupted SAVE must not leave a valid-looking archive
             save_timings: dict[str, float] = {}
             self.report["archive_digest"] = fc.save(
@@ -337,8 +343,15 @@ class FoundrySession:
                 # its persistent buffers hold after capture: no replay to look for RNG state.
                 detect_rng=False,
                 timings=save_timings,
+                expected_version=expected,
             )
             self.report["save_timings_s"] = {k: round(v, 3) for k, v in save_timings.items()}
+        except fc.ArchiveSuperseded:  # raised before anything was written
+            logger.info(
+                "Foundry rank %d: another process published an archive meanwhile; keeping it", self.rank
+            )
+            self.report.update(graphs=len(graph_map), saved=False, kept_other_save=True)
+            return
         # Disk full, read-only, a graph that cannot be saved, or a defect in Foundry's own SAVE code:
         # the graphs just captured are untouched and nothing partial is published, so auto serves on.
         except Exception as e:

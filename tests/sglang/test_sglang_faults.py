@@ -17,7 +17,7 @@ import threading
 import pytest
 
 import foundry_core
-from foundry_core.archive import ArchiveWriter, FingerprintMismatch, open_archive
+from foundry_core.archive import ANY_VERSION, ArchiveWriter, FingerprintMismatch, open_archive
 from foundry_sglang_plugin import archive, settings
 from foundry_sglang_plugin.session import Session
 
@@ -138,9 +138,9 @@ def _archive_writing_save(published: list[str], hold=None):
     archive layer with fc.save's own lock rule; ``hold(tag)`` runs while it holds the lock."""
     default_timeout = inspect.signature(foundry_core.save).parameters["lock_timeout"].default
 
-    def save(path, *, graphs, lock_timeout=default_timeout, **kwargs):
+    def save(path, *, graphs, lock_timeout=default_timeout, expected_version=ANY_VERSION, **kwargs):
         tag = next(iter(graphs.values()))
-        with ArchiveWriter(path, lock_timeout=lock_timeout) as w:
+        with ArchiveWriter(path, lock_timeout=lock_timeout, expected_version=expected_version) as w:
             w.add_bytes("memory/00000.bin", tag.encode())
             if hold is not None:
                 hold(tag)
@@ -199,3 +199,26 @@ def test_a_replica_that_decided_to_save_keeps_an_archive_published_meanwhile(
     replicas["b"].finish()
     assert published == ["a"]  # exactly one SAVE publishes
     assert open_archive(cfg.rank_archive_dir(0)).meta["tag"] == "a"
+
+
+def test_a_replica_keeps_an_archive_published_while_its_own_capture_ended(parse, cfg, monkeypatch, no_native):
+    """As on the GPU (2026-12-04, two SGLang servers 0.5 s apart): b's graph archive is published and
+    b is saving its compile caches, its sidecar not written yet, when a's capture ends. a must not
+    publish over b's archive: exactly one SAVE publishes, and b's SAVE finishes."""
+    published: list[str] = []
+    monkeypatch.setattr(foundry_core, "save", _archive_writing_save(published))
+    replicas = _replicas(parse, cfg)
+    b_saves_caches = replicas["b"].caches.save
+
+    def caches_save(device):
+        replicas["a"].finish()  # a's capture ends here: b's archive is there, its sidecar is not
+        return b_saves_caches(device)
+
+    monkeypatch.setattr(replicas["b"].caches, "save", caches_save)
+    replicas["b"].finish()
+    assert published == ["b"]
+    assert replicas["a"].report["saved"] is False and replicas["a"].report["kept_other_save"] is True
+    assert "save_error" not in replicas["a"].report
+    assert replicas["b"].report["saved"] is True
+    assert open_archive(cfg.rank_archive_dir(0)).meta["tag"] == "b"
+    assert archive.complete(parse(*BASE_ARGV), cfg)

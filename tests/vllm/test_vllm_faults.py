@@ -16,7 +16,7 @@ import pathlib
 import pytest
 
 import foundry_core
-from foundry_core.archive import ArchiveWriter, FingerprintMismatch, open_archive
+from foundry_core.archive import ANY_VERSION, ArchiveWriter, FingerprintMismatch, open_archive
 from foundry_vllm_plugin import archive, session
 from foundry_vllm_plugin.session import FoundrySession
 from foundry_vllm_plugin.support import FOUNDRY_WORKER
@@ -162,21 +162,27 @@ def test_a_manifest_that_cannot_be_written_after_the_core_archive_serves_on(
     assert not list(s.cfg.archive_dir.glob("*.tmp"))
 
 
-def test_a_replica_that_decided_to_save_keeps_an_archive_published_meanwhile(
-    base_vllm_config, tmp_path, monkeypatch, caplog
-):
-    published: list[str] = []
+def _archive_writing_save(published: list[str]):
+    """An ``fc.save`` that writes a real archive (the graph's value as its tag) through the archive
+    layer with fc.save's own lock rule and ``expected_version``."""
     default_timeout = inspect.signature(foundry_core.save).parameters["lock_timeout"].default
 
-    def save(path, *, graphs, lock_timeout=default_timeout, **kwargs):
+    def save(path, *, graphs, lock_timeout=default_timeout, expected_version=ANY_VERSION, **kwargs):
         tag = graphs["decode/g1"]
-        with ArchiveWriter(path, lock_timeout=lock_timeout) as w:
+        with ArchiveWriter(path, lock_timeout=lock_timeout, expected_version=expected_version) as w:
             w.add_bytes("memory/00000.bin", tag.encode())
             digest = w.commit(fingerprint={"gpu_name": "NVIDIA H200"}, meta={"tag": tag})
         published.append(tag)
         return digest
 
-    monkeypatch.setattr(foundry_core, "save", save)
+    return save
+
+
+def test_a_replica_that_decided_to_save_keeps_an_archive_published_meanwhile(
+    base_vllm_config, tmp_path, monkeypatch, caplog
+):
+    published: list[str] = []
+    monkeypatch.setattr(foundry_core, "save", _archive_writing_save(published))
     caplog.set_level(logging.INFO, logger="vllm.foundry")
     replicas = {tag: _session(base_vllm_config, tmp_path) for tag in ("a", "b")}
     for s in replicas.values():  # both start on the empty directory
@@ -193,3 +199,27 @@ def test_a_replica_that_decided_to_save_keeps_an_archive_published_meanwhile(
     assert sum("archive published" in m for m in said) == 1, said
     assert not any("saved" in m and "decode graphs" in m for m in said)
     assert open_archive(archive.core_archive_dir(replicas["a"].cfg, 0)).meta["tag"] == "a"
+
+
+def test_a_replica_keeps_an_archive_written_before_its_own_capture_ended(
+    base_vllm_config, tmp_path, monkeypatch, caplog
+):
+    """b wrote its graph archive (its manifest comes after the compile caches) when a's capture
+    ends: a neither writes over b's archive nor removes b's manifest, and b publishes."""
+    published: list[str] = []
+    monkeypatch.setattr(foundry_core, "save", _archive_writing_save(published))
+    caplog.set_level(logging.INFO, logger="vllm.foundry")
+    replicas = {tag: _session(base_vllm_config, tmp_path) for tag in ("a", "b")}
+    for s in replicas.values():
+        s.decide_mode(0)
+    replicas["b"].save(Adapter("b"))
+    replicas["a"].save(Adapter("a"))
+    assert replicas["a"].report["kept_other_save"] is True and replicas["a"].report["saved"] is False
+    replicas["b"].publish(0)
+    replicas["a"].publish(0)  # nothing pending: a kept b's archive
+    assert published == ["b"]
+    assert replicas["b"].report["saved"] is True
+    assert archive.resolve_mode(replicas["b"].cfg, 0, FP)[0] == "load"
+    assert open_archive(archive.core_archive_dir(replicas["b"].cfg, 0)).meta["tag"] == "b"
+    said = [r.getMessage() for r in caplog.records]
+    assert sum("archive published" in m for m in said) == 1, said

@@ -48,7 +48,7 @@ from .codec import _ZLIB_THREADS as _ZLIB_THREADS
 from .codec import COMPRESS_CHUNK
 from .codec import _inflate as _inflate
 from .codec import _map_on_threads as _map_on_threads
-from .errors import MISSING, ArchiveError, ArchiveNotFound, FingerprintMismatch
+from .errors import MISSING, ArchiveError, ArchiveNotFound, ArchiveSuperseded, FingerprintMismatch
 from .format import (
     ENCODING_KIND,
     FORMAT,
@@ -62,7 +62,7 @@ from .format import _manifest_bytes as _manifest_bytes
 from .format import _self_checksum as _self_checksum
 from .format import _self_checksum_matches as _self_checksum_matches
 from .format import check_relpath as check_relpath
-from .publish import remove_archive
+from .publish import ANY_VERSION, published_version, remove_archive, require_version
 from .reader import Archive, open_archive
 from .reader import _open_member as _open_member
 from .reader import _read_exact as _read_exact
@@ -75,16 +75,20 @@ __all__ = [
     "MANIFEST_NAME",
     "MAX_MANIFEST_BYTES",
     "MISSING",
+    "ANY_VERSION",
     "Archive",
     "ArchiveError",
     "ArchiveNotFound",
+    "ArchiveSuperseded",
     "ArchiveWriter",
     "COMPRESS_CHUNK",
     "ENCODING_KIND",
     "FingerprintMismatch",
     "compare_fingerprint",
     "open_archive",
+    "published_version",
     "remove_archive",
+    "require_version",
 ]
 
 _SUBMODULES = (errors, format, codec, publish, writer, reader)

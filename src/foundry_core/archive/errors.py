@@ -21,6 +21,11 @@ class ArchiveNotFound(ArchiveError):
     """``open_archive`` found nothing at the path (a first start in ``auto`` mode SAVEs instead)."""
 
 
+class ArchiveSuperseded(ArchiveError):
+    """A SAVE that was to publish only over the archive its caller had seen found that another SAVE
+    published one since (``expected_version`` of :class:`ArchiveWriter`); nothing was written."""
+
+
 class _Missing:
     def __repr__(self) -> str:
         return "MISSING"
@@ -42,7 +47,7 @@ class FingerprintMismatch(ArchiveError):
 
 
 # Tracebacks and pickles name the errors where users import them from, as before the split.
-for _cls in (ArchiveError, ArchiveNotFound, FingerprintMismatch):
+for _cls in (ArchiveError, ArchiveNotFound, ArchiveSuperseded, FingerprintMismatch):
     _cls.__module__ = "foundry_core.archive"
 del _cls
 

@@ -23,7 +23,7 @@ import stat
 import time
 from collections.abc import Iterable
 
-from .errors import ArchiveError, _oserr
+from .errors import ArchiveError, ArchiveSuperseded, _oserr
 from .format import FORMAT, MANIFEST_NAME, MAX_MANIFEST_BYTES
 
 
@@ -147,6 +147,33 @@ def _classify(names: _Names) -> str:
     raise ArchiveError(
         f"refusing to replace {p}: it is a file, not a Foundry archive directory; move it away"
     )
+
+
+#: ``expected_version`` of :class:`ArchiveWriter` that accepts whatever is published (the default).
+ANY_VERSION: object = type("AnyVersion", (), {"__repr__": lambda self: "ANY_VERSION"})()
+
+
+def published_version(path: str | os.PathLike) -> tuple[int, int, int] | None:
+    """Which publication the archive at ``path`` is now, or None when none is published: the
+    identity (inode, modification time, size) of the manifest it resolves to. Every publication
+    puts a new manifest file in place, so two calls return the same value only when no SAVE
+    published in between. A caller deciding to SAVE takes it and passes it to
+    :class:`ArchiveWriter` as ``expected_version``."""
+    try:
+        st = os.stat(os.path.join(os.fspath(path), MANIFEST_NAME))
+    except OSError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+def require_version(path: str | os.PathLike, expected: object) -> None:
+    """Raise :class:`ArchiveSuperseded` when the archive at ``path`` is no longer the publication
+    ``expected`` (:func:`published_version`); :data:`ANY_VERSION` accepts anything. Only final under
+    the archive's lock, where :class:`ArchiveWriter` calls it."""
+    if expected is not ANY_VERSION and published_version(path) != expected:
+        raise ArchiveSuperseded(
+            f"not saving {os.fspath(path)}: another SAVE published it since this one began; its archive stays"
+        )
 
 
 class _Lock:

@@ -30,7 +30,18 @@ from .format import (
     _self_checksum,
     check_relpath,
 )
-from .publish import _classify, _clean_siblings, _fsync_path, _Lock, _Names, _publish, _rmtree, _write_all
+from .publish import (
+    ANY_VERSION,
+    _classify,
+    _clean_siblings,
+    _fsync_path,
+    _Lock,
+    _Names,
+    _publish,
+    _rmtree,
+    _write_all,
+    require_version,
+)
 
 
 class ArchiveWriter:
@@ -40,12 +51,21 @@ class ArchiveWriter:
     refuses at once when another SAVE holds it) and creates the temporary directory; leaving the block
     without a commit (an exception, KeyboardInterrupt) removes the temporary directory and leaves any
     existing archive untouched.
+
+    ``expected_version``: publish only over this publication of ``path`` (:func:`published_version`
+    taken when the caller decided to SAVE; None: only where none is published). When another SAVE
+    published since, ``__enter__`` raises :class:`ArchiveSuperseded` under the lock, before anything
+    is written: of two replicas that decided to SAVE at the same moment, only the first publishes.
+    The default replaces whatever is there.
     """
 
-    def __init__(self, path: str | os.PathLike, *, lock_timeout: float = 0.0):
+    def __init__(
+        self, path: str | os.PathLike, *, lock_timeout: float = 0.0, expected_version: object = ANY_VERSION
+    ):
         self._names = _Names(path)
         self.path = Path(self._names.path)
         self._lock = _Lock(self._names, float(lock_timeout), "SAVE into")
+        self._expected = expected_version
         self._tmp: str | None = None
         # relpath -> (stored size, sha256 of the stored bytes, encoding or None); None while a
         # compressed member is still being compressed (see _pending).
@@ -63,6 +83,7 @@ class ArchiveWriter:
             raise ArchiveError(f"ArchiveWriter for {self.path} cannot be entered twice")
         self._lock.acquire()
         try:
+            require_version(self._names.path, self._expected)
             _classify(self._names)  # refuse early, before writing gigabytes, if the path holds user data
             _clean_siblings(self._names, keep=None, versions=False)
             tmp = self._names.scratch("tmp")

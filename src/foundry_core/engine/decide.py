@@ -214,9 +214,21 @@ def published_meanwhile(cfg: Any, path: Any, stamp_at_decision: Any, finished_he
 
 def archive_stamp(path: Any) -> tuple[int, int, int] | None:
     """Which published version the graph archive at ``path`` is (the identity of the manifest a
-    publication puts in place), or None when there is none. A SAVE takes it right after its own
-    publication and compares it before writing the engine record that marks the SAVE finished: a
-    record is only ever written beside the archive it describes, never beside another replica's."""
-    import os
+    publication puts in place), or None when there is none. A rank that decides SAVE in ``auto``
+    mode takes it then and hands it to ``fc.save`` (:func:`save_expectation`), and a SAVE takes it
+    again right after its own publication and compares it before writing the engine record that
+    marks the SAVE finished: a record is only ever written beside the archive it describes, never
+    beside another replica's."""
+    from foundry_core.archive import published_version
 
-    return record_stamp(os.path.join(path, "manifest.json"))
+    return published_version(path)
+
+
+def save_expectation(cfg: Any, stamp_at_decision: Any) -> Any:
+    """``expected_version`` for ``fc.save``: in ``auto`` mode the graph archive that was there when
+    the rank decided to SAVE, so that a replica that decided at the same moment as another and
+    finishes second keeps the first one's archive (``fc.save`` raises ArchiveSuperseded, under the
+    archive's lock) instead of publishing over it; ``save`` mode replaces whatever is there."""
+    from foundry_core.archive import ANY_VERSION
+
+    return stamp_at_decision if getattr(cfg, "mode", None) == "auto" else ANY_VERSION
