@@ -38,7 +38,9 @@ but the last):
   sizes for ``--sustain`` seconds, each answer compared with the base server's answer to the same
   request, the server's device memory sampled for growth; a stock server (no ``--enable-foundry``,
   the plugins' Inductor pin in its environment) started beside it answers two passes of the same
-  schedule, compared with the LOAD's first two and with the base's.
+  schedule, compared with the LOAD's first two and with the base's. A base made by a call that did
+  not list ``sustained_load`` (reused by ``--resume``) has no answers to the schedule: then stock's
+  two passes are the reference for every LOAD pass (``reference: "stock server"``).
 
 Budget: ``--budget`` seconds for everything; a case whose estimate (from the base's measured SAVE
 and the LOADs seen so far) does not fit what is left is skipped with the reason. The JSON at
@@ -80,6 +82,8 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import datetime
+import hashlib
+import itertools
 import json
 import os
 import re
@@ -1646,6 +1650,98 @@ def compare_passes(
     return {"compared": compared, "mismatches": mismatches, "first_mismatch": first}
 
 
+ANSWER_FIELDS = ("tokens", "token_logprobs", "top_logprobs")  # what compare_outputs compares
+_NEGATIVE_ZERO = re.compile(r"-0\.0(?=[,\]}])")
+_NAN_MARKS = itertools.count()
+
+
+def _canonical(x: Any) -> Any:
+    if isinstance(x, float):
+        if x != x:
+            return ["NaN", next(_NAN_MARKS)]  # unequal to everything under ==, so to every digest
+        return x + 0.0  # -0.0 becomes 0.0: they are equal under ==
+    if isinstance(x, list | tuple):
+        return [_canonical(v) for v in x]
+    if isinstance(x, dict):
+        return {k: _canonical(v) for k, v in x.items()}
+    return x
+
+
+def answer_digest(answer: dict[str, Any]) -> str | None:
+    """sha256 of the fields compare_outputs compares: two answers read from JSON have the same
+    digest exactly when compare_outputs finds them equal (unless one server writes a number as 1
+    and the other as 1.0). None for an error (or empty) answer, which equals nothing."""
+    if not answer or "error" in answer:
+        return None
+    fields = [answer.get(k) for k in ANSWER_FIELDS]
+    try:
+        text = json.dumps(fields, separators=(",", ":"), sort_keys=True, allow_nan=False)
+    except ValueError:  # NaN or an infinity
+        text = None
+    if text is None or _NEGATIVE_ZERO.search(text):  # rare: the slower walk makes == and digests agree
+        text = json.dumps(_canonical(fields), separators=(",", ":"), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def compare_with_stock(
+    kept: list[list[dict[str, Any]]],
+    digests: list[list[str | None]],
+    stock_passes: list[list[dict[str, Any]]] | None,
+) -> dict[str, Any]:
+    """Every LOAD pass p (``digests[p]``, one per request) against the stock server's pass
+    min(p, 1), request by request, as the base reference is used. The passes in ``kept`` (the
+    first ones, whole) are compared with compare_outputs, later ones by digest. An error on
+    either side counts as a mismatch; without stock passes or LOAD passes nothing is compared."""
+    if not stock_passes or not digests:
+        return {"compared": 0, "mismatches": None, "first_mismatch": None}
+    stock_digests = [[answer_digest(w) for w in w_pass] for w_pass in stock_passes]
+    compared = mismatches = 0
+    first = None
+    for p, d_pass in enumerate(digests):
+        s = min(p, len(stock_passes) - 1)
+        for i, (d, w) in enumerate(zip(d_pass, stock_digests[s])):
+            compared += 1
+            if p < len(kept):  # both answers at hand: the full comparison
+                g, want = kept[p][i], stock_passes[s][i]
+                if "error" in g or "error" in want:
+                    cmp = {"equal": False, "error": g.get("error") or want.get("error")}
+                else:
+                    cmp = compare_outputs(g, want)
+            elif d is not None and d == w:
+                continue
+            else:
+                cmp = {
+                    "equal": False,
+                    "digests_differ": True,
+                    "load_error": d is None,
+                    "stock_error": w is None,
+                }
+            if cmp["equal"] is not True:
+                mismatches += 1
+                first = first or {"pass": p, "request": i, **cmp}
+    return {"compared": compared, "mismatches": mismatches, "first_mismatch": first}
+
+
+def sustained_output_checks(
+    base_reference: bool,
+    mismatches: int | None,
+    stock_answered: bool,
+    vs_load: dict[str, Any],
+    vs_reference: dict[str, Any],
+) -> dict[str, bool | None]:
+    """sustained_load's two output checks. ``mismatches``: the LOAD's passes against the base
+    reference where there is one, else against stock's passes (None: nothing compared)."""
+    if not base_reference:  # stock is the reference: its verdict on every LOAD pass is both checks
+        equal = None if mismatches is None else mismatches == 0
+        return {"outputs_equal_reference": equal, "outputs_equal_stock": equal}
+    # Every LOAD pass equals the base SAVE's answers, and stock's two passes equal both the base's
+    # and the LOAD's first two: so every LOAD answer equals stock's answer to the same request.
+    stock_equal = None
+    if stock_answered and vs_load["compared"] and vs_reference["compared"]:
+        stock_equal = vs_load["mismatches"] == 0 and vs_reference["mismatches"] == 0 and mismatches == 0
+    return {"outputs_equal_reference": mismatches == 0, "outputs_equal_stock": stock_equal}
+
+
 def case_sustained_load(ctx: Ctx, run: CaseRun) -> None:
     archive = _stage(ctx, run)
     srv = _start_staged(run, archive, "load", "auto")
@@ -1665,6 +1761,10 @@ def case_sustained_load(ctx: Ctx, run: CaseRun) -> None:
         return
     refs = ctx.sustained_reference
     load_first: list[list[dict[str, Any]]] = []  # the LOAD's answers of its first two passes
+    # Without a base reference, stock's passes are the reference, and they come late (stock may be
+    # ready long after the LOAD): every LOAD pass is kept as one digest per answer, made on another
+    # thread so that the request loop's timing stays as it is.
+    digests: list[concurrent.futures.Future] = []
     duration = max(0.0, min(ctx.opts.sustain, ctx.left() - MARGIN_S - 15))
     t_end = time.monotonic() + duration
     samples: list[dict[str, Any]] = []
@@ -1672,33 +1772,41 @@ def case_sustained_load(ctx: Ctx, run: CaseRun) -> None:
     first_mismatch = None
     next_sample = 0.0
     t0 = time.monotonic()
-    while (passes == 0 or time.monotonic() < t_end) and srv.alive():
-        got = run_schedule(srv, requests)
-        if len(load_first) < 2:
-            load_first.append(got)
-        want = refs[min(passes, len(refs) - 1)] if refs else None
-        for i, g in enumerate(got):
-            if "error" in g:
-                errors += 1
-                continue
-            tokens += sum(len(t) for t in g["tokens"])
-            cmp = compare_outputs(g, want[i] if want else None)
-            if cmp["equal"] is False:
-                mismatches += 1
-                first_mismatch = first_mismatch or {"pass": passes, "request": i, **cmp}
-        passes += 1
-        if passes == 1 or time.monotonic() >= next_sample:
-            samples.append(
-                {"t_s": round(time.monotonic() - t0, 1), "pass": passes, **gpu_memory_of(srv.proc.pid)}
-            )
-            next_sample = time.monotonic() + ctx.opts.sample_every
-    wall = time.monotonic() - t0
+    with concurrent.futures.ThreadPoolExecutor(1) as digesting:
+        while (passes == 0 or time.monotonic() < t_end) and srv.alive():
+            got = run_schedule(srv, requests)
+            if len(load_first) < 2:
+                load_first.append(got)
+            if not refs:
+                digests.append(digesting.submit(lambda got=got: [answer_digest(g) for g in got]))
+            want = refs[min(passes, len(refs) - 1)] if refs else None
+            for i, g in enumerate(got):
+                if "error" in g:
+                    errors += 1
+                    continue
+                tokens += sum(len(t) for t in g["tokens"])
+                cmp = compare_outputs(g, want[i] if want else None)
+                if cmp["equal"] is False:
+                    mismatches += 1
+                    first_mismatch = first_mismatch or {"pass": passes, "request": i, **cmp}
+            passes += 1
+            if passes == 1 or time.monotonic() >= next_sample:
+                samples.append(
+                    {"t_s": round(time.monotonic() - t0, 1), "pass": passes, **gpu_memory_of(srv.proc.pid)}
+                )
+                next_sample = time.monotonic() + ctx.opts.sample_every
+        wall = time.monotonic() - t0
     srv.stop()
     asking.join(max(0.0, ctx.deadline() - time.time()))
     stock.stop()  # also when it was not ready by the deadline
     stock_passes = stock_out.get("passes")
     vs_load = compare_passes(load_first, stock_passes)
     vs_reference = compare_passes(refs[:2] if refs else [], stock_passes)
+    reference = "base SAVE server" if refs else None
+    if not refs:
+        vs_stock = compare_with_stock(load_first, [f.result() for f in digests], stock_passes)
+        mismatches, first_mismatch = vs_stock["mismatches"], vs_stock["first_mismatch"]
+        reference = "stock server" if stock_passes else None
     key = "server_mib" if any(s.get("server_mib") for s in samples) else "device_mib"
     growth = memory_growth(samples, key)
     run.rec["details"].update(
@@ -1711,7 +1819,7 @@ def case_sustained_load(ctx: Ctx, run: CaseRun) -> None:
         tokens_per_s=round(tokens / wall, 1) if wall else None,
         mismatches=mismatches,
         first_mismatch=first_mismatch,
-        reference="base SAVE server" if refs else None,
+        reference=reference,
         memory_samples=samples[:200],
         memory_key=key,
         memory_growth_mib=growth,
@@ -1722,16 +1830,10 @@ def case_sustained_load(ctx: Ctx, run: CaseRun) -> None:
             "vs_reference": vs_reference,
         },
     )
-    # Every LOAD pass equals the base SAVE's answers, and stock's two passes equal both the base's
-    # and the LOAD's first two: so every LOAD answer equals stock's answer to the same request.
-    stock_equal = None
-    if stock_passes and refs and vs_load["compared"] and vs_reference["compared"]:
-        stock_equal = vs_load["mismatches"] == 0 and vs_reference["mismatches"] == 0 and mismatches == 0
     checks.update(
         loaded=srv.rec.get("mode_logged") == "load",
         no_request_errors=errors == 0,
-        outputs_equal_reference=None if not refs else mismatches == 0,
-        outputs_equal_stock=stock_equal,
+        **sustained_output_checks(bool(refs), mismatches, bool(stock_passes), vs_load, vs_reference),
         memory_growth_under_256_mib=None if growth is None else growth <= 256,
     )
 
@@ -2108,6 +2210,8 @@ def derive_row(case: str, rec: dict[str, Any]) -> dict[str, Any]:
             identical = _all3([identical, checks["outputs_equal_stock"]])
         else:
             notes.append("outputs_identical: against the base SAVE server's answers (no stock server then)")
+        if details.get("reference") == "stock server":
+            notes.append("outputs_identical: every LOAD pass against the stock server's (no base reference)")
     strict = None
     if case in STRICT_PREFIX:
         prefix = STRICT_PREFIX[case]
@@ -2446,6 +2550,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[engine_faults] {opts.engine} base SAVE: starting", flush=True)
             base = run_base(ctx)
         adopt_base(ctx, base)
+        if base.get("ok") and "sustained_load" in opts.cases and not ctx.sustained_reference:
+            why = "the reused base's call did not list it" if base.get("reused") else "none kept by the base"
+            print(
+                f"[engine_faults] {opts.engine} sustained_load: no base answers to its schedule ({why}): "
+                "the stock server's answers are the reference",
+                flush=True,
+            )
         flush()
         base_ok = bool(base.get("ok"))
         serial = [c for c in opts.cases if c in STAGED or opts.parallel == 1]

@@ -228,6 +228,154 @@ def test_sustained_requests_mix_batch_sizes():
     assert [len(r) for r in ef.sustained_requests(0)] == list(ef.SUSTAIN_SIZES)
 
 
+def _answer(seed: int, prompts: int = 2) -> dict:
+    """An answer as extract_outputs makes it: ids, chosen logprobs, top logprobs as [key, value] pairs."""
+    ids = [[(seed * 7 + p * 3 + k) % 50 for k in range(4)] for p in range(prompts)]
+    lps = [[-0.25 - ((t + seed) % 5) / 8 for t in row] for row in ids]
+    tops = [[[[str(t), lp], ["x", lp - 1.0]] for t, lp in zip(row, lrow)] for row, lrow in zip(ids, lps)]
+    return {"tokens": ids, "token_logprobs": lps, "top_logprobs": tops, "text": ["a"] * prompts}
+
+
+def _variant(answer: dict, change) -> dict:
+    out = json.loads(json.dumps(answer))
+    change(out)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("change", "equal"),
+    [
+        (lambda a: None, True),
+        (lambda a: a.update(text=["other"] * 2), True),  # text is not compared
+        (lambda a: a["top_logprobs"][1][2][0].__setitem__(1, -9.0), False),
+        (lambda a: a["token_logprobs"][0].__setitem__(3, -0.3), False),
+        (lambda a: a["tokens"][1].__setitem__(0, 49), False),
+        (lambda a: a["tokens"].append([1]), False),
+        (lambda a: a.pop("top_logprobs"), False),
+        (lambda a: a["token_logprobs"].__setitem__(1, None), False),
+    ],
+)
+def test_answer_digest_equal_exactly_where_compare_outputs_is(change, equal):
+    ref = _answer(3)
+    got = _variant(ref, change)
+    assert ef.compare_outputs(got, ref)["equal"] is equal
+    assert (ef.answer_digest(got) == ef.answer_digest(ref)) is equal
+
+
+def test_answer_digest_of_odd_floats_and_errors():
+    ref = _answer(1)
+    ref["token_logprobs"][0][0] = 0.0
+    negative_zero = _variant(ref, lambda a: a["token_logprobs"][0].__setitem__(0, -0.0))
+    assert ef.compare_outputs(negative_zero, ref)["equal"] is True  # -0.0 == 0.0
+    assert ef.answer_digest(negative_zero) == ef.answer_digest(ref)
+    infinite = _variant(ref, lambda a: a["top_logprobs"][0][0][1].__setitem__(1, float("-inf")))
+    assert ef.compare_outputs(infinite, json.loads(json.dumps(infinite)))["equal"] is True
+    assert ef.answer_digest(infinite) == ef.answer_digest(json.loads(json.dumps(infinite)))
+    assert ef.answer_digest(infinite) != ef.answer_digest(ref)
+    nan = _variant(ref, lambda a: a["token_logprobs"][1].__setitem__(2, float("nan")))
+    nan_again = json.loads(json.dumps(nan))
+    assert ef.compare_outputs(nan, nan_again)["equal"] is False  # NaN equals nothing
+    assert ef.answer_digest(nan) != ef.answer_digest(nan_again)
+    assert ef.answer_digest({"error": "RuntimeError: boom"}) is None
+    assert ef.answer_digest({}) is None
+
+
+def _passes(n: int, requests: int = 3) -> list[list[dict]]:
+    return [[_answer(10 * i + 1) for i in range(requests)] for _ in range(n)]
+
+
+def _stock_case(load: list[list[dict]], stock: list[list[dict]] | None) -> dict:
+    digests = [[ef.answer_digest(g) for g in p] for p in load]
+    return ef.compare_with_stock(load[:2], digests, stock)
+
+
+def test_compare_with_stock_counts_and_names_a_late_mismatch():
+    stock = _passes(2)
+    stock[1][1] = _answer(99)  # stock's second pass differs from its first: pass p >= 1 is against it
+    load = _passes(8)
+    for p in range(1, 8):
+        load[p][1] = _answer(99)
+    assert _stock_case(load, stock) == {"compared": 24, "mismatches": 0, "first_mismatch": None}
+    load[5][2] = _variant(load[5][2], lambda a: a["top_logprobs"][0][3][1].__setitem__(1, -7.5))
+    assert _stock_case(load, stock) == {
+        "compared": 24,
+        "mismatches": 1,
+        "first_mismatch": {
+            "pass": 5,
+            "request": 2,
+            "equal": False,
+            "digests_differ": True,
+            "load_error": False,
+            "stock_error": False,
+        },
+    }
+    # The same difference in a pass still kept whole: compare_outputs's detail.
+    load[1][0] = _variant(load[1][0], lambda a: a["token_logprobs"][1].__setitem__(2, -4.0))
+    out = _stock_case(load, stock)
+    assert out["mismatches"] == 2 and out["first_mismatch"]["pass"] == 1
+    assert out["first_mismatch"]["request"] == 0 and out["first_mismatch"]["tokens"] is True
+    assert out["first_mismatch"]["logprobs"] is False and out["first_mismatch"]["max_logprob_difference"] > 3
+
+
+def test_compare_with_stock_counts_errors_on_either_side():
+    stock, load = _passes(2), _passes(6)
+    load[3][0] = {"error": "RuntimeError: /v1/completions answered 500"}
+    out = _stock_case(load, stock)
+    assert out["mismatches"] == 1
+    assert out["first_mismatch"] == {
+        "pass": 3,
+        "request": 0,
+        "equal": False,
+        "digests_differ": True,
+        "load_error": True,
+        "stock_error": False,
+    }
+    stock[1][2] = {"error": "OSError: reset"}  # against every LOAD pass from the second on
+    out = _stock_case(load, stock)
+    assert out["compared"] == 18 and out["mismatches"] == 1 + 5
+    assert out["first_mismatch"] == {"pass": 1, "request": 2, "equal": False, "error": "OSError: reset"}
+
+
+def test_without_stock_passes_nothing_is_compared():
+    nothing = {"compared": 0, "mismatches": None, "first_mismatch": None}
+    assert _stock_case(_passes(4), None) == nothing
+    assert _stock_case(_passes(4), []) == nothing
+    assert _stock_case([], _passes(2)) == nothing
+
+
+def test_sustained_output_checks():
+    unused = {"compared": 0, "mismatches": None, "first_mismatch": None}
+    # No base reference: stock is the reference, or nothing is.
+    assert ef.sustained_output_checks(False, None, False, unused, unused) == {
+        "outputs_equal_reference": None,
+        "outputs_equal_stock": None,
+    }
+    assert ef.sustained_output_checks(False, 0, True, unused, unused) == {
+        "outputs_equal_reference": True,
+        "outputs_equal_stock": True,
+    }
+    assert ef.sustained_output_checks(False, 3, True, unused, unused) == {
+        "outputs_equal_reference": False,
+        "outputs_equal_stock": False,
+    }
+    # A base reference: stock equals every LOAD pass only through the base's two passes.
+    same = {"compared": 12, "mismatches": 0, "first_mismatch": None}
+    differs = {"compared": 12, "mismatches": 2, "first_mismatch": {"pass": 0, "request": 1}}
+    assert ef.sustained_output_checks(True, 0, True, same, same) == {
+        "outputs_equal_reference": True,
+        "outputs_equal_stock": True,
+    }
+    assert ef.sustained_output_checks(True, 0, True, differs, same)["outputs_equal_stock"] is False
+    assert ef.sustained_output_checks(True, 1, True, same, same) == {
+        "outputs_equal_reference": False,
+        "outputs_equal_stock": False,
+    }
+    assert ef.sustained_output_checks(True, 0, False, unused, unused) == {
+        "outputs_equal_reference": True,
+        "outputs_equal_stock": None,
+    }
+
+
 # --- archive directories ------------------------------------------------------------------------------------
 
 
@@ -801,6 +949,42 @@ def test_sustained_load_fails_where_stock_answers_otherwise(fake_engine, monkeyp
     assert sustained["checks"]["outputs_equal_stock"] is False
     assert sustained["details"]["stock"]["vs_load"]["mismatches"] == 12
     assert sustained["details"]["stock"]["vs_load"]["first_mismatch"]["pass"] == 0
+    assert sustained["verdict"] == "fail" and rc == 1
+
+
+def test_sustained_load_on_a_base_without_its_reference_is_judged_against_stock(
+    fake_engine, monkeypatch, capsys
+):
+    monkeypatch.setitem(ef.CASE_FUNCS, "read_only_dir", lambda ctx, run: run.rec["checks"].update(ran=True))
+    rc, result = fake_engine("--cases", "read_only_dir")  # this base keeps no answers to the schedule
+    assert "sustained_reference" not in result["base"] and rc == 0
+    capsys.readouterr()
+    rc, result = fake_engine(
+        "--cases", "sustained_load", "--sustain", "0.5", "--sample-every", "0.2", "--resume"
+    )
+    assert "the stock server's answers are the reference" in capsys.readouterr().out
+    sustained = result["cases"]["sustained_load"]
+    details = sustained["details"]
+    assert result["base"]["reused"] is True and details["reference"] == "stock server"
+    assert details["passes"] >= 2 and details["mismatches"] == 0 and details["first_mismatch"] is None
+    assert (
+        details["stock"]["vs_load"]["mismatches"] == 0 and details["stock"]["vs_reference"]["compared"] == 0
+    )
+    assert sustained["checks"]["outputs_equal_reference"] is True
+    assert sustained["checks"]["outputs_equal_stock"] is True
+    assert sustained["verdict"] == "pass" and rc == 0, sustained.get("not_passed_checks")
+    # Stock answering otherwise: every answer of every LOAD pass is a mismatch.
+    monkeypatch.setenv("FAKE_STOCK_DIFFERS", "1")
+    rc, result = fake_engine(
+        "--cases", "sustained_load", "--sustain", "0.5", "--sample-every", "0.2", "--resume"
+    )
+    sustained = result["cases"]["sustained_load"]
+    details = sustained["details"]
+    assert details["mismatches"] == details["requests"] == 6 * details["passes"]
+    first = details["first_mismatch"]
+    assert first["pass"] == 0 and first["request"] == 0 and first["tokens"] is False
+    assert sustained["checks"]["outputs_equal_reference"] is False
+    assert sustained["checks"]["outputs_equal_stock"] is False
     assert sustained["verdict"] == "fail" and rc == 1
 
 

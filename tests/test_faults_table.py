@@ -306,6 +306,18 @@ def test_derived_fields_follow_the_checks():
     assert s["device_memory_growth_mib"] is None and s["memory_growth_under_256_mib"] is None
 
 
+def test_sustained_load_judged_against_stock_says_so():
+    rec = sustained_case()
+    rec["checks"]["outputs_equal_stock"] = True
+    rec["details"]["reference"] = "stock server"
+    row = ef.table_row("sustained_load", "sglang", result("sglang", {"sustained_load": rec}), "s.json")
+    assert row["outcome"] == "pass" and row["outputs_identical"] is True and row["mismatches"] == 0
+    assert "against the stock server's (no base reference)" in row["notes"]
+    rec["details"]["reference"] = "base SAVE server"
+    row = ef.table_row("sustained_load", "sglang", result("sglang", {"sustained_load": rec}), "s.json")
+    assert "stock server" not in row["notes"]
+
+
 def test_servers_that_did_not_serve():
     rec = archive_replaced_case()
     rec["servers"]["load"]["requests"].append({"what": "while", "error": "OSError: reset", "equal": False})
