@@ -7,6 +7,7 @@ bookkeeping can be tested without importing vLLM's GPU modules.  GPU work starts
 from __future__ import annotations
 
 import contextlib
+import errno
 import gc
 import logging
 import os
@@ -495,5 +496,14 @@ class FoundrySession:
         try:
             archive.write_json_atomic(path, self.report)
         except OSError as e:
-            logger.warning("Foundry rank %d: start report not written to %s: %s", self.rank, path, e)
+            # A read-only archive directory is a supported setup (LOAD only; auto warned at its
+            # decision already): no second warning at every start for the report it cannot hold.
+            read_only = e.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
+            logger.log(
+                logging.INFO if read_only else logging.WARNING,
+                "Foundry rank %d: start report not written to %s: %s",
+                self.rank,
+                path,
+                e,
+            )
         return self.report

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
+import logging
 import types
 
 import pytest
@@ -322,14 +324,28 @@ def test_start_report_is_written_next_to_the_archive(base_vllm_config):
     assert archive.resolve_mode(s.cfg, 0, {"config_hash": "abc"})[0] == "save"
 
 
-def test_an_unwritable_start_report_does_not_stop_the_engine(base_vllm_config, monkeypatch):
+@pytest.mark.parametrize(
+    "error, level",
+    [
+        (OSError(errno.EROFS, "Read-only file system"), logging.INFO),  # a read-only archive mount
+        (PermissionError(errno.EACCES, "Permission denied"), logging.INFO),
+        (OSError(errno.ENOSPC, "No space left on device"), logging.WARNING),
+    ],
+)
+def test_an_unwritable_start_report_does_not_stop_the_engine(
+    base_vllm_config, monkeypatch, caplog, error, level
+):
+    """A read-only archive directory (LOADs only) is said once at most, not warned at every start."""
     s = _session(base_vllm_config, "load")
 
     def refuse(path, data):
-        raise PermissionError(13, "read-only file system", str(path))
+        raise error
 
     monkeypatch.setattr(archive, "write_json_atomic", refuse)
+    caplog.set_level(logging.INFO, logger="vllm.foundry")
     assert s.write_report()["rank"] == 0
+    said = [r for r in caplog.records if "start report not written" in r.getMessage()]
+    assert [r.levelno for r in said] == [level]
 
 
 class RoutingRegion:
