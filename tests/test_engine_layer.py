@@ -335,5 +335,7 @@ def test_only_auto_mode_saves_over_just_the_archive_it_saw(tmp_path):
     cfg = FoundryConfig(archive_dir=tmp_path)
     seen = decide.archive_stamp(tmp_path / "rank0")
     assert seen is None
-    assert decide.save_expectation(dataclasses.replace(cfg, mode="auto"), seen) is None
-    assert decide.save_expectation(dataclasses.replace(cfg, mode="save"), seen) is ANY_VERSION
+    auto = decide.save_guard(dataclasses.replace(cfg, mode="auto"), seen)
+    assert auto == {"expected_version": None, "lock_timeout": decide.AUTO_SAVE_LOCK_WAIT_S}
+    save = decide.save_guard(dataclasses.replace(cfg, mode="save"), seen)
+    assert save["expected_version"] is ANY_VERSION and save["lock_timeout"] == 0.0

@@ -500,8 +500,8 @@ class Session:
                 detect_rng=False,
                 timings=save_timings,
                 symmetric=self.tp.buffers if self.tp is not None else (),
-                # auto: a replica that decided to SAVE at the same moment published first
-                expected_version=decide.save_expectation(self.cfg, self._archive_at_decision),
+                # auto: keep the archive of a replica that decided at the same moment and came first
+                **decide.save_guard(self.cfg, self._archive_at_decision),
             )
             self.report["fc_save_s"] = round(time.perf_counter() - t0, 4)
             self.report["fc_save_timings"] = {k: round(v, 4) for k, v in save_timings.items()}

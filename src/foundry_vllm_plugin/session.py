@@ -326,9 +326,9 @@ class FoundrySession:
         t0 = time.perf_counter()
         # auto: a replica that decided to SAVE at the same moment may have published first; then its
         # archive stays, and so does its manifest (checked before the unlink below, again in fc.save)
-        expected = decide.save_expectation(self.cfg, self._core_at_decision)
+        guard = decide.save_guard(self.cfg, self._core_at_decision)
         try:
-            fc.archive.require_version(core, expected)
+            fc.archive.require_version(core, guard["expected_version"])
             mpath.unlink(missing_ok=True)  # an interrupted SAVE must not leave a valid-looking archive
             save_timings: dict[str, float] = {}
             self.report["archive_digest"] = fc.save(
@@ -344,7 +344,7 @@ class FoundrySession:
                 # its persistent buffers hold after capture: no replay to look for RNG state.
                 detect_rng=False,
                 timings=save_timings,
-                expected_version=expected,
+                **guard,
             )
             self.report["save_timings_s"] = {k: round(v, 3) for k, v in save_timings.items()}
         except fc.ArchiveSuperseded:  # raised before anything was written

@@ -215,7 +215,7 @@ def published_meanwhile(cfg: Any, path: Any, stamp_at_decision: Any, finished_he
 def archive_stamp(path: Any) -> tuple[int, int, int] | None:
     """Which published version the graph archive at ``path`` is (the identity of the manifest a
     publication puts in place), or None when there is none. A rank that decides SAVE in ``auto``
-    mode takes it then and hands it to ``fc.save`` (:func:`save_expectation`), and a SAVE takes it
+    mode takes it then and hands it to ``fc.save`` (:func:`save_guard`), and a SAVE takes it
     again right after its own publication and compares it before writing the engine record that
     marks the SAVE finished: a record is only ever written beside the archive it describes, never
     beside another replica's."""
@@ -224,11 +224,23 @@ def archive_stamp(path: Any) -> tuple[int, int, int] | None:
     return published_version(path)
 
 
-def save_expectation(cfg: Any, stamp_at_decision: Any) -> Any:
-    """``expected_version`` for ``fc.save``: in ``auto`` mode the graph archive that was there when
-    the rank decided to SAVE, so that a replica that decided at the same moment as another and
-    finishes second keeps the first one's archive (``fc.save`` raises ArchiveSuperseded, under the
-    archive's lock) instead of publishing over it; ``save`` mode replaces whatever is there."""
+#: How long an ``auto`` rank's SAVE waits for another process's SAVE of the same archive, which
+#: holds the archive's lock only while it writes (about a second for the engines' archives on the
+#: H200), before giving up with a warning and serving on.
+AUTO_SAVE_LOCK_WAIT_S = 60.0
+
+
+def save_guard(cfg: Any, stamp_at_decision: Any) -> dict[str, Any]:
+    """The ``foundry_core.save`` arguments that make a rank's SAVE safe beside other replicas'.
+
+    ``auto``: publish only over the graph archive that was there when the rank decided to SAVE
+    (``expected_version``, :func:`archive_stamp` then), and wait for a SAVE that is writing it now
+    (``lock_timeout``): of two replicas that decided at the same moment, the second finds the
+    first's archive under the lock and keeps it (``ArchiveSuperseded``, nothing written), or
+    publishes if the first failed. ``save`` mode replaces whatever is there, and is refused at once
+    while another SAVE writes."""
     from foundry_core.archive import ANY_VERSION
 
-    return stamp_at_decision if getattr(cfg, "mode", None) == "auto" else ANY_VERSION
+    if getattr(cfg, "mode", None) == "auto":
+        return {"expected_version": stamp_at_decision, "lock_timeout": AUTO_SAVE_LOCK_WAIT_S}
+    return {"expected_version": ANY_VERSION, "lock_timeout": 0.0}
