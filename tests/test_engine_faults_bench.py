@@ -343,37 +343,28 @@ def test_without_stock_passes_nothing_is_compared():
     assert _stock_case([], _passes(2)) == nothing
 
 
-def test_sustained_output_checks():
-    unused = {"compared": 0, "mismatches": None, "first_mismatch": None}
-    # No base reference: stock is the reference, or nothing is.
-    assert ef.sustained_output_checks(False, None, False, unused, unused) == {
-        "outputs_equal_reference": None,
-        "outputs_equal_stock": None,
-    }
-    assert ef.sustained_output_checks(False, 0, True, unused, unused) == {
-        "outputs_equal_reference": True,
-        "outputs_equal_stock": True,
-    }
-    assert ef.sustained_output_checks(False, 3, True, unused, unused) == {
-        "outputs_equal_reference": False,
-        "outputs_equal_stock": False,
-    }
-    # A base reference: stock equals every LOAD pass only through the base's two passes.
-    same = {"compared": 12, "mismatches": 0, "first_mismatch": None}
-    differs = {"compared": 12, "mismatches": 2, "first_mismatch": {"pass": 0, "request": 1}}
-    assert ef.sustained_output_checks(True, 0, True, same, same) == {
-        "outputs_equal_reference": True,
-        "outputs_equal_stock": True,
-    }
-    assert ef.sustained_output_checks(True, 0, True, differs, same)["outputs_equal_stock"] is False
-    assert ef.sustained_output_checks(True, 1, True, same, same) == {
-        "outputs_equal_reference": False,
-        "outputs_equal_stock": False,
-    }
-    assert ef.sustained_output_checks(True, 0, False, unused, unused) == {
-        "outputs_equal_reference": True,
-        "outputs_equal_stock": None,
-    }
+_UNUSED = {"compared": 0, "mismatches": None, "first_mismatch": None}
+_SAME = {"compared": 12, "mismatches": 0, "first_mismatch": None}
+_DIFFERS = {"compared": 12, "mismatches": 2, "first_mismatch": {"pass": 0, "request": 1}}
+
+
+@pytest.mark.parametrize(
+    "base_reference, mismatches, stock_answered, vs_load, vs_reference, want",
+    [
+        # No base reference: stock is the reference, or nothing is.
+        (False, None, False, _UNUSED, _UNUSED, (None, None)),
+        (False, 0, True, _UNUSED, _UNUSED, (True, True)),
+        (False, 3, True, _UNUSED, _UNUSED, (False, False)),
+        # A base reference: stock equals every LOAD pass only through the base's two passes.
+        (True, 0, True, _SAME, _SAME, (True, True)),
+        (True, 0, True, _DIFFERS, _SAME, (True, False)),
+        (True, 1, True, _SAME, _SAME, (False, False)),
+        (True, 0, False, _UNUSED, _UNUSED, (True, None)),
+    ],
+)
+def test_sustained_output_checks(base_reference, mismatches, stock_answered, vs_load, vs_reference, want):
+    got = ef.sustained_output_checks(base_reference, mismatches, stock_answered, vs_load, vs_reference)
+    assert (got["outputs_equal_reference"], got["outputs_equal_stock"]) == want
 
 
 # --- archive directories ------------------------------------------------------------------------------------
