@@ -322,13 +322,17 @@ class FoundrySession:
             self.report.update(graphs=len(graph_map), saved=False, kept_other_save=True)
             return
         core = archive.core_archive_dir(self.cfg, self.rank)
-        logger.info("Foundry rank %d: writing %d decode graphs to %s", self.rank, len(graph_map), core)
-        t0 = time.perf_counter()
         # auto: a replica that decided to SAVE at the same moment may have published first; then its
         # archive stays, and so does its manifest (checked before the unlink below, again in fc.save)
         guard = decide.save_guard(self.cfg, self._core_at_decision)
         try:
             fc.archive.require_version(core, guard["expected_version"])
+        except fc.ArchiveSuperseded:
+            self._keep_other_save(len(graph_map))
+            return
+        logger.info("Foundry rank %d: writing %d decode graphs to %s", self.rank, len(graph_map), core)
+        t0 = time.perf_counter()
+        try:
             mpath.unlink(missing_ok=True)  # an interrupted SAVE must not leave a valid-looking archive
             save_timings: dict[str, float] = {}
             self.report["archive_digest"] = fc.save(
@@ -347,11 +351,8 @@ class FoundrySession:
                 **guard,
             )
             self.report["save_timings_s"] = {k: round(v, 3) for k, v in save_timings.items()}
-        except fc.ArchiveSuperseded:  # raised before anything was written
-            logger.info(
-                "Foundry rank %d: another process published an archive meanwhile; keeping it", self.rank
-            )
-            self.report.update(graphs=len(graph_map), saved=False, kept_other_save=True)
+        except fc.ArchiveSuperseded:  # under the lock, after a wait: nothing was written
+            self._keep_other_save(len(graph_map))
             return
         # Disk full, read-only, a graph that cannot be saved, or a defect in Foundry's own SAVE code:
         # the graphs just captured are untouched and nothing partial is published, so auto serves on.
@@ -374,6 +375,10 @@ class FoundrySession:
             archive.core_archive_dir(self.cfg, self.rank),
             elapsed,
         )
+
+    def _keep_other_save(self, graphs: int) -> None:
+        logger.info("Foundry rank %d: another process published an archive meanwhile; keeping it", self.rank)
+        self.report.update(graphs=graphs, saved=False, kept_other_save=True)
 
     def publish(self, device_index: int) -> None:
         """SAVE, at the end of the engine's startup: save the compile caches, then the manifest."""

@@ -223,3 +223,6 @@ def test_a_replica_keeps_an_archive_written_before_its_own_capture_ended(
     assert open_archive(archive.core_archive_dir(replicas["b"].cfg, 0)).meta["tag"] == "b"
     said = [r.getMessage() for r in caplog.records]
     assert sum("archive published" in m for m in said) == 1, said
+    # a said it kept b's archive, and never that it was writing its own
+    assert sum("writing 1 decode graphs" in m for m in said) == 1, said
+    assert sum("another process published an archive meanwhile" in m for m in said) == 1, said
