@@ -477,10 +477,7 @@ class Session:
         published = archive.read_sidecar(self.cfg, self.rank) or {}
         finished_here = published.get("fingerprint") == self.fingerprint
         if decide.published_meanwhile(self.cfg, path, self._sidecar_at_decision, finished_here):
-            logger.info(
-                "Foundry SAVE: another process saved this configuration meanwhile; keeping its archive"
-            )
-            self.report.update(saved=False, kept_other_save=True)
+            self._keep_other_save("saved this configuration meanwhile; keeping its archive")
             return
         logger.info("Foundry SAVE: writing %d decode graphs to %s", len(self.graphs), self.path)
         t0 = time.perf_counter()
@@ -510,8 +507,7 @@ class Session:
             # sidecar, written last, marks the SAVE finished.
             self.caches.save(self.device)
             if decide.archive_stamp(self.path) != ours:
-                logger.info("Foundry SAVE: another process published an archive meanwhile; keeping it")
-                self.report.update(saved=False, kept_other_save=True)
+                self._keep_other_save("published an archive meanwhile; keeping it")
                 return
             archive.write_sidecar(
                 self.cfg,
@@ -519,8 +515,7 @@ class Session:
                 {"fingerprint": self.fingerprint, "slots": self.slots, "outputs": self.layouts},
             )
         except fc.ArchiveSuperseded:  # raised before anything was written
-            logger.info("Foundry SAVE: another process published an archive meanwhile; keeping it")
-            self.report.update(saved=False, kept_other_save=True)
+            self._keep_other_save("published an archive meanwhile; keeping it")
             return
         # Disk full, read-only, a graph that cannot be saved, or a defect in Foundry's own SAVE code:
         # the graphs just captured are untouched and nothing partial is published, so auto serves on.
@@ -530,6 +525,11 @@ class Session:
             return
         self.report["saved"] = True
         logger.info("Foundry SAVE: %d decode graphs persisted to %s", len(self.graphs), self.path)
+
+    def _keep_other_save(self, what: str) -> None:
+        """auto: another replica's SAVE stays; this rank publishes nothing."""
+        logger.info("Foundry SAVE: another process %s", what)
+        self.report.update(saved=False, kept_other_save=True)
 
     def replay_timing_done(self, summary: dict[str, Any]) -> None:
         """The timed replays (``FOUNDRY_SGLANG_REPLAY_TIMING``) are done: report their medians."""

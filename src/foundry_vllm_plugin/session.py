@@ -316,10 +316,7 @@ class FoundrySession:
         published = archive.read_manifest(mpath) or {}
         finished_here = published.get("fingerprint") == self.fingerprint
         if decide.published_meanwhile(self.cfg, mpath, self._manifest_at_decision, finished_here):
-            logger.info(
-                "Foundry rank %d: another process saved this configuration meanwhile; keeping it", self.rank
-            )
-            self.report.update(graphs=len(graph_map), saved=False, kept_other_save=True)
+            self._keep_other_save("saved this configuration", graphs=len(graph_map))
             return
         core = archive.core_archive_dir(self.cfg, self.rank)
         # auto: a replica that decided to SAVE at the same moment may have published first; then its
@@ -328,7 +325,7 @@ class FoundrySession:
         try:
             fc.archive.require_version(core, guard["expected_version"])
         except fc.ArchiveSuperseded:
-            self._keep_other_save(len(graph_map))
+            self._keep_other_save("published an archive", graphs=len(graph_map))
             return
         logger.info("Foundry rank %d: writing %d decode graphs to %s", self.rank, len(graph_map), core)
         t0 = time.perf_counter()
@@ -352,7 +349,7 @@ class FoundrySession:
             )
             self.report["save_timings_s"] = {k: round(v, 3) for k, v in save_timings.items()}
         except fc.ArchiveSuperseded:  # under the lock, after a wait: nothing was written
-            self._keep_other_save(len(graph_map))
+            self._keep_other_save("published an archive", graphs=len(graph_map))
             return
         # Disk full, read-only, a graph that cannot be saved, or a defect in Foundry's own SAVE code:
         # the graphs just captured are untouched and nothing partial is published, so auto serves on.
@@ -376,9 +373,10 @@ class FoundrySession:
             elapsed,
         )
 
-    def _keep_other_save(self, graphs: int) -> None:
-        logger.info("Foundry rank %d: another process published an archive meanwhile; keeping it", self.rank)
-        self.report.update(graphs=graphs, saved=False, kept_other_save=True)
+    def _keep_other_save(self, what: str, **report: Any) -> None:
+        """auto: another replica's SAVE stays (it ``what`` meanwhile); this rank publishes nothing."""
+        logger.info("Foundry rank %d: another process %s meanwhile; keeping it", self.rank, what)
+        self.report.update(report, saved=False, kept_other_save=True)
 
     def publish(self, device_index: int) -> None:
         """SAVE, at the end of the engine's startup: save the compile caches, then the manifest."""
@@ -388,10 +386,7 @@ class FoundrySession:
         pending, self._pending_manifest = self._pending_manifest, None
         core = archive.core_archive_dir(self.cfg, self.rank)
         if decide.archive_stamp(core) != self._ours:  # another replica's SAVE replaced ours meanwhile
-            logger.info(
-                "Foundry rank %d: another process published an archive meanwhile; keeping it", self.rank
-            )
-            self.report.update(saved=False, kept_other_save=True)
+            self._keep_other_save("published an archive")
             return
         try:
             archive.write_manifest(*pending)
