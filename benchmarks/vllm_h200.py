@@ -394,7 +394,16 @@ def summary_lines(result: dict) -> list[str]:
     return lines
 
 
-def child_timeout(remaining_s: float, runs_left_after: int, cap_s: float, reserve_s: float = 100.0) -> float:
+#: A child is not started with a smaller timeout than this: at the Qwen3-1.7B shape a vLLM start takes
+#: 30-95 s before its first decode, so a shorter one only spends device time (a 240 s budget gave
+#: SAVE 30 s on 2026-12-04, and it timed out in the engine's setup).
+MIN_CHILD_S = 60.0
+RESERVE_S = 100.0  # kept in the budget for each later child when a child's timeout is set
+
+
+def child_timeout(
+    remaining_s: float, runs_left_after: int, cap_s: float, reserve_s: float = RESERVE_S
+) -> float:
     """This child's timeout: at most ``cap_s``, leaving ``reserve_s`` for each later child and 20 s spare."""
     return max(30.0, min(cap_s, remaining_s - 20.0 - reserve_s * runs_left_after))
 
@@ -850,9 +859,15 @@ def run_benchmark(args, launch=launch_child) -> dict:
             flush()
             continue
         remaining = args.budget - (time.perf_counter() - t_start)
-        timeout_s = child_timeout(remaining, len(args.order) - i - 1, args.child_timeout)
-        if remaining < 60:
-            runs[name] = {"name": name, "error": f"skipped: {remaining:.0f} s of the budget left"}
+        later = len(args.order) - i - 1
+        timeout_s = child_timeout(remaining, later, args.child_timeout)
+        if remaining - 20 - RESERVE_S * later < MIN_CHILD_S:
+            why = (
+                f", {RESERVE_S * later:.0f} s of it kept for the {later} run(s) after this one"
+                if later
+                else ""
+            )
+            runs[name] = {"name": name, "error": f"skipped: {remaining:.0f} s of the budget left{why}"}
             flush()
             continue
         if args.paired and name in ("stock", "load") and not (runs.get("save") or {}).get("error"):

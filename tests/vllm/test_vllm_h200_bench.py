@@ -327,6 +327,22 @@ def test_child_timeouts_leave_room_for_the_later_children():
     assert bench.child_timeout(10, 0, 300) == 30
 
 
+def test_a_budget_too_small_for_a_run_skips_it_instead_of_starting_it_to_time_out(tmp_path):
+    # 240 s for three runs gave SAVE a 30 s timeout on the H200 (2026-12-04): it was started and
+    # timed out in the engine's setup. Now it is not started; stock, with the time left, is.
+    calls: list = []
+    args = bench.parse_args(
+        ["--out", str(tmp_path / "r.json"), "--logs", str(tmp_path / "l"), "--workdir", str(tmp_path / "w")]
+        + ["--budget", "240"]
+    )
+    result = bench.run_benchmark(args, launch=_fake_launcher(_runs(), calls))
+    assert [c[0] for c in calls] == ["stock"]
+    assert calls[0][3] >= bench.MIN_CHILD_S
+    assert result["errors"]["save"].startswith("skipped: ")
+    assert "200 s of it kept for the 2 run(s) after this one" in result["errors"]["save"]
+    assert result["errors"]["load"] == "skipped: the SAVE run failed" and result["ok"] is False
+
+
 def _fake_launcher(outcomes: dict, calls: list):
     def launch(name, spec, env, logs, timeout_s):
         calls.append((name, spec, env, timeout_s))
