@@ -46,7 +46,8 @@ Budget: ``--budget`` seconds for everything; a case whose estimate (from the bas
 and the LOADs seen so far) does not fit what is left is skipped with the reason. The JSON at
 ``--out`` is rewritten after every case; ``--resume`` keeps the cases (and the base) of an earlier
 call on the same machine (same engine, commit and workdir), so the cases can be spread over several
-device calls. SAVEs are always cold (Foundry compiles a SAVE into fresh private cache folders); HOME
+device calls; ``kill_during_save`` run again keeps the earlier call's kills at the points it does not
+run (``--kill-points capture,persisting`` in one call, ``published`` with ``--resume`` in the next). SAVEs are always cold (Foundry compiles a SAVE into fresh private cache folders); HOME
 and TMPDIR are shared by every server and never emptied, and the cases that start from the base
 archive get its carried caches, so LOADs are warm. ``--parallel N`` runs up to N cases at once
 (each server's KV cache is pinned by ``--kv-cache-gib`` so that servers can share the GPU).
@@ -955,6 +956,8 @@ class Ctx:
     times: dict[str, float] = dataclasses.field(default_factory=lambda: dict(DEFAULT_TIMES))
     reference: dict[str, Any] | None = None
     sustained_reference: list[list[dict[str, Any]]] | None = None
+    #: --resume: the earlier call's records of the cases this call runs again (kill points merge)
+    earlier_cases: dict[str, Any] = dataclasses.field(default_factory=dict)
     sizes: dict[str, Any] = dataclasses.field(default_factory=dict)
     base_state: dict[str, Any] | None = None
     live: set = dataclasses.field(default_factory=set)
@@ -1272,6 +1275,35 @@ def case_kill_during_save(ctx: Ctx, run: CaseRun) -> None:
     checks["restart_served"] = served
     checks["restart_outputs_equal_reference"] = requests_equal(final.rec) if final else None
     checks["archive_complete_and_consistent_after_restart"] = bool(state.get("consistent"))
+    merge_earlier_kills(run.rec, ctx.earlier_cases.get("kill_during_save"))
+
+
+def merge_earlier_kills(rec: dict[str, Any], earlier: dict[str, Any] | None) -> None:
+    """--resume with other kill points: keep the earlier call's kills at points this call did not
+    run, with their checks, so that one call per point covers the chain where one call cannot hold
+    it (SGLang's SAVE starts take 110-175 s). A check both calls made is false if either was false."""
+    if not earlier or earlier.get("verdict") not in ("pass", "fail", "inconclusive"):
+        return
+    details = rec["details"]
+    now = {k.get("point") for k in details.get("kills", [])}
+    kept = [k for k in (earlier.get("details") or {}).get("kills", []) if k.get("point") not in now]
+    if not kept:
+        return
+    details["kills"] = [{**k, "call": "earlier"} for k in kept] + details.get("kills", [])
+    labels = {k.get("server") for k in kept}
+    for label, server in (earlier.get("servers") or {}).items():
+        if label in labels:
+            rec["servers"][f"earlier-{label}"] = server
+    details["kill_points_by_call"] = {
+        "earlier": [k.get("point") for k in kept],
+        "last": [p for p in now if p is not None],
+    }
+    checks = rec["checks"]
+    for key, value in (earlier.get("checks") or {}).items():
+        if key not in checks:
+            checks[key] = value
+        elif value is False or (value is None and checks[key] is True):
+            checks[key] = value
 
 
 def _disk_full_dirs(ctx: Ctx, run: CaseRun) -> dict[str, Any]:
@@ -2019,18 +2051,20 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
     return lines
 
 
-def resumed(out_path: Path, meta: dict[str, Any], opts: argparse.Namespace) -> tuple[dict | None, dict]:
+def resumed(out_path: Path, meta: dict[str, Any], opts: argparse.Namespace) -> tuple[dict | None, dict, dict]:
+    """The earlier call's base, its cases this call does not run, and those it runs again."""
     try:
         earlier = json.loads(out_path.read_text())
     except FileNotFoundError:
-        return None, {}
+        return None, {}, {}
     same = {k: earlier.get(k) == meta[k] for k in ("engine", "commit")}
     same["workdir"] = opts.workdir is not None and earlier.get("workdir") == str(Path(opts.workdir).resolve())
     if not all(same.values()):
         raise SystemExit(f"--resume: {out_path} is another benchmark's result ({same})")
     kept = {c: r for c, r in (earlier.get("cases") or {}).items() if c not in opts.cases}
     meta["resumed_from"] = {k: earlier.get(k) for k in ("date", "command", "elapsed_s")}
-    return earlier.get("base"), kept
+    again = {c: r for c, r in (earlier.get("cases") or {}).items() if c in opts.cases}
+    return earlier.get("base"), kept, again
 
 
 def write_result(path: Path, data: dict[str, Any]) -> None:
@@ -2148,6 +2182,11 @@ def derive_row(case: str, rec: dict[str, Any]) -> dict[str, Any]:
         partial = _any3(flags)
         served = _bool(checks.get("restart_served"))
         identical = _bool(checks.get("restart_outputs_equal_reference"))
+        points = [
+            str(k.get("point")) + (" (earlier call)" if k.get("call") == "earlier" else "")
+            for k in details.get("kills") or []
+        ]
+        notes.append(f"kill points: {', '.join(points) or 'none'}")
     elif case in ("disk_full", "read_only_dir"):
         if case == "disk_full":
             left_none = [checks.get("auto_left_no_archive"), checks.get("save_left_no_archive")]
@@ -2502,8 +2541,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     base: dict[str, Any] | None = None
     cases: dict[str, Any] = {}
+    again: dict[str, Any] = {}
     if opts.resume:
-        base, cases = resumed(out_path, meta, opts)
+        base, cases, again = resumed(out_path, meta, opts)
         meta["cases_requested"] = [c for c in CASES if c in opts.cases or c in cases]
     write_lock = threading.Lock()
 
@@ -2533,6 +2573,7 @@ def main(argv: list[str] | None = None) -> int:
             base_toml=workdir / "base" / "foundry.toml",
             kv_tokens=kv_tokens,
             kv_bytes=kv_bytes,
+            earlier_cases=again,
         )
         for d in (ctx.home, ctx.tmp):
             d.mkdir(parents=True, exist_ok=True)

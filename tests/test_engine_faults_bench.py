@@ -811,6 +811,69 @@ def test_kill_during_save_chain_and_two_replicas(fake_engine, monkeypatch):
     assert rc == 0
 
 
+def test_kill_points_spread_over_resumed_calls_make_one_case(fake_engine, monkeypatch):
+    # SGLang's SAVE starts (110-175 s each) do not let one device call hold the whole chain: the
+    # points go into calls of their own, and --resume keeps the earlier call's kills.
+    monkeypatch.setenv("FAKE_PERSIST_S", "1.0")
+    monkeypatch.setenv("FAKE_PUBLISH_GAP_S", "1.0")
+    rc, first = fake_engine("--cases", "kill_during_save", "--kill-points", "capture,persisting")
+    assert first["cases"]["kill_during_save"]["verdict"] == "pass" and rc == 0
+    rc, result = fake_engine("--cases", "kill_during_save", "--kill-points", "published", "--resume")
+    kill = result["cases"]["kill_during_save"]
+    assert kill["verdict"] == "pass", (kill.get("not_passed_checks"), kill["details"])
+    kills = kill["details"]["kills"]
+    assert [(k["point"], k.get("call")) for k in kills] == [
+        ("capture", "earlier"),
+        ("persisting", "earlier"),
+        ("published", None),
+    ]
+    assert kill["details"]["kill_points_by_call"] == {
+        "earlier": ["capture", "persisting"],
+        "last": ["published"],
+    }
+    assert {"kill_capture_reached", "kill_persisting_reached", "kill_published_reached"} <= set(
+        kill["checks"]
+    )
+    assert list(kill["servers"]) == [
+        "target0-published",
+        "restart",
+        "earlier-target0-capture",
+        "earlier-target1-persisting",
+    ]
+    row = ef.table_row("kill_during_save", "sglang", result, "faults-sglang.json")
+    assert "kill points: capture (earlier call), persisting (earlier call), published" in row["notes"]
+    assert row["outcome"] == "pass" and row["partial_archive_loadable"] is False and rc == 0
+    # The same points again replace the earlier ones: nothing is kept twice.
+    rc, again = fake_engine("--cases", "kill_during_save", "--kill-points", "capture,persisting", "--resume")
+    points = [(k["point"], k.get("call")) for k in again["cases"]["kill_during_save"]["details"]["kills"]]
+    assert points == [("published", "earlier"), ("capture", None), ("persisting", None)]
+
+
+def test_a_failed_check_of_an_earlier_call_is_not_hidden_by_a_later_pass():
+    earlier = {
+        "verdict": "fail",
+        "checks": {
+            "kill_capture_reached": True,
+            "restart_served": False,
+            "no_loadable_partial_after_capture": True,
+        },
+        "details": {"kills": [{"point": "capture", "server": "target0-capture"}]},
+        "servers": {"target0-capture": {"label": "target0-capture"}, "restart": {"label": "restart"}},
+    }
+    rec = {
+        "checks": {"kill_published_reached": True, "restart_served": True},
+        "details": {"kills": [{"point": "published", "server": "target0-published"}]},
+        "servers": {"target0-published": {}, "restart": {}},
+    }
+    ef.merge_earlier_kills(rec, earlier)
+    assert rec["checks"]["restart_served"] is False and ef.verdict(rec["checks"]) == "fail"
+    assert rec["checks"]["kill_capture_reached"] is True
+    assert "earlier-restart" not in rec["servers"]  # only the servers of the kept kills
+    skipped = {"checks": {"restart_served": True}, "details": {"kills": []}, "servers": {}}
+    ef.merge_earlier_kills(skipped, {"verdict": "skipped", "reason": "budget"})
+    assert skipped["checks"] == {"restart_served": True}  # a skipped earlier case adds nothing
+
+
 def test_kill_after_the_record_lets_the_restart_load(fake_engine):
     rc, result = fake_engine("--cases", "kill_during_save", "--kill-points", "complete")
     kill = result["cases"]["kill_during_save"]
