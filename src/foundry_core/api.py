@@ -61,7 +61,7 @@ from .graphs import (
     serialize,
 )
 from .modules import ModuleError, Recorded, recording
-from .progress import Progress
+from .progress import progress_bar
 from .region import Region, RegionError, Segment, restore_snapshot, snapshot
 from .restore import Prepared, differences, drop, finish_rebuild, rebuild_archive, take_whole
 from .symmetric import SymmetricBuffer, require_idle
@@ -294,7 +294,7 @@ def save(
     memo = WalkMemo()  # what the walk learns once, shared by the graphs
     walked = []
     try:
-        with Progress("foundry: walking graphs", len(graphs), progress) as bar:
+        with progress_bar("foundry: walking graphs", len(graphs), progress) as bar:
             for name, graph in graphs.items():
                 try:
                     raw = graph.raw_cuda_graph()
@@ -311,7 +311,7 @@ def save(
                     _refuse_random_kernels(desc)
                     desc["rng"] = None
                 walked.append((name, desc))
-                bar.advance()
+                bar.update()
     except (GraphError, ModuleError) as e:
         raise SaveError(f"graph {name!r}: {e}") from None
     for tname, t in tensors.items():
@@ -376,10 +376,10 @@ def save(
     # the bench, for up to 0.2 s of inflation per LOAD); FOUNDRY_ARCHIVE_COMPRESS=0 stores them as they are.
     compress = os.environ.get("FOUNDRY_ARCHIVE_COMPRESS", "1").strip() != "0"
     with ArchiveWriter(path, lock_timeout=lock_timeout, expected_version=expected_version) as writer:
-        with Progress("foundry: writing archive", len(images) + len(walked), progress) as bar:
+        with progress_bar("foundry: writing archive", len(images) + len(walked), progress) as bar:
             for digest in images:
                 writer.add_bytes(f"modules/{digest}.cubin", recorded.images[digest].data, compress=compress)
-                bar.advance()
+                bar.update()
             for seg, _chunks, data in snapshots:
                 writer.add_bytes(f"memory/{seg.index:05d}.bin", data, compress=compress)
             if variables.entries:
@@ -398,7 +398,7 @@ def save(
                     entry.update(encoding=ENCODING, rng_state=desc["rng"])
                     writer.add_bytes(entry["file"], blob, compress=compress)
                 meta["graphs"].append(entry)
-                bar.advance()
+                bar.update()
         digest = writer.commit(fingerprint=fingerprint, meta=meta)
     timings["write_s"] = time.perf_counter() - t3
     return digest

@@ -33,7 +33,7 @@ from .graph_build import Moved, NativeBuilder, builder_choice, rebuild, retarget
 from .graph_codec import ENCODING, decode, encode, kernel_ids
 from .graphs import GraphError, Rebuilt, compare, structure
 from .modules import LoadedModules
-from .progress import Progress
+from .progress import progress_bar
 from .standin import MAX_BYTES as STANDIN_MAX_BYTES
 from .standin import StandIn
 from .tail import Tail
@@ -119,10 +119,10 @@ def rebuild_archive(
     t0 = time.perf_counter()
     given = False
     try:
-        with Progress("foundry: loading modules", len(meta["images"]), progress) as bar:
+        with progress_bar("foundry: loading modules", len(meta["images"]), progress) as bar:
             for digest in meta["images"]:
                 rebuilding.modules.load(digest, archive.read_bytes(f"modules/{digest}.cubin"))
-                bar.advance()
+                bar.update()
         for image, name, attrs in meta["kernels"]:
             rebuilding.modules.function(image, name, attrs)
         timings["modules_s"] = time.perf_counter() - t0
@@ -226,11 +226,11 @@ def _rebuild_graphs(archive, rebuilding, stream, progress, timings, *, only=None
     entries = [e for e in meta["graphs"] if only is None or e["name"] in only]
     preread: dict[str, bytes] = {}  # encodings read by _plan_standin, taken by the loop below
     memory = _plan_standin(archive, rebuilding, native, entries, timings, preread) if ahead and native else {}
-    with Progress("foundry: rebuilding graphs", len(entries), progress) as bar:
+    with progress_bar("foundry: rebuilding graphs", len(entries), progress) as bar:
         for entry in entries:
             if ahead and entry["name"] in rebuilding.deferred:  # known not to build before the mapping
                 preread.pop(entry["name"], None)
-                bar.advance()
+                bar.update()
                 continue
             r0 = time.perf_counter()
             encoding = entry.get("encoding")
@@ -266,7 +266,7 @@ def _rebuild_graphs(archive, rebuilding, stream, progress, timings, *, only=None
                 except GraphError as e:
                     if ahead:  # retried once the memory is mapped
                         rebuilding.deferred[entry["name"]] = e
-                        bar.advance()
+                        bar.update()
                         continue
                     if choice == "native":
                         raise GraphError(f"graph {entry['name']!r}: {e}") from None
@@ -286,13 +286,13 @@ def _rebuild_graphs(archive, rebuilding, stream, progress, timings, *, only=None
                     if not ahead:
                         raise
                     rebuilding.deferred[entry["name"]] = e  # retried once the memory is mapped
-                    bar.advance()
+                    bar.update()
                     continue
                 used.add("python")
             graphs[entry["name"]] = (rebuilt, rng, entry["nodes"])
             if rebuilding.on_built is not None:
                 rebuilding.on_built(entry["name"])
-            bar.advance()
+            bar.update()
     timings["graph_read_s"] = read_s
     for key in ("build_s", "instantiate_s", "upload_s"):
         timings[f"graph_{key}"] = split.get(key, 0.0)
