@@ -47,9 +47,10 @@ and the LOADs seen so far) does not fit what is left is skipped with the reason.
 ``--out`` is rewritten after every case; ``--resume`` keeps the cases (and the base) of an earlier
 call on the same machine (same engine, commit and workdir), so the cases can be spread over several
 device calls; ``kill_during_save`` run again keeps the earlier call's kills at the points it does not
-run (``--kill-points capture,persisting`` in one call, ``published`` with ``--resume`` in the next). SAVEs are always cold (Foundry compiles a SAVE into fresh private cache folders); HOME
-and TMPDIR are shared by every server and never emptied, and the cases that start from the base
-archive get its carried caches, so LOADs are warm. ``--parallel N`` runs up to N cases at once
+run (``--kill-points capture,persisting`` in one call, ``published`` with ``--resume`` in the next).
+SAVEs are always cold (Foundry compiles a SAVE into fresh private cache folders); HOME and TMPDIR
+are shared by every server and never emptied, and the cases that start from the base archive get
+its carried caches, so LOADs are warm. ``--parallel N`` runs up to N cases at once
 (each server's KV cache is pinned by ``--kv-cache-gib`` so that servers can share the GPU).
 
 The cases that start from the base archive (``archive_replaced``, ``damaged_cache``,
