@@ -1426,6 +1426,47 @@ def decode_captures(engine: str, report: dict[str, Any] | None) -> int | None:
     return end - begin if isinstance(end, int) and isinstance(begin, int) else None
 
 
+def rank_rows(engine: str, runs: dict[str, dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """Tensor / data parallelism: one row per rank from the SAVE's and the cold LOAD's start
+    reports (rank 0's ``foundry_report``, the others' ``foundry_rank_reports``); None with one rank.
+    The collective kernel counts are the archive's (``foundry inspect``), as the LOAD read them."""
+
+    def reports(run: str) -> dict[str, dict[str, Any]]:
+        rec = runs.get(run) or {}
+        if "not_counted" in rec:
+            return {}
+        out = {"0": rec.get("foundry_report") or {}}
+        out.update(
+            {r: rep for r, rep in (rec.get("foundry_rank_reports") or {}).items() if isinstance(rep, dict)}
+        )
+        return out
+
+    save, load = reports("save"), reports("load_cold")
+    ranks = sorted(set(save) | set(load), key=int)
+    if len(ranks) < 2:
+        return None
+    rows = []
+    for r in ranks:
+        s, ld = save.get(r) or {}, load.get(r) or {}
+        coll = ld.get("collectives") if isinstance(ld.get("collectives"), dict) else None
+        rows.append(
+            {
+                "rank": int(r),
+                "graphs": _first([ld.get("graphs"), s.get("graphs")]),
+                "capture_s": s.get("capture_s"),
+                "restore_s": ld.get("restore_s"),
+                "save_decode_captures": decode_captures(engine, s) if s else None,
+                "load_decode_captures": decode_captures(engine, ld) if ld else None,
+                "symm_mem_collectives": coll.get("symm_mem", 0) if coll is not None else None,
+                "nccl_kernels": coll.get("nccl", 0) if coll is not None else None,
+                "custom_all_reduce_kernels": coll.get("custom_all_reduce", 0) if coll is not None else None,
+                "archive_digest": ld.get("archive_digest"),
+                "load_mode": ld.get("mode"),
+            }
+        )
+    return rows
+
+
 def assemble(meta: dict[str, Any], runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """The result document; any run may be missing or failed (its fields are then None)."""
     engine = meta["engine"]
@@ -1498,6 +1539,7 @@ def assemble(meta: dict[str, Any], runs: dict[str, dict[str, Any]]) -> dict[str,
     out["load_caches"] = rep["load_cold"].get("caches")
     out["save_caches"] = rep["save"].get("caches")
     out["restore_s"], out["capture_s"] = rep["load_cold"].get("restore_s"), rep["save"].get("capture_s")
+    out["ranks"] = rank_rows(engine, runs)  # ready and outputs are the server's: the fields above
     out["breakdown"] = _get(runs, "load_cold", "phases")
     out["breakdown_stock_cold"] = _get(runs, "stock_cold", "phases")
     out["warm_restart"] = warm_restart(engine, runs)
@@ -1623,6 +1665,12 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
     }
     if own:
         lines.append(f"  LOAD report: {json.dumps(own, sort_keys=True)}")
+    for row in result.get("ranks") or []:
+        lines.append(
+            f"  rank {row['rank']}: graphs {row['graphs']}, capture {row['capture_s']} s, restore "
+            f"{row['restore_s']} s, LOAD decode captures {row['load_decode_captures']}, symmetric-memory "
+            f"collectives {row['symm_mem_collectives']}, NCCL kernels {row['nccl_kernels']}"
+        )
     for run, err in (result.get("errors") or {}).items():
         lines.append(f"  {run}: {str(err).strip()[:300]}")
     return lines

@@ -993,6 +993,40 @@ def test_every_ranks_start_report_is_kept_beside_rank_0s(tmp_path):
     assert cs.other_rank_reports(types.SimpleNamespace(engine="vllm"), paths) == {}
 
 
+def test_tensor_parallel_runs_get_one_row_per_rank_from_every_ranks_reports():
+    toks, lps = [[1, 2], [3, 4]], [[-1.0, -2.0]] * 2
+
+    def reports(mode, key, seconds, captures, collectives=None):
+        rank0 = {
+            "mode": mode,
+            "graphs": 1,
+            key: seconds,
+            "decode_phase_stream_captures": {"driver": captures},
+        }
+        other = dict(rank0, **{key: round(seconds + 0.1, 4)})
+        if collectives is not None:
+            rank0["collectives"], other["collectives"] = collectives, {"symm_mem": 3}
+        return rank0, {"1": other, "2": {"unreadable": "rank2.json: boom"}}
+
+    save0, save_others = reports("save", "capture_s", 3.0, 1)
+    load0, load_others = reports("load", "restore_s", 0.2, 0, {"symm_mem": 3, "nccl": 0})
+    runs = {
+        "save": {**_run(toks, lps, 60.0, 61.0, save0), "foundry_rank_reports": save_others},
+        "load_cold": {**_run(toks, lps, 30.0, 31.0, load0), "foundry_rank_reports": load_others},
+    }
+    out = cs.assemble({"engine": "sglang"}, runs)
+    rows = {r["rank"]: r for r in out["ranks"]}
+    assert set(rows) == {0, 1, 2}
+    assert rows[1]["capture_s"] == 3.1 and rows[1]["restore_s"] == 0.3 and rows[1]["graphs"] == 1
+    assert rows[0]["load_decode_captures"] == 0 and rows[0]["save_decode_captures"] == 1
+    assert rows[1]["symm_mem_collectives"] == 3 and rows[1]["nccl_kernels"] == 0
+    assert rows[2]["graphs"] is None and rows[2]["nccl_kernels"] is None  # nothing known is not 0
+    assert "rank 1: graphs 1, capture 3.1 s, restore 0.3 s" in "\n".join(cs.summary_lines(out))
+    # one rank: no rows
+    one = {"save": _run(toks, lps, 60.0, 61.0, save0), "load_cold": _run(toks, lps, 30.0, 31.0, load0)}
+    assert cs.assemble({"engine": "sglang"}, one)["ranks"] is None
+
+
 def test_load_is_compared_with_each_stock_run_and_stock_with_its_own_restart():
     # As vLLM 0.26 did at 4adbae1: the cold stock start differs from the warm one, LOAD matches SAVE
     # and the warm stock run; LOAD == stock_cold alone would read as a Foundry fault.
