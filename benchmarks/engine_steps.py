@@ -569,6 +569,42 @@ def run_pairs(
         (d / "stop").touch()
 
 
+def run_paired(
+    load: Any, stock: Any, pair_dir: Path, rounds: int, deadline: float, skipped: dict, poll_s: float = 0.2
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """``--paired`` of both engine benchmarks: LOAD starts alone and stock only once LOAD waits at its
+    first timed repetition (LOAD's engine sizes its KV cache with the GPU to itself, as SAVE's did, or
+    the archive would not match); then their repetitions alternate (:func:`run_pairs`). ``load`` and
+    ``stock`` are the benchmark's child handles (``start()``, ``alive()``, ``finish(timeout)``,
+    ``proc``); ``skipped`` is stock's record when it never started. Returns the pairing record and
+    stock's and LOAD's results. ``deadline``: epoch seconds for everything."""
+    started = time.monotonic()
+    load.start()
+    first = pair_dir / "wait-load-0"
+    while not first.exists() and load.alive() and time.time() < deadline - 60:
+        time.sleep(poll_s)
+    pairs: dict[str, Any] = {"stock_started_after_load_s": None}
+    if first.exists():
+        pairs["stock_started_after_load_s"] = round(time.monotonic() - started, 1)
+        stock.start()
+        # Repetitions end 30 s before the deadline: both engines must still shut down.
+        pairs.update(
+            run_pairs(
+                pair_dir,
+                ("stock", "load"),
+                rounds,
+                deadline - 30,
+                lambda n: (stock if n == "stock" else load).alive(),
+            )
+        )
+    else:
+        (pair_dir / "stop").touch()
+        pairs["stopped"] = "LOAD did not reach its first repetition"
+    load_result = load.finish(max(1.0, deadline - time.time()))
+    stock_result = stock.finish(max(1.0, deadline - time.time())) if stock.proc is not None else skipped
+    return pairs, stock_result, load_result
+
+
 def paired_stats(a: dict[str, Any] | None, b: dict[str, Any] | None, rounds: int) -> dict[str, Any]:
     """Round by round, ``b`` against ``a`` (two runs' :func:`measure_decode` results): tokens per second
     and device time per replay as ratios b / a, host time per replay as the difference b - a (us);

@@ -583,37 +583,9 @@ def run_one(
 def run_paired(
     load: RunProc, stock: RunProc, pair_dir: Path, rounds: int, deadline: float, poll_s: float = 0.2
 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """``--paired``: LOAD alone until it waits at its first timed repetition, then stock beside it,
-    then their repetitions alternating (:func:`engine_steps.run_pairs`). Returns the pairing record
-    and stock's and LOAD's results. ``deadline``: epoch seconds for everything."""
-    load.start()
-    first = pair_dir / "wait-load-0"
-    while not first.exists() and load.alive() and time.time() < deadline - 60:
-        time.sleep(poll_s)
-    pairs: dict[str, Any] = {"stock_started_after_load_s": None}
-    if first.exists():
-        pairs["stock_started_after_load_s"] = round(time.monotonic() - load.t0, 1)
-        stock.start()
-        # Repetitions end 30 s before the deadline: both engines must still shut down.
-        pairs.update(
-            steps.run_pairs(
-                pair_dir,
-                ("stock", "load"),
-                rounds,
-                deadline - 30,
-                lambda n: (stock if n == "stock" else load).alive(),
-            )
-        )
-    else:
-        (pair_dir / "stop").touch()
-        pairs["stopped"] = "LOAD did not reach its first repetition"
-    load_run = load.finish(deadline - time.time())
-    stock_run = (
-        stock.finish(deadline - time.time())
-        if stock.proc is not None
-        else {"ok": False, "skipped": True, "error": "skipped: LOAD did not reach its first repetition"}
-    )
-    return pairs, stock_run, load_run
+    """``--paired``: :func:`engine_steps.run_paired` with this benchmark's runs."""
+    skipped = {"ok": False, "skipped": True, "error": "skipped: LOAD did not reach its first repetition"}
+    return steps.run_paired(load, stock, pair_dir, rounds, deadline, skipped, poll_s)
 
 
 _CAPTURE_BEGIN = re.compile(r"Capture (?:target )?decode \S+ graph begin\..*?bs=\[([^\]]*)\]")

@@ -681,45 +681,11 @@ def launch_child(name: str, spec: dict, env: dict, logs: Path, timeout_s: float)
 
 
 def run_paired(
-    load: Child,
-    stock: Child,
-    pair_dir: Path,
-    rounds: int,
-    deadline: float,
-    poll_s: float = 0.2,
+    load: Child, stock: Child, pair_dir: Path, rounds: int, deadline: float, poll_s: float = 0.2
 ) -> tuple[dict, dict, dict]:
-    """``--paired``: LOAD starts alone and stock only once LOAD waits at its first repetition (LOAD's
-    engine sizes its KV cache with the GPU to itself, as SAVE's did, or the archive would not match);
-    then both children's repetitions alternate (:func:`engine_steps.run_pairs`). Returns the pairing
-    record and the two children's results. ``deadline``: epoch seconds for everything."""
-    load.start()
-    first = pair_dir / "wait-load-0"
-    while not first.exists() and load.alive() and time.time() < deadline - 60:
-        time.sleep(poll_s)
-    pairs: dict = {"stock_started_after_load_s": None}
-    if first.exists():
-        pairs["stock_started_after_load_s"] = round(time.perf_counter() - load.t0, 1)
-        stock.start()
-        # Repetitions end 30 s before the deadline: both engines must still shut down.
-        pairs.update(
-            steps.run_pairs(
-                pair_dir,
-                ("stock", "load"),
-                rounds,
-                deadline - 30,
-                lambda n: (stock if n == "stock" else load).alive(),
-            )
-        )
-    else:
-        (pair_dir / "stop").touch()
-        pairs["stopped"] = "LOAD did not reach its first repetition"
-    load_result = load.finish(max(1.0, deadline - time.time()))
-    stock_result = (
-        stock.finish(max(1.0, deadline - time.time()))
-        if stock.proc is not None
-        else {"name": "stock", "error": "skipped: LOAD did not reach its first repetition"}
-    )
-    return pairs, stock_result, load_result
+    """``--paired``: :func:`engine_steps.run_paired` with this benchmark's children."""
+    skipped = {"name": "stock", "error": "skipped: LOAD did not reach its first repetition"}
+    return steps.run_paired(load, stock, pair_dir, rounds, deadline, skipped, poll_s)
 
 
 def machine_info() -> dict:
