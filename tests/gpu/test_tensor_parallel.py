@@ -37,7 +37,7 @@ def _tp(tmp_path, world: int, *extra):
     return json.loads(out.read_text()), proc
 
 
-@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("world", [1, 2, 4])
 def test_tensor_parallel_decode_restores_bit_exact(tmp_path, world):
     if _gpus() < world:
         pytest.skip(f"needs {world} GPUs, this machine has {_gpus()}")
