@@ -36,3 +36,10 @@ def test_a_log_file_or_the_opt_out_gets_nothing(monkeypatch):
 def test_enabled_true_draws_even_without_a_terminal_and_zero_steps_is_allowed(monkeypatch):
     assert "2/2" in _run(2, True, monkeypatch, tty=False)
     assert "foundry: rebuilding graphs" in _run(0, True, monkeypatch, tty=False)
+
+
+def test_a_disabled_bar_does_not_import_tqdm(monkeypatch):
+    monkeypatch.delitem(sys.modules, "tqdm", raising=False)
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # an import of tqdm would raise now
+    with progress_bar("foundry: walking graphs", 2, False) as bar:
+        bar.update()

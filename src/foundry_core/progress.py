@@ -7,11 +7,27 @@ import os
 import sys
 
 
+class _NoBar:
+    """What a disabled bar is: tqdm is not even imported then (tens of ms where nothing imported it
+    before, e.g. a LOAD of ``foundry demo``; engine servers log to files and never show a bar)."""
+
+    def __enter__(self) -> _NoBar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def update(self, n: int = 1) -> None:
+        return None
+
+
 def progress_bar(label: str, total: int, enabled: bool | None = None):
     """A ``tqdm`` bar over ``total`` steps (use as a context manager; ``update()`` per step).
     ``enabled=None``: on where stderr is a terminal (server logs get no carriage-return lines)."""
-    from tqdm import tqdm  # imported here: `import foundry_core` stays cheap for the plugins' register()
-
     if enabled is None:
         enabled = sys.stderr.isatty() and not os.environ.get("FOUNDRY_NO_PROGRESS")
-    return tqdm(total=max(int(total), 1), desc=label, disable=not enabled, file=sys.stderr, mininterval=0.05)
+    if not enabled:
+        return _NoBar()
+    from tqdm import tqdm
+
+    return tqdm(total=max(int(total), 1), desc=label, file=sys.stderr, mininterval=0.05)
