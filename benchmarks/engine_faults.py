@@ -1286,7 +1286,7 @@ def merge_earlier_kills(rec: dict[str, Any], earlier: dict[str, Any] | None) -> 
     if not earlier or earlier.get("verdict") not in ("pass", "fail", "inconclusive"):
         return
     details = rec["details"]
-    now = {k.get("point") for k in details.get("kills", [])}
+    now = [k.get("point") for k in details.get("kills", []) if k.get("point") is not None]
     kept = [k for k in (earlier.get("details") or {}).get("kills", []) if k.get("point") not in now]
     if not kept:
         return
@@ -1297,7 +1297,7 @@ def merge_earlier_kills(rec: dict[str, Any], earlier: dict[str, Any] | None) -> 
             rec["servers"][f"earlier-{label}"] = server
     details["kill_points_by_call"] = {
         "earlier": [k.get("point") for k in kept],
-        "last": [p for p in now if p is not None],
+        "last": now,
     }
     checks = rec["checks"]
     for key, value in (earlier.get("checks") or {}).items():

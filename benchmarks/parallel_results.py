@@ -73,7 +73,9 @@ def core_part(data: dict[str, Any]) -> dict[str, Any]:
         "world_size": data.get("world_size"),
         "share_gpus": data.get("share_gpus"),
         "ranks": ranks,
-        "reproduce": {k: reproduce.get(k) for k in ("fingerprints_equal", "offsets_equal")} or None,
+        "reproduce": {k: reproduce.get(k) for k in ("fingerprints_equal", "offsets_equal")}
+        if reproduce
+        else None,
         "failed": data.get("failed"),
         "ok": bool(data.get("ok")) and bool(ranks),
     }

@@ -401,11 +401,16 @@ MIN_CHILD_S = 60.0
 RESERVE_S = 100.0  # kept in the budget for each later child when a child's timeout is set
 
 
+def child_share(remaining_s: float, runs_left_after: int, reserve_s: float = RESERVE_S) -> float:
+    """What the budget leaves this child: ``reserve_s`` kept for each later child and 20 s spare."""
+    return remaining_s - 20.0 - reserve_s * runs_left_after
+
+
 def child_timeout(
     remaining_s: float, runs_left_after: int, cap_s: float, reserve_s: float = RESERVE_S
 ) -> float:
-    """This child's timeout: at most ``cap_s``, leaving ``reserve_s`` for each later child and 20 s spare."""
-    return max(30.0, min(cap_s, remaining_s - 20.0 - reserve_s * runs_left_after))
+    """This child's timeout: its :func:`child_share`, at most ``cap_s`` and at least 30 s."""
+    return max(30.0, min(cap_s, child_share(remaining_s, runs_left_after, reserve_s)))
 
 
 def write_json(path: Path, data: dict) -> None:
@@ -827,7 +832,7 @@ def run_benchmark(args, launch=launch_child) -> dict:
         remaining = args.budget - (time.perf_counter() - t_start)
         later = len(args.order) - i - 1
         timeout_s = child_timeout(remaining, later, args.child_timeout)
-        if remaining - 20 - RESERVE_S * later < MIN_CHILD_S:
+        if child_share(remaining, later) < MIN_CHILD_S:
             why = (
                 f", {RESERVE_S * later:.0f} s of it kept for the {later} run(s) after this one"
                 if later
