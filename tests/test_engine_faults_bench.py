@@ -946,7 +946,7 @@ def test_disk_full_and_read_only_with_mounts(fake_engine, monkeypatch, tmp_path)
 
 def test_staged_cases_replace_damage_and_sustain(fake_engine, monkeypatch):
     rc, result = fake_engine(
-        "--cases", "archive_replaced,damaged_cache,sustained_load", "--sustain", "1", "--sample-every", "0.2"
+        "--cases", "archive_replaced,damaged_cache,sustained_load", "--sustain", "3", "--sample-every", "0.2"
     )
     replaced = result["cases"]["archive_replaced"]
     assert replaced["verdict"] == "pass", (replaced.get("not_passed_checks"), replaced["details"])
