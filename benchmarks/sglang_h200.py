@@ -29,7 +29,9 @@ beside it; the parent opens one repetition at a time, stock and LOAD alternating
 swapped every round, and the result's ``paired`` block compares each round's two (tokens/s and
 device time as ratios, host time per replay as a difference). Every run's KV cache is then pinned
 (``--max-total-tokens``, default 65,536 tokens): SGLang sizes its pool from the memory it finds free
-at start, and stock starts beside LOAD.
+at start, and stock starts beside LOAD. Every run also gets SGLang's ``sleep_on_idle``
+(``--no-sleep-on-idle`` leaves it off): while one server decodes the other is idle, and an idle
+scheduler otherwise spins on its sockets at 100 % of a core.
 
 The JSON at ``--out`` is written after every run and always at the end, failures included, with
 each run's error; each run's stdout and stderr (SGLang's scheduler logs included) are kept as
@@ -177,6 +179,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "first, stock once LOAD waits at its first one), comparing each round's two; the KV cache "
         "of every run is then pinned (--max-total-tokens)",
     )
+    p.add_argument(
+        "--sleep-on-idle",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="SGLang's sleep_on_idle in every run: an idle scheduler waits on its sockets instead of "
+        "spinning a core (default: on with --paired, where one server idles while the other decodes; "
+        "otherwise off, SGLang's default)",
+    )
     p.add_argument("--region-size", default="96GiB", help="Foundry region per rank ([region] size)")
     p.add_argument(
         "--cpus",
@@ -227,6 +237,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--paired runs stock beside LOAD: it cannot take stock from an earlier result")
     if opts.paired and opts.max_total_tokens is None:
         opts.max_total_tokens = PAIRED_KV_TOKENS
+    if opts.sleep_on_idle is None:
+        opts.sleep_on_idle = opts.paired
     if opts.max_bs == 0:
         opts.max_bs = None  # SGLang's own decode batch sizes, as a user gets them
     counts = (opts.new_tokens, opts.decode_tokens, opts.reps, opts.max_bs, opts.decode_prompts)
@@ -261,6 +273,10 @@ def engine_kwargs(opts: argparse.Namespace, model_dir: str) -> dict[str, Any]:
         kwargs["cuda_graph_max_bs_decode"] = opts.max_bs
     if getattr(opts, "max_total_tokens", None):
         kwargs["max_total_tokens"] = opts.max_total_tokens
+    if getattr(opts, "sleep_on_idle", False):
+        # The paired run at 87eda11 had one server idle while the other decoded; an idle SGLang
+        # scheduler otherwise polls its sockets without pause, one core at 100 %.
+        kwargs["sleep_on_idle"] = True
     return kwargs
 
 
@@ -498,6 +514,7 @@ def child_argv(
     argv += ["--reps", str(opts.reps), "--log-level", opts.log_level]
     if opts.max_total_tokens:
         argv += ["--max-total-tokens", str(opts.max_total_tokens)]
+    argv += ["--sleep-on-idle" if opts.sleep_on_idle else "--no-sleep-on-idle"]
     if pair_dir is not None:
         argv += ["--pair-dir", str(pair_dir)]
     if opts.cpus:
@@ -803,6 +820,7 @@ def parent_main(opts: argparse.Namespace) -> int:
         "replay_timing_n": opts.replay_timing,
         "step_timing": opts.step_timing,
         "paired": opts.paired,
+        "sleep_on_idle": opts.sleep_on_idle,
     }
     runs: dict[str, dict[str, Any]] = {}
     errors: list[str] = []
@@ -911,7 +929,8 @@ def parent_main(opts: argparse.Namespace) -> int:
         errors.append(f"benchmark: {type(e).__name__}: {e} | {traceback.format_exc()[-1500:]}")
     finally:
         result = write()
-    print(summary(result), flush=True)
+    chart = _sibling("engine_chart").write_chart(result, out_path.with_suffix(".png"))
+    print(summary(result) + (f"\n  chart {chart}" if chart else ""), flush=True)
     return 0 if result.get("ok") else 1
 
 

@@ -998,7 +998,8 @@ def main(argv: list[str] | None = None) -> int:
         write_json(Path(args.out), result)
         print(result["error"], file=sys.stderr)
         return 2
-    print("\n".join(summary_lines(result)), flush=True)
+    chart = _sibling("engine_chart").write_chart(result, Path(args.out).with_suffix(".png"))
+    print("\n".join(summary_lines(result)) + (f"\n  chart {chart}" if chart else ""), flush=True)
     return 0 if result.get("ok") else 1
 
 

@@ -243,6 +243,14 @@ def test_a_run_gets_the_parents_options(bench, tmp_path):
     child = bench.parse_args(argv[2:])
     assert child.pair_dir == str(tmp_path / "pairs") and child.max_total_tokens == bench.PAIRED_KV_TOKENS
     assert bench.engine_kwargs(child, "m") == bench.engine_kwargs(paired, "m")
+    assert bench.engine_kwargs(child, "m")["sleep_on_idle"] is True  # the idle server of a pair sleeps
+    spinning = bench.parse_args(["--paired", "--no-sleep-on-idle"])
+    child = bench.parse_args(bench.child_argv("load", spinning, tmp_path, tmp_path / "r.json")[2:])
+    assert "sleep_on_idle" not in bench.engine_kwargs(child, "m")
+    asleep = bench.parse_args(["--sleep-on-idle"])
+    child = bench.parse_args(bench.child_argv("save", asleep, tmp_path, tmp_path / "r.json")[2:])
+    assert bench.engine_kwargs(child, "m")["sleep_on_idle"] is True
+    assert "sleep_on_idle" not in bench.engine_kwargs(bench.parse_args([]), "m")  # SGLang's default
 
 
 def test_run_timeouts_keep_time_for_the_later_runs(bench):

@@ -1,0 +1,77 @@
+"""benchmarks/engine_chart.py: the PNG beside an engine benchmark's JSON."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("engine_chart", ROOT / "benchmarks" / "engine_chart.py")
+chart = importlib.util.module_from_spec(_spec)
+sys.modules["engine_chart"] = chart
+_spec.loader.exec_module(chart)
+
+pytest.importorskip("matplotlib", reason="the chart needs matplotlib (the bench extra)")
+
+PNG = b"\x89PNG\r\n\x1a\n"
+#: Paired results of both engines, committed from the H200 (docs/performance.md).
+PAIRED = [ROOT / "benchmarks" / "results" / f"{e}-h200.json" for e in ("sglang", "vllm")]
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == PNG
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+@pytest.mark.parametrize("source", PAIRED, ids=lambda p: p.stem)
+def test_a_paired_result_gets_two_panels(source, tmp_path):
+    result = json.loads(source.read_text())
+    assert result["paired"]["rounds"] > 0
+    out = chart.write_chart(result, tmp_path / "paired.png")
+    assert out == str(tmp_path / "paired.png")
+    single = copy.deepcopy(result)
+    del single["paired"]
+    chart.write_chart(single, tmp_path / "single.png")
+    (w2, h2), (w1, h1) = _png_size(tmp_path / "paired.png"), _png_size(tmp_path / "single.png")
+    assert h2 == h1 and w2 > 1.8 * w1  # the paired panel beside the repetitions
+
+
+def test_the_title_names_engine_commit_ready_and_restore():
+    result = json.loads(PAIRED[0].read_text())
+    title = chart._title(result)
+    assert title.startswith(f"SGLang {result['sglang_version']}, {result['graphs']} graphs")
+    assert f"commit {result['commit']}" in title
+    assert f"load {result['ready_s_load']:.1f} s" in title
+    assert f"{result['restore_critical_s']:.3f} s" in title
+    partial = {"vllm_version": "0.26.0", "ready_s_save": 90.0, "ready_s_load": None, "graphs": 51}
+    assert chart._title(partial).splitlines()[1] == "ready: save 90.0 s"
+
+
+def test_a_result_without_repetitions_draws_nothing(tmp_path):
+    assert chart.write_chart({"runs": {"save": {"error": "timed out"}}}, tmp_path / "x.png") is None
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_a_run_missing_still_draws_the_others(tmp_path):
+    result = json.loads(PAIRED[1].read_text())
+    del result["runs"]["stock"]
+    result["paired"] = {"rounds": 0}  # stock never reached its repetitions
+    assert chart.write_chart(result, tmp_path / "c.png")
+    assert _png_size(tmp_path / "c.png")[0] > 0
+
+
+def test_the_command_writes_each_chart_beside_its_json(tmp_path, capsys):
+    src = tmp_path / "vllm-h200.json"
+    src.write_text(PAIRED[1].read_text())
+    empty = tmp_path / "empty.json"
+    empty.write_text("{}")
+    assert chart.main([str(src), str(empty)]) == 0
+    assert _png_size(tmp_path / "vllm-h200.png")[0] > 0
+    assert not (tmp_path / "empty.png").exists()
+    assert "no chart" in capsys.readouterr().out
