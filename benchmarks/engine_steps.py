@@ -26,6 +26,7 @@ from __future__ import annotations
 import collections
 import functools
 import importlib.abc
+import math
 import os
 import shutil
 import statistics
@@ -371,6 +372,23 @@ def spread(values: Iterable[Any]) -> float | None:
     return round((max(xs) - min(xs)) / med, 4) if med else None
 
 
+def median_ci95(values: Iterable[Any]) -> list[float] | None:
+    """A distribution-free 95 % confidence interval of the median: the ``k``-th smallest and ``k``-th
+    largest value, ``k`` the largest rank with ``P(Binomial(n, 1/2) < k) <= 2.5 %``. None for fewer
+    than 6 values (no pair of ranks reaches 95 % then). Rounds of a paired run are this kind of
+    sample: a few rounds caught in a slow period of the host move the interval far less than they
+    move the range."""
+    xs = sorted(float(v) for v in values if v is not None)
+    n = len(xs)
+    k, below = 0, 0.0  # below: P(B <= k - 1), B ~ Binomial(n, 1/2)
+    while True:
+        nxt = below + math.comb(n, k) / 2**n
+        if nxt > 0.025:
+            break
+        k, below = k + 1, nxt
+    return [xs[k - 1], xs[n - k]] if k >= 1 else None
+
+
 def summarize(values: Iterable[Any], digits: int = 2) -> dict[str, Any]:
     """Median, spread, min, max and count of per-repetition values (None entries are dropped)."""
     xs = [float(v) for v in values if v is not None]
@@ -608,7 +626,8 @@ def run_paired(
 def paired_stats(a: dict[str, Any] | None, b: dict[str, Any] | None, rounds: int) -> dict[str, Any]:
     """Round by round, ``b`` against ``a`` (two runs' :func:`measure_decode` results): tokens per second
     and device time per replay as ratios b / a, host time per replay as the difference b - a (us);
-    each with median, spread across rounds ((max - min) / median for the ratios) and the values."""
+    each with median, its 95 % confidence interval (:func:`median_ci95`; None under 6 rounds), spread
+    across rounds ((max - min) / median for the ratios) and the values."""
 
     def per_round(run: dict[str, Any] | None, key: str) -> list[Any]:
         run = run or {}
@@ -630,6 +649,7 @@ def paired_stats(a: dict[str, Any] | None, b: dict[str, Any] | None, rounds: int
         if values:
             med = statistics.median(values)
             stat["median"] = round(med, 4)
+            stat["ci95"] = median_ci95(values)
             stat["min"], stat["max"] = min(values), max(values)
             if how == "ratio" and med:
                 stat["spread"] = round((max(values) - min(values)) / med, 4)
@@ -645,9 +665,15 @@ def paired_lines(paired: dict[str, Any] | None) -> list[str]:
     def cell(stat: dict[str, Any] | None, unit: str = "") -> str:
         if not stat or stat.get("median") is None:
             return "n/a"
-        rng = f"{stat['min']}..{stat['max']}{unit}"
+        ci = stat.get("ci95")
+        ci_text = f"95% CI {ci[0]}..{ci[1]}{unit}, " if ci else ""
+        rng = f"range {stat['min']}..{stat['max']}{unit}"
         sp = stat.get("spread")
-        return f"{stat['median']}{unit} ({rng}" + ("" if sp is None else f", spread {100 * sp:.1f}%") + ")"
+        return (
+            f"{stat['median']}{unit} ({ci_text}{rng}"
+            + ("" if sp is None else f", spread {100 * sp:.1f}%")
+            + ")"
+        )
 
     return [
         f"  paired, {paired.get('rounds', 0)} rounds ({paired.get('stopped')}): LOAD/stock tok/s "

@@ -289,7 +289,37 @@ def test_paired_stats_compare_round_by_round(steps):
     )
     assert got["replay_host_diff_us"]["spread"] is None  # differences have no relative spread
     assert got["replay_device_ratio"]["n"] == 3
+    assert got["tok_s_ratio"]["ci95"] is None  # three rounds cannot give a 95 % interval
     assert steps.paired_stats(stock, None, 3)["tok_s_ratio"]["median"] is None
+
+
+def test_the_median_interval_takes_order_statistics_by_the_binomial(steps):
+    from math import comb
+
+    assert steps.median_ci95([1.0] * 5) is None and steps.median_ci95([]) is None
+    six = [0.9, 1.3, 1.0, 1.1, 0.95, 1.05]  # 6: the extremes, 1 - 2/64 = 96.9 %
+    assert steps.median_ci95(six) == [0.9, 1.3]
+    ten = [1.2592, 0.8238, 1.0279, 0.9483, 1.0074, 1.0359, 1.0372, 1.1588, 0.9049, 0.9824, None]
+    assert steps.median_ci95(ten) == [0.9049, 1.1588]  # vLLM at 87eda11: 2nd of 10 from each end
+    for n in range(6, 60):
+        lo, hi = steps.median_ci95(range(n))
+        k = int(lo) + 1
+        assert hi == n - k
+        tail = sum(comb(n, i) for i in range(k)) / 2**n  # P(B <= k - 1)
+        assert tail <= 0.025 < tail + comb(n, k) / 2**n  # k is the largest such rank
+    # A few rounds in a slow period move the interval far less than the range.
+    rounds = [1.0 + 0.002 * (i % 5) for i in range(30)] + [0.75, 1.26]
+    lo, hi = steps.median_ci95(rounds)
+    assert 0.99 < lo and hi < 1.01
+
+
+def test_paired_lines_give_the_interval_where_there_is_one(steps):
+    stock = {"decode_tok_s_reps": [100.0] * 8}
+    load = {"decode_tok_s_reps": [97.0, 98.0, 99.0, 100.0, 101.0, 102.0, 98.5, 99.5]}
+    line = steps.paired_lines(
+        {"rounds": 8, "stopped": "all rounds run", **steps.paired_stats(stock, load, 8)}
+    )[0]
+    assert "LOAD/stock tok/s 0.9925 (95% CI 0.97..1.02, range 0.97..1.02, spread 5.0%)" in line
 
 
 # --- the timer in an engine process, with stand-in graphs and events -------------------------------
