@@ -102,7 +102,7 @@ def write_graph_archive(
         for i in range(MEMBERS):
             w.add_bytes(f"memory/{i:05d}.bin", blob(tag, i, size), compress=compress)
             time.sleep(delay)
-        meta = {"kind": api.ARCHIVE_KIND, "tag": tag, "files": MEMBERS}
+        meta = {"kind": api.ARCHIVE_KIND, "device": 0, "tag": tag, "files": MEMBERS}
         return w.commit(fingerprint=machine_fingerprint(0, MODEL), meta=meta)
 
 
@@ -341,6 +341,24 @@ def test_a_record_beside_a_missing_or_partial_archive_never_loads(tmp_path, monk
     with pytest.raises(decide.ArchiveRefused, match="mode = load cannot go on") as err:
         decide.after_refusal(cfg_for(cfg.archive_dir, "load"), 0, 1, reason)
     assert one_line(str(err.value)) and reason in str(err.value)
+
+
+def test_an_archive_saved_on_another_device_ordinal_is_refused_before_any_memory(tmp_path, cpu_machine):
+    """A second replica on the same machine but another GPU (SGLang's --base-gpu-id 1, a vLLM worker
+    on cuda:1) passes the fingerprint (same GPU model); the device check refuses it in fc.verify, so
+    an auto start SAVEs as a fresh start does instead of sizing its memory for a LOAD that would fail."""
+    cfg = cfg_for(tmp_path / "archive")
+    write_graph_archive(cfg.rank_archive_dir(0), "on-cuda0")
+    verified, reason = decide.verify_archive(cfg, 0, device=0, fingerprint=MODEL, world_size=1)
+    assert reason is None and verified.meta["device"] == 0
+    verified, reason = decide.verify_archive(cfg, 0, device=1, fingerprint=MODEL, world_size=1)
+    assert verified is None and one_line(reason)
+    assert "was saved on cuda:0, this process restores on cuda:1" in reason
+    assert "CUDA_VISIBLE_DEVICES" in reason  # says what to do
+    line = decide.after_refusal(cfg, 0, 1, reason, log=logging.getLogger("faults.test"))
+    assert line.endswith("; capturing and saving a fresh one")
+    with pytest.raises(decide.ArchiveRefused, match="mode = load cannot go on"):
+        decide.after_refusal(cfg_for(cfg.archive_dir, "load"), 0, 1, reason)
 
 
 # --- the disk fills up during a SAVE -------------------------------------------------------------

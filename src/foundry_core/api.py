@@ -446,7 +446,22 @@ def verify(
     )
     compare_fingerprint(archive.fingerprint, expected)
     _require_graph_archive(archive, path)
+    _require_device(archive, path, device)
     return archive
+
+
+def _require_device(archive, path, device: int) -> None:
+    # The fingerprint compares the GPU model, not the ordinal: a replica on another GPU of the same
+    # machine (SGLang's --base-gpu-id, a vLLM worker on cuda:1) would pass it, and load() would then
+    # refuse only after the engine had sized its memory for a LOAD. Restoring on another ordinal has
+    # never been run, so it is refused here, before any memory exists.
+    saved = archive.meta.get("device")
+    if saved != device:
+        raise ArchiveError(
+            f"archive {path} was saved on cuda:{saved}, this process restores on cuda:{device}; "
+            "give each device its own archive_dir, or let each replica see its GPU as device 0 "
+            "(CUDA_VISIBLE_DEVICES)"
+        )
 
 
 def _check_verified(archive, path, expected: dict, expected_digest: str | None) -> None:
