@@ -148,10 +148,18 @@ def _print_caches(archive) -> None:
 
 def cmd_verify(args) -> int:
     from .api import verify
-    from .archive import ArchiveError
+    from .archive import ArchiveError, open_archive
 
     try:
-        archive = verify(args.archive, device=args.device, expected_digest=args.digest)
+        # A multi-GPU launch keeps an archive per rank, each saved on its own device: unless told
+        # otherwise, check each as its own rank would load it (rank, world size, device ordinal).
+        saved = open_archive(args.archive)
+        rank = saved.fingerprint.get("rank", 0) if args.rank is None else args.rank
+        world_size = saved.fingerprint.get("world_size", 1) if args.world_size is None else args.world_size
+        device = saved.meta.get("device", 0) if args.device is None else args.device
+        archive = verify(
+            args.archive, device=device, rank=rank, world_size=world_size, expected_digest=args.digest
+        )
     except ArchiveError as e:
         print(f"foundry verify: REFUSED: {e}", file=sys.stderr)
         return 1
@@ -382,7 +390,16 @@ def build_parser() -> argparse.ArgumentParser:
     what = "check an archive's integrity and fingerprint against this machine"
     v = sub.add_parser("verify", help=what, description=what, formatter_class=fmt)
     v.add_argument("archive", help="archive directory")
-    v.add_argument("--device", type=int, default=0, help="CUDA device index to compare the fingerprint with")
+    v.add_argument(
+        "--device",
+        type=int,
+        default=None,
+        help="CUDA device index it would be loaded on (default: the one it was saved on)",
+    )
+    v.add_argument("--rank", type=int, default=None, help="rank it would be loaded as (default: its own)")
+    v.add_argument(
+        "--world-size", type=int, default=None, help="ranks of the launch (default: as it was saved)"
+    )
     v.add_argument("--digest", default=None, help="also require this archive digest (sha256)")
     v.set_defaults(func=cmd_verify)
     return p
