@@ -542,14 +542,23 @@ def run_pairs(
     alive: Callable[[str], bool],
     poll_s: float = 0.01,
     clock: Callable[[], float] = time.time,
+    pause_s: float = 0.0,
 ) -> dict[str, Any]:
     """The parent's side of :class:`PairGate`: wait until both children wait at repetition 0, then
     open repetitions one at a time, ``names`` in order in even rounds and reversed in odd ones, each
-    after the previous one reported done; stop (the ``stop`` file) after ``rounds`` rounds, when a
-    round would not end before ``deadline`` (epoch seconds; judged by the longest round so far), or
-    when a child is gone. Returns the rounds run, each child's order, and why it stopped."""
+    after the previous one reported done, with ``pause_s`` of idle between rounds; stop (the
+    ``stop`` file) after ``rounds`` rounds, when a round would not end before ``deadline`` (epoch
+    seconds; judged by the longest round so far), or when a child is gone. Returns the rounds run,
+    each child's order, and why it stopped.
+
+    Why a pause: on the H200 machine (87eda11) a decode loop ran its host side about 25 % slower
+    after some 15 s of uninterrupted decoding (vLLM's SAVE alone: 2.8 ms a step, then 3.9), and in
+    a paired run both servers slowed at the same moment; idle time between rounds keeps the
+    stretches of load short, so that the members of a round meet the host in one state."""
     d = Path(directory)
     out: dict[str, Any] = {"names": list(names), "rounds": 0, "order": [], "stopped": None}
+    if pause_s:
+        out["round_pause_s"] = pause_s
 
     def wait_for(path: Path, who: str) -> bool:
         while not path.exists():
@@ -567,6 +576,8 @@ def run_pairs(
             return out
         longest = 0.0
         for i in range(rounds):
+            if i and pause_s:
+                time.sleep(pause_s)
             if i and clock() + 1.3 * longest > deadline:
                 out["stopped"] = f"budget: a round takes up to {longest:.1f} s"
                 return out
@@ -588,14 +599,22 @@ def run_pairs(
 
 
 def run_paired(
-    load: Any, stock: Any, pair_dir: Path, rounds: int, deadline: float, skipped: dict, poll_s: float = 0.2
+    load: Any,
+    stock: Any,
+    pair_dir: Path,
+    rounds: int,
+    deadline: float,
+    skipped: dict,
+    poll_s: float = 0.2,
+    pause_s: float = 0.0,
 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """``--paired`` of both engine benchmarks: LOAD starts alone and stock only once LOAD waits at its
     first timed repetition (LOAD's engine sizes its KV cache with the GPU to itself, as SAVE's did, or
     the archive would not match); then their repetitions alternate (:func:`run_pairs`). ``load`` and
     ``stock`` are the benchmark's child handles (``start()``, ``alive()``, ``finish(timeout)``,
     ``proc``); ``skipped`` is stock's record when it never started. Returns the pairing record and
-    stock's and LOAD's results. ``deadline``: epoch seconds for everything."""
+    stock's and LOAD's results. ``deadline``: epoch seconds for everything; ``pause_s``: idle
+    seconds between rounds (:func:`run_pairs`)."""
     started = time.monotonic()
     load.start()
     first = pair_dir / "wait-load-0"
@@ -613,6 +632,7 @@ def run_paired(
                 rounds,
                 deadline - 30,
                 lambda n: (stock if n == "stock" else load).alive(),
+                pause_s=pause_s,
             )
         )
     else:

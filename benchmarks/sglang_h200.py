@@ -180,6 +180,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "of every run is then pinned (--max-total-tokens)",
     )
     p.add_argument(
+        "--round-pause",
+        type=float,
+        default=0.0,
+        help="idle seconds between paired rounds (default 0): a decode loop's host side ran about 25 %% "
+        "slower after some 15 s of uninterrupted decoding on the H200 machine; pauses keep the "
+        "stretches of load short",
+    )
+    p.add_argument(
         "--sleep-on-idle",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -598,11 +606,17 @@ def run_one(
 
 
 def run_paired(
-    load: RunProc, stock: RunProc, pair_dir: Path, rounds: int, deadline: float, poll_s: float = 0.2
+    load: RunProc,
+    stock: RunProc,
+    pair_dir: Path,
+    rounds: int,
+    deadline: float,
+    poll_s: float = 0.2,
+    pause_s: float = 0.0,
 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """``--paired``: :func:`engine_steps.run_paired` with this benchmark's runs."""
     skipped = {"ok": False, "skipped": True, "error": "skipped: LOAD did not reach its first repetition"}
-    return steps.run_paired(load, stock, pair_dir, rounds, deadline, skipped, poll_s)
+    return steps.run_paired(load, stock, pair_dir, rounds, deadline, skipped, poll_s, pause_s)
 
 
 _CAPTURE_BEGIN = re.compile(r"Capture (?:target )?decode \S+ graph begin\..*?bs=\[([^\]]*)\]")
@@ -879,7 +893,7 @@ def parent_main(opts: argparse.Namespace) -> int:
                     procs[k] = RunProc(k, argv, env, logs, result_file)
                 print(f"[sglang_h200] load and stock, paired: starting ({left:.0f} s left)", flush=True)
                 meta["pairing"], runs["stock"], runs["load"] = run_paired(
-                    procs["load"], procs["stock"], pair_dir, opts.reps, deadline
+                    procs["load"], procs["stock"], pair_dir, opts.reps, deadline, pause_s=opts.round_pause
                 )
                 if not runs["load"].get("foundry_report"):
                     runs["load"]["foundry_report"] = read_reports(workdir / "report-load")

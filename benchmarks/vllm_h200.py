@@ -686,11 +686,17 @@ def launch_child(name: str, spec: dict, env: dict, logs: Path, timeout_s: float)
 
 
 def run_paired(
-    load: Child, stock: Child, pair_dir: Path, rounds: int, deadline: float, poll_s: float = 0.2
+    load: Child,
+    stock: Child,
+    pair_dir: Path,
+    rounds: int,
+    deadline: float,
+    poll_s: float = 0.2,
+    pause_s: float = 0.0,
 ) -> tuple[dict, dict, dict]:
     """``--paired``: :func:`engine_steps.run_paired` with this benchmark's children."""
     skipped = {"name": "stock", "error": "skipped: LOAD did not reach its first repetition"}
-    return steps.run_paired(load, stock, pair_dir, rounds, deadline, skipped, poll_s)
+    return steps.run_paired(load, stock, pair_dir, rounds, deadline, skipped, poll_s, pause_s)
 
 
 def machine_info() -> dict:
@@ -858,7 +864,12 @@ def run_benchmark(args, launch=launch_child) -> dict:
             )
             try:
                 meta["pairing"], runs["stock"], runs["load"] = run_paired(
-                    children["load"], children["stock"], pair_dir, args.reps, deadline
+                    children["load"],
+                    children["stock"],
+                    pair_dir,
+                    args.reps,
+                    deadline,
+                    pause_s=args.round_pause,
                 )
             except Exception:
                 for n, c in children.items():
@@ -959,6 +970,14 @@ def parse_args(argv: list[str]):
         help="run stock and LOAD at once and alternate their timed repetitions (stock, LOAD; LOAD, "
         "stock; ...), comparing each round's two: runs one after the other met the host in different "
         "states (tok/s 16,000 vs 21,000 between periods of seconds on the H200 machine)",
+    )
+    p.add_argument(
+        "--round-pause",
+        type=float,
+        default=0.0,
+        help="idle seconds between paired rounds (default 0): a decode loop's host side ran about 25 %% "
+        "slower after some 15 s of uninterrupted decoding on the H200 machine; pauses keep the "
+        "stretches of load short",
     )
     p.add_argument(
         "--check-structure",

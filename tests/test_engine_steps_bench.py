@@ -242,6 +242,38 @@ def test_paired_repetitions_alternate_and_stop_when_told(steps, tmp_path):
     assert (tmp_path / "stop").exists()
 
 
+def test_rounds_are_separated_by_the_pause_and_only_rounds(steps, tmp_path):
+    """Stand-in children that finish each repetition at once: the opening times of the repetitions
+    (their go files) show the pause between rounds, and none inside a round."""
+    import threading
+    import time as _time
+
+    names = ("stock", "load")
+
+    def child(n: str) -> None:
+        gate = steps.PairGate(tmp_path, n, timeout_s=10, poll_s=0.001)
+        i = 0
+        while gate.wait(i):
+            gate.done(i)
+            i += 1
+
+    threads = [threading.Thread(target=child, args=(n,)) for n in names]
+    for t in threads:
+        t.start()
+    got = steps.run_pairs(tmp_path, names, 3, _time.time() + 60, lambda n: True, poll_s=0.001, pause_s=1.0)
+    for t in threads:
+        t.join(10)
+    assert got["rounds"] == 3 and got["round_pause_s"] == 1.0
+    opened = {(n, i): (tmp_path / f"go-{n}-{i}").stat().st_mtime for n in names for i in range(3)}
+    for i in range(3):
+        first, second = sorted(opened[n, i] for n in names)
+        assert second - first < 0.5  # no pause inside a round
+    starts = [min(opened[n, i] for n in names) for i in range(3)]
+    assert all(b - a >= 0.9 for a, b in zip(starts, starts[1:]))  # mtimes are coarser than 1 ms
+    (tmp_path / "none").mkdir()
+    assert "round_pause_s" not in steps.run_pairs(tmp_path / "none", names, 0, 0.0, lambda n: False)
+
+
 def test_pairs_stop_when_a_child_is_gone_or_the_budget_ends(steps, tmp_path):
     (tmp_path / "wait-stock-0").touch()
     got = steps.run_pairs(tmp_path, ("stock", "load"), 5, 1e12, lambda n: n == "stock", poll_s=0.001)
@@ -774,8 +806,15 @@ def test_vllm_paired_run_starts_stock_once_load_waits_and_alternates(tmp_path):
             return self.result
 
     pairs, stock, load = bench.run_paired(
-        StandInChild("load"), StandInChild("stock"), tmp_path, 3, _time.time() + 120, poll_s=0.01
+        StandInChild("load"),
+        StandInChild("stock"),
+        tmp_path,
+        3,
+        _time.time() + 120,
+        poll_s=0.01,
+        pause_s=0.05,
     )
+    assert pairs["round_pause_s"] == 0.05  # --round-pause reaches the rounds
     assert events[0] == ("start", "load", False)
     assert ("start", "stock", True) in events  # stock started once LOAD waited at repetition 0
     timed = [e[1] for e in events if e[0] == "rep"][2:]  # after the two warm-up generates
@@ -786,5 +825,6 @@ def test_vllm_paired_run_starts_stock_once_load_waits_and_alternates(tmp_path):
     assert paired["tok_s_ratio"]["median"] == 1.0 and paired["tok_s_ratio"]["n"] == 3
     assert steps.paired_lines({**pairs, **paired})[0].startswith("  paired, 3 rounds (all rounds run)")
     assert bench.parse_args(["--out", "o", "--logs", "l", "--paired"]).paired is True
+    assert bench.parse_args(["--out", "o", "--logs", "l", "--round-pause", "2"]).round_pause == 2.0
     with pytest.raises(SystemExit):
         bench.parse_args(["--out", "o", "--logs", "l", "--paired", "--order", "save,load"])

@@ -251,6 +251,8 @@ def test_a_run_gets_the_parents_options(bench, tmp_path):
     child = bench.parse_args(bench.child_argv("save", asleep, tmp_path, tmp_path / "r.json")[2:])
     assert bench.engine_kwargs(child, "m")["sleep_on_idle"] is True
     assert "sleep_on_idle" not in bench.engine_kwargs(bench.parse_args([]), "m")  # SGLang's default
+    assert bench.parse_args(["--paired", "--round-pause", "1.5"]).round_pause == 1.5
+    assert bench.parse_args([]).round_pause == 0.0
 
 
 def test_run_timeouts_keep_time_for_the_later_runs(bench):
