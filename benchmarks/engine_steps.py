@@ -552,9 +552,10 @@ def run_pairs(
     each child's order, and why it stopped.
 
     Why a pause: on the H200 machine (87eda11) a decode loop ran its host side about 25 % slower
-    after some 15 s of uninterrupted decoding (vLLM's SAVE alone: 2.8 ms a step, then 3.9), and in
-    a paired run both servers slowed at the same moment; idle time between rounds keeps the
-    stretches of load short, so that the members of a round meet the host in one state."""
+    after 14 s of uninterrupted decoding (vLLM's SAVE alone: 2.8 ms a step, then 3.9), and in a
+    paired run both servers slowed at the same moment, 26 s into their alternating decode; idle
+    time between rounds keeps the stretches of load short, so that the members of a round meet the
+    host in one state."""
     d = Path(directory)
     out: dict[str, Any] = {"names": list(names), "rounds": 0, "order": [], "stopped": None}
     if pause_s:

@@ -184,7 +184,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=float,
         default=0.0,
         help="idle seconds between paired rounds (default 0): a decode loop's host side ran about 25 %% "
-        "slower after some 15 s of uninterrupted decoding on the H200 machine; pauses keep the "
+        "slower after 14 s of uninterrupted decoding on the H200 machine; pauses keep the "
         "stretches of load short",
     )
     p.add_argument(
