@@ -75,3 +75,22 @@ def test_the_command_writes_each_chart_beside_its_json(tmp_path, capsys):
     assert _png_size(tmp_path / "vllm-h200.png")[0] > 0
     assert not (tmp_path / "empty.png").exists()
     assert "no chart" in capsys.readouterr().out
+
+
+def test_end_to_end_figures_come_from_the_generate_times():
+    """Results written before ``e2e_tok_s_ratio`` existed: the chart derives it from the runs, as
+    engine_steps.paired_stats computes it (stock's time over LOAD's, round by round)."""
+    result = json.loads(PAIRED[0].read_text())  # SGLang at 87eda11: no e2e field in its paired block
+    assert "e2e_tok_s_ratio" not in result["paired"]
+    stock, load = result["runs"]["stock"]["timed_long_s"], result["runs"]["load"]["timed_long_s"]
+    values = chart.paired_values(result, "e2e_tok_s_ratio")
+    assert values == [round(a / b, 4) for a, b in zip(stock, load)]
+    assert sorted(values)[3] < 1.0 < sorted(values)[4]  # the median round is at stock's level
+    assert (
+        chart.paired_values(result, "replay_device_ratio")
+        == result["paired"]["replay_device_ratio"]["values"]
+    )
+    run = result["runs"]["load"]
+    per_rep = chart.end_to_end_tok_s(run)
+    assert per_rep[1] == round((run["decode_tokens"] + run["decode_prompts"]) / load[1], 1)
+    assert chart.end_to_end_tok_s({"timed_long_s": [1.0]}) == []  # no token counts: nothing drawn

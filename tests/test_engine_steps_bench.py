@@ -346,12 +346,39 @@ def test_the_median_interval_takes_order_statistics_by_the_binomial(steps):
 
 
 def test_paired_lines_give_the_interval_where_there_is_one(steps):
-    stock = {"decode_tok_s_reps": [100.0] * 8}
-    load = {"decode_tok_s_reps": [97.0, 98.0, 99.0, 100.0, 101.0, 102.0, 98.5, 99.5]}
+    stock = {"decode_tok_s_reps": [100.0] * 8, "timed_long_s": [2.0] * 8}
+    load = {
+        "decode_tok_s_reps": [97.0, 98.0, 99.0, 100.0, 101.0, 102.0, 98.5, 99.5],
+        "timed_long_s": [2.0] * 8,
+    }
     line = steps.paired_lines(
         {"rounds": 8, "stopped": "all rounds run", **steps.paired_stats(stock, load, 8)}
     )[0]
-    assert "LOAD/stock tok/s 0.9925 (95% CI 0.97..1.02, range 0.97..1.02, spread 5.0%)" in line
+    assert "LOAD/stock tok/s end to end 1.0 (95% CI 1.0..1.0, range 1.0..1.0, spread 0.0%)" in line
+    assert "decode 0.9925 (95% CI 0.97..1.02, range 0.97..1.02, spread 5.0%)" in line
+
+
+def test_end_to_end_ratio_takes_no_per_run_baseline(steps):
+    """The 87eda11 SGLang rounds: stock's baseline (median of its 1-token generates) was 85 ms, LOAD's
+    37 ms; the decode ratio, which subtracts each run's own, put LOAD 3 % below stock, the whole
+    generates' times did not."""
+    stock = {
+        "timed_short_s": [0.0846, 0.0656, 0.412],
+        "timed_long_s": [1.5717, 1.535, 1.5299, 1.5567, 1.5915, 1.5389, 1.5385, 1.553],
+    }
+    load = {
+        "timed_short_s": [0.0604, 0.0366, 0.0354],
+        "timed_long_s": [1.5265, 1.9751, 1.5309, 1.5401, 1.583, 1.5762, 1.5965, 1.5374],
+    }
+    tokens = 64 * 513
+    for run in (stock, load):
+        base = sorted(run["timed_short_s"])[1]
+        run["decode_tok_s_reps"] = [(tokens - 64) / (t - base) for t in run["timed_long_s"]]
+    got = steps.paired_stats(stock, load, 8)
+    assert got["tok_s_ratio"]["median"] == pytest.approx(0.971, abs=0.002)
+    assert got["e2e_tok_s_ratio"]["median"] == pytest.approx(1.0024, abs=0.001)
+    assert got["e2e_tok_s_ratio"]["values"][1] == round(1.535 / 1.9751, 4)  # stock's time over LOAD's
+    assert got["e2e_tok_s_ratio"]["spread"] is not None
 
 
 # --- the timer in an engine process, with stand-in graphs and events -------------------------------
