@@ -599,6 +599,18 @@ def run_pairs(
         (d / "stop").touch()
 
 
+def add_round_pause(parser: Any) -> None:
+    """Both engine benchmarks' ``--round-pause`` (:func:`run_pairs`' ``pause_s``)."""
+    parser.add_argument(
+        "--round-pause",
+        type=float,
+        default=0.0,
+        help="idle seconds between paired rounds (default 0): a decode loop's host side ran about 25 %% "
+        "slower after 14 s of uninterrupted decoding on the H200 machine; pauses keep the "
+        "stretches of load short",
+    )
+
+
 def run_paired(
     load: Any,
     stock: Any,

@@ -179,14 +179,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "first, stock once LOAD waits at its first one), comparing each round's two; the KV cache "
         "of every run is then pinned (--max-total-tokens)",
     )
-    p.add_argument(
-        "--round-pause",
-        type=float,
-        default=0.0,
-        help="idle seconds between paired rounds (default 0): a decode loop's host side ran about 25 %% "
-        "slower after 14 s of uninterrupted decoding on the H200 machine; pauses keep the "
-        "stretches of load short",
-    )
+    steps.add_round_pause(p)
     p.add_argument(
         "--sleep-on-idle",
         action=argparse.BooleanOptionalAction,

@@ -971,14 +971,7 @@ def parse_args(argv: list[str]):
         "stock; ...), comparing each round's two: runs one after the other met the host in different "
         "states (tok/s 16,000 vs 21,000 between periods of seconds on the H200 machine)",
     )
-    p.add_argument(
-        "--round-pause",
-        type=float,
-        default=0.0,
-        help="idle seconds between paired rounds (default 0): a decode loop's host side ran about 25 %% "
-        "slower after 14 s of uninterrupted decoding on the H200 machine; pauses keep the "
-        "stretches of load short",
-    )
+    steps.add_round_pause(p)
     p.add_argument(
         "--check-structure",
         action="store_true",
