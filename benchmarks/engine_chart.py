@@ -14,6 +14,7 @@ Needs matplotlib (the ``bench`` extra); without it nothing is drawn and None is 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -36,17 +37,28 @@ def end_to_end_tok_s(run: dict[str, Any]) -> list[float]:
     return [round((decoded + prompts) / t, 1) for t in run.get("timed_long_s") or [] if t]
 
 
+def _engine_steps() -> Any:
+    """benchmarks/engine_steps.py (standard library only at import), the module the benchmarks loaded
+    under that name where they did."""
+    if "engine_steps" not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            "engine_steps", Path(__file__).with_name("engine_steps.py")
+        )
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["engine_steps"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["engine_steps"]
+
+
 def paired_values(result: dict[str, Any], field: str) -> list[Any]:
-    """A paired field's per-round values; the end-to-end ratio of a result written before that field
-    existed comes from the runs' generate times, as engine_steps.paired_stats computes it."""
+    """A paired field's per-round values; a result written before the field existed gets them from
+    its runs through engine_steps.paired_stats, which writes the field in newer results."""
     paired = result.get("paired") or {}
     values = (paired.get(field) or {}).get("values")
-    if values is None and field == "e2e_tok_s_ratio":
+    if values is None:
         runs = result.get("runs") or {}
-        stock = (runs.get("stock") or {}).get("timed_long_s") or []
-        load = (runs.get("load") or {}).get("timed_long_s") or []
-        pairs = list(zip(stock, load))[: paired.get("rounds") or 0]
-        values = [round(x / y, 4) for x, y in pairs if x and y]
+        stats = _engine_steps().paired_stats(runs.get("stock"), runs.get("load"), paired.get("rounds") or 0)
+        values = (stats.get(field) or {}).get("values")
     return values or []
 
 

@@ -679,6 +679,11 @@ def paired_stats(a: dict[str, Any] | None, b: dict[str, Any] | None, rounds: int
             values = [w.get(key) for w in run.get("replay_windows") or []]
         return list(values[:rounds])
 
+    compare = {
+        "ratio": lambda x, y: round(y / x, 4),
+        "inverse": lambda x, y: round(x / y, 4),  # times: a's over b's is b's throughput over a's
+        "diff": lambda x, y: round(y - x, 2),
+    }
     out: dict[str, Any] = {"rounds": rounds}
     for key, name, how in (
         ("e2e_s", "e2e_tok_s_ratio", "inverse"),
@@ -687,8 +692,7 @@ def paired_stats(a: dict[str, Any] | None, b: dict[str, Any] | None, rounds: int
         ("host_us", "replay_host_diff_us", "diff"),
     ):
         pairs = [(x, y) for x, y in zip(per_round(a, key), per_round(b, key)) if x and y]
-        ops = {"ratio": lambda x, y: round(y / x, 4), "inverse": lambda x, y: round(x / y, 4)}
-        values = [ops[how](x, y) if how in ops else round(y - x, 2) for x, y in pairs]
+        values = [compare[how](x, y) for x, y in pairs]
         stat: dict[str, Any] = {"values": values, "n": len(values), "median": None, "spread": None}
         if values:
             med = statistics.median(values)
