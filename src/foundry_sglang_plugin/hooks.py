@@ -103,13 +103,28 @@ def after_check_server_args(result: Any, server_args: Any, *args: Any, **kwargs:
     req = settings.requested(server_args)
     ranks = int(getattr(server_args, "tp_size", 1) or 1) * int(getattr(server_args, "dp_size", 1) or 1)
     if settings.share_gpu() and (req.enabled or req.config_path is not None) and ranks > 1:
-        server_args.gpu_id_step = 0
+        _declare(server_args, "foundry.share_gpu", gpu_id_step=0)
         logging.getLogger("foundry.sglang").warning(
             "Foundry test aid %s=1: all %d schedulers on GPU %s (they time-slice it: timings mean nothing)",
             settings.SHARE_GPU_ENV,
             ranks,
             getattr(server_args, "base_gpu_id", 0),
         )
+
+
+def _declare(server_args: Any, source: str, **fields: Any) -> None:
+    """Change resolved fields of SGLang's sealed record between its checks and its publication
+    (a plain assignment raises there). SGLang 0.5.17 has one mutation point on the record,
+    ``ServerArgs.override``, and its launcher reads the record; later releases read the published
+    config bags and take decisions declared before publication (``declare_resolution``, projected
+    at publish and carried to the schedulers with the record)."""
+    override = getattr(type(server_args), "override", None)
+    if callable(override):
+        server_args.override(source, **fields)
+        return
+    from sglang.srt.arg_groups.overrides import declare_resolution
+
+    declare_resolution(server_args, source, **fields)
 
 
 def _share_gpu_env(tp_rank: int) -> None:

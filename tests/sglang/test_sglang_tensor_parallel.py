@@ -7,6 +7,7 @@ kernel: tests/test_symmetric_tp.py, tests/gpu/test_tensor_parallel.py)."""
 from __future__ import annotations
 
 import dataclasses
+import pickle
 import types
 
 import pytest
@@ -192,24 +193,46 @@ def test_the_hooks_route_through_foundry_under_tp(session, monkeypatch):
     assert comm.disabled is False and session.tp.allocated
 
 
+def _launcher_gpu_id_step(sa) -> int:
+    """The GPU step SGLang's launcher places schedulers with: as the launcher does, resolve, check
+    (the hook runs after the check), publish, then read the published device config."""
+    from sglang.srt.runtime_context import get_device, publish, restore_context, snapshot_context
+
+    before = snapshot_context()
+    try:
+        publish(sa, role="tokenizer")
+        return get_device().gpu_id_step
+    finally:
+        restore_context(before)
+
+
+def _checked(parse, *argv, **kw):
+    sa = parse(*argv, **kw)
+    sa.resolve_once()
+    hooks.after_check_server_args(None, sa)
+    return sa
+
+
 def test_the_share_gpu_test_aid_puts_every_rank_on_one_gpu(parse, monkeypatch):
     from foundry_sglang_plugin import settings
 
-    sa = parse(*TP_ARGV)
-    hooks.after_check_server_args(None, sa)
-    assert sa.gpu_id_step == 1, "off unless asked for"
+    sa = _checked(parse, *TP_ARGV)
+    assert _launcher_gpu_id_step(sa) == 1, "off unless asked for"
+    with pytest.raises(AttributeError, match="read-only|after resolution"):
+        sa.gpu_id_step = 0  # why the hook declares instead: SGLang seals the checked record
     monkeypatch.setenv(settings.SHARE_GPU_ENV, "1")
-    hooks.after_check_server_args(None, sa)
-    assert sa.gpu_id_step == 0
-    stock = parse(*TP_ARGV, foundry=False)
-    hooks.after_check_server_args(None, stock)
-    assert stock.gpu_id_step == 1, "never for a launch without Foundry"
-    dp = parse("--cuda-graph-backend-prefill", "disabled", "--dp-size", "2")
-    hooks.after_check_server_args(None, dp)
-    assert dp.gpu_id_step == 0, "data-parallel replicas too"
-    one = parse("--cuda-graph-backend-prefill", "disabled")
-    hooks.after_check_server_args(None, one)
-    assert one.gpu_id_step == 1, "nothing to share with one scheduler"
+    sa = _checked(parse, *TP_ARGV)
+    assert _launcher_gpu_id_step(sa) == 0
+    stock = _checked(parse, *TP_ARGV, foundry=False)
+    assert _launcher_gpu_id_step(stock) == 1, "never for a launch without Foundry"
+    dp = _checked(parse, "--cuda-graph-backend-prefill", "disabled", "--dp-size", "2")
+    assert _launcher_gpu_id_step(dp) == 0, "data-parallel replicas too"
+    assert pickle.loads(pickle.dumps(dp))._resolved_overrides[-1] == (
+        "foundry.share_gpu",
+        {"gpu_id_step": 0},
+    ), "the schedulers, which publish the record they are handed, get the decision too"
+    one = _checked(parse, "--cuda-graph-backend-prefill", "disabled")
+    assert _launcher_gpu_id_step(one) == 1, "nothing to share with one scheduler"
     for key in (
         "NCCL_HOSTID",
         "NCCL_SOCKET_IFNAME",
