@@ -101,6 +101,7 @@ class Region:
         self.graph_pool = torch.cuda.MemPool(graph.allocator())
         self.setup_segments: int | None = None
         self._before_restore: tuple[int, int] | None = None  # (log length, cursor) before a LOAD mapped
+        self._routed = threading.local()  # per thread: how deep inside routing() it is
 
     def __repr__(self) -> str:
         return f"Region(base={self.base:#x}, size={self.size}, device={self.device})"
@@ -110,11 +111,25 @@ class Region:
 
     @contextlib.contextmanager
     def routing(self):
-        """Allocations made by this thread inside the block come from the region."""
+        """Allocations made by this thread inside the block come from the region. Blocks nest: an
+        inner one inside an outer one of the same thread adds nothing (torch refuses to begin
+        allocating to a pool the thread already allocates to; an engine plugin routes its whole
+        setup, and placing symmetric memory inside that setup routes again)."""
         import torch
 
+        if getattr(self._routed, "depth", 0):
+            self._routed.depth += 1
+            try:
+                yield self
+            finally:
+                self._routed.depth -= 1
+            return
         with torch.cuda.device(self.device), torch.cuda.use_mem_pool(self.pool, self.device):
-            yield self
+            self._routed.depth = 1
+            try:
+                yield self
+            finally:
+                self._routed.depth = 0
 
     def graph_pool_id(self) -> tuple[int, int]:
         """Pass as ``pool=`` to ``torch.cuda.graph`` so capture allocations come from the region."""

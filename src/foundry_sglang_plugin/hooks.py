@@ -188,10 +188,50 @@ def around_model_runner_init(original: Any, self: Any, *args: Any, **kwargs: Any
         return original(self, *args, **kwargs)
     try:
         _session.enter_region(bound.get("gpu_id"))
-        return original(self, *args, **kwargs)
+        with _share_gpu_turn(bound.get("server_args")):
+            return original(self, *args, **kwargs)
     except BaseException as e:
         _session.abort(e)
         raise
+
+
+def _share_gpu_turn(server_args: Any) -> contextlib.AbstractContextManager:
+    """Under the test aid, data-parallel replicas set their model runners up one at a time. SGLang
+    sizes a replica's KV pool from the free memory it measures before and after loading its
+    weights; on one shared GPU the other replica's pool, allocated in between, counts as this one's
+    weights and leaves it nothing (both DP=2 SAVEs on one H200 died so, at any memory fraction).
+    Tensor-parallel ranks must start together (they meet in collectives) and are left alone."""
+    if (
+        server_args is None
+        or not settings.share_gpu()
+        or int(getattr(server_args, "dp_size", 1) or 1) < 2
+        or int(getattr(server_args, "tp_size", 1) or 1) > 1
+    ):
+        return contextlib.nullcontext()
+    import tempfile
+    from pathlib import Path
+
+    return _file_lock(Path(tempfile.gettempdir()) / f"foundry-share-gpu-{server_args.port}.lock")
+
+
+@contextlib.contextmanager
+def _file_lock(path: Any):
+    """An exclusive lock that the kernel drops with the process, so a replica that dies holding it
+    never blocks the other."""
+    import fcntl
+
+    with open(path, "a") as f:
+        t0 = time.perf_counter()
+        fcntl.flock(f, fcntl.LOCK_EX)
+        waited = time.perf_counter() - t0
+        if waited > 0.5:
+            logging.getLogger("foundry.sglang").info(
+                "Foundry test aid: waited %.1f s for the other replica's model runner", waited
+            )
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def around_resolve_memory_pool_config(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.gpu
 
 CHILD = textwrap.dedent(
     """
-    import json, sys
+    import contextlib, json, sys
     import torch, torch.distributed as dist
     import torch.distributed._symmetric_memory as symm_mem
     import foundry_core as fc
@@ -25,7 +25,10 @@ CHILD = textwrap.dedent(
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     group = dist.group.WORLD.group_name
     region = fc.Region(0x600000000000, 8 << 30, 0)
-    with symmetric.placed(region):
+    # "nested": inside a routing block of the same thread, as an engine plugin places it during the
+    # setup it routes (torch once refused the second use of the region's pool there)
+    outer = region.routing() if sys.argv[2] == "nested" else contextlib.nullcontext()
+    with outer, symmetric.placed(region):
         first = symm_mem.empty(1 << 20, dtype=torch.uint8, device="cuda:0")
         second = symm_mem.empty(3 << 20, dtype=torch.bfloat16, device="cuda:0")
         handle = symm_mem.rendezvous(second, group)
@@ -49,21 +52,22 @@ def _gpus() -> int:
     return torch.cuda.device_count()
 
 
-def _run() -> dict:
+def _run(how: str = "alone") -> dict:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.run(
-        [sys.executable, "-c", CHILD, str(port)], capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", CHILD, str(port), how], capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_placed_symmetric_memory_repeats_its_addresses_in_a_fresh_process():
+@pytest.mark.parametrize("how", ["alone", "nested"])
+def test_placed_symmetric_memory_repeats_its_addresses_in_a_fresh_process(how):
     if _gpus() < 1:
         pytest.skip("needs a GPU")
-    a, b = _run(), _run()
+    a, b = _run(how), _run(how)
     base, size = a["window"]
     rec = a["record"]
     assert a["first"] == base  # the first mapping at the window's start

@@ -245,3 +245,39 @@ def test_the_share_gpu_test_aid_puts_every_rank_on_one_gpu(parse, monkeypatch):
 
     assert os.environ["NCCL_HOSTID"] == "foundry-share-gpu-rank1" and os.environ["NCCL_SOCKET_IFNAME"] == "lo"
     assert os.environ["TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES"] == "1"
+
+
+def test_the_share_gpu_test_aid_sets_data_parallel_replicas_up_one_at_a_time(parse, monkeypatch, tmp_path):
+    import contextlib
+    import threading
+    import time
+
+    from foundry_sglang_plugin import settings
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr("tempfile.tempdir", None)
+    dp = parse("--cuda-graph-backend-prefill", "disabled", "--dp-size", "2")
+    assert isinstance(hooks._share_gpu_turn(dp), contextlib.nullcontext), "off unless asked for"
+    monkeypatch.setenv(settings.SHARE_GPU_ENV, "1")
+    assert isinstance(hooks._share_gpu_turn(parse(*TP_ARGV)), contextlib.nullcontext), (
+        "tensor-parallel ranks meet in collectives: never one at a time"
+    )
+    one = parse("--cuda-graph-backend-prefill", "disabled")
+    assert isinstance(hooks._share_gpu_turn(one), contextlib.nullcontext)
+
+    events = []
+
+    def replica(name: str) -> None:
+        with hooks._share_gpu_turn(dp):
+            events.append(f"{name} in")
+            time.sleep(0.3)
+            events.append(f"{name} out")
+
+    threads = [threading.Thread(target=replica, args=(n,)) for n in ("a", "b")]
+    for t in threads:
+        t.start()
+        time.sleep(0.05)
+    for t in threads:
+        t.join()
+    assert events == ["a in", "a out", "b in", "b out"], "the second replica waited for the first"
+    assert (tmp_path / f"foundry-share-gpu-{dp.port}.lock").exists()
