@@ -611,6 +611,23 @@ def add_round_pause(parser: Any) -> None:
     )
 
 
+def add_save_reps(parser: Any) -> None:
+    """Both engine benchmarks' ``--save-reps``: the SAVE run's timed repetitions (see :func:`reps_of`)."""
+    parser.add_argument(
+        "--save-reps",
+        type=int,
+        default=None,
+        help="timed repetitions of the SAVE run (default: --reps); a paired run compares stock and "
+        "LOAD over many rounds, and SAVE, which runs alone before them, needs few for its figures",
+    )
+
+
+def reps_of(run: str, opts: Any) -> int:
+    """The timed repetitions of run ``run``: ``--save-reps`` for SAVE where given, else ``--reps``."""
+    save_reps = getattr(opts, "save_reps", None)
+    return int(save_reps) if run == "save" and save_reps else int(opts.reps)
+
+
 def run_paired(
     load: Any,
     stock: Any,

@@ -180,6 +180,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "of every run is then pinned (--max-total-tokens)",
     )
     steps.add_round_pause(p)
+    steps.add_save_reps(p)
     p.add_argument(
         "--sleep-on-idle",
         action=argparse.BooleanOptionalAction,
@@ -242,9 +243,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         opts.sleep_on_idle = opts.paired
     if opts.max_bs == 0:
         opts.max_bs = None  # SGLang's own decode batch sizes, as a user gets them
-    counts = (opts.new_tokens, opts.decode_tokens, opts.reps, opts.max_bs, opts.decode_prompts)
+    counts = (
+        opts.new_tokens,
+        opts.decode_tokens,
+        opts.reps,
+        opts.max_bs,
+        opts.decode_prompts,
+        1 if opts.save_reps is None else opts.save_reps,
+    )
     if min(c for c in counts if c is not None) < 1:
-        p.error("--max-bs, --new-tokens, --decode-prompts, --decode-tokens and --reps must be at least 1")
+        p.error(
+            "--max-bs, --new-tokens, --decode-prompts, --decode-tokens, --reps and --save-reps must be at least 1"
+        )
     if opts.decode_prompts is None:
         opts.decode_prompts = min(64, opts.max_bs or 64)
     return opts
@@ -512,7 +522,7 @@ def child_argv(
     argv += ["--max-bs", str(opts.max_bs or 0)]
     argv += ["--mem-fraction-static", str(opts.mem_fraction_static), "--new-tokens", str(opts.new_tokens)]
     argv += ["--decode-prompts", str(opts.decode_prompts), "--decode-tokens", str(opts.decode_tokens)]
-    argv += ["--reps", str(opts.reps), "--log-level", opts.log_level]
+    argv += ["--reps", str(steps.reps_of(kind, opts)), "--log-level", opts.log_level]
     if opts.max_total_tokens:
         argv += ["--max-total-tokens", str(opts.max_total_tokens)]
     argv += ["--sleep-on-idle" if opts.sleep_on_idle else "--no-sleep-on-idle"]
@@ -823,6 +833,7 @@ def parent_main(opts: argparse.Namespace) -> int:
         "decode_prompts": opts.decode_prompts,
         "decode_tokens": opts.decode_tokens,
         "reps": opts.reps,
+        "save_reps": steps.reps_of("save", opts),
         "budget_s": opts.budget,
         "replay_timing_n": opts.replay_timing,
         "step_timing": opts.step_timing,

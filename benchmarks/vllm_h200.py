@@ -760,6 +760,7 @@ def run_benchmark(args, launch=launch_child) -> dict:
         "decode_prompts": args.decode_prompts,
         "decode_tokens": args.decode_tokens,
         "reps": args.reps,
+        "save_reps": steps.reps_of("save", args),
         "budget_s": args.budget,
         "step_timing": args.step_timing,
         "paired": args.paired,
@@ -815,7 +816,7 @@ def run_benchmark(args, launch=launch_child) -> dict:
             "new_tokens": args.new_tokens,
             "decode_prompts": decode_prompts,
             "decode_tokens": args.decode_tokens,
-            "reps": args.reps,
+            "reps": steps.reps_of(name, args),
             "cpus": sorted(args.cpus) if args.cpus else None,
             # The child's repetitions end 20 s before its timeout (its engine must shut down).
             "deadline": round(time.time() + timeout_s - 20, 1),
@@ -972,6 +973,7 @@ def parse_args(argv: list[str]):
         "states (tok/s 16,000 vs 21,000 between periods of seconds on the H200 machine)",
     )
     steps.add_round_pause(p)
+    steps.add_save_reps(p)
     p.add_argument(
         "--check-structure",
         action="store_true",
@@ -989,9 +991,18 @@ def parse_args(argv: list[str]):
         p.error("--order: load needs the archive of save, so save comes first")
     if args.paired and not {"stock", "load"} <= set(args.order):
         p.error("--paired needs stock and load in --order")
-    counts = (args.new_tokens, args.decode_tokens, args.reps, args.max_bs, args.decode_prompts)
+    counts = (
+        args.new_tokens,
+        args.decode_tokens,
+        args.reps,
+        args.max_bs,
+        args.decode_prompts,
+        1 if args.save_reps is None else args.save_reps,
+    )
     if min(c for c in counts if c is not None) < 1:
-        p.error("--max-bs, --new-tokens, --decode-prompts, --decode-tokens and --reps must be at least 1")
+        p.error(
+            "--max-bs, --new-tokens, --decode-prompts, --decode-tokens, --reps and --save-reps must be at least 1"
+        )
     if args.decode_prompts is None:
         args.decode_prompts = min(64, args.max_bs or 64)
     args.argv = [os.path.relpath(Path(__file__).resolve(), ROOT), *argv]

@@ -855,3 +855,10 @@ def test_vllm_paired_run_starts_stock_once_load_waits_and_alternates(tmp_path):
     assert bench.parse_args(["--out", "o", "--logs", "l", "--round-pause", "2"]).round_pause == 2.0
     with pytest.raises(SystemExit):
         bench.parse_args(["--out", "o", "--logs", "l", "--paired", "--order", "save,load"])
+    # --save-reps: SAVE, alone before the rounds, runs fewer timed repetitions than the pair
+    fewer = bench.parse_args(["--out", "o", "--logs", "l", "--paired", "--reps", "150", "--save-reps", "5"])
+    assert [steps.reps_of(run, fewer) for run in ("save", "stock", "load")] == [5, 150, 150]
+    alike = bench.parse_args(["--out", "o", "--logs", "l", "--reps", "7"])
+    assert [steps.reps_of(run, alike) for run in ("save", "stock", "load")] == [7, 7, 7]
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--out", "o", "--logs", "l", "--save-reps", "0"])

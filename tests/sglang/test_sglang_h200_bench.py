@@ -253,6 +253,14 @@ def test_a_run_gets_the_parents_options(bench, tmp_path):
     assert "sleep_on_idle" not in bench.engine_kwargs(bench.parse_args([]), "m")  # SGLang's default
     assert bench.parse_args(["--paired", "--round-pause", "1.5"]).round_pause == 1.5
     assert bench.parse_args([]).round_pause == 0.0
+    fewer = bench.parse_args(["--paired", "--reps", "30", "--save-reps", "3"])
+    reps = {
+        kind: bench.parse_args(bench.child_argv(kind, fewer, tmp_path, tmp_path / "r.json")[2:]).reps
+        for kind in ("save", "stock", "load")
+    }
+    assert reps == {"save": 3, "stock": 30, "load": 30}, "only SAVE's repetitions follow --save-reps"
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--save-reps", "0"])
 
 
 def test_run_timeouts_keep_time_for_the_later_runs(bench):
