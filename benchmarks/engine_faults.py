@@ -35,12 +35,13 @@ but the last):
 * ``damaged_cache``: one byte flipped in a member of the carried caches (``rank0.caches``): auto
   LOADs the graphs with a warning naming the reason and compiles as usual; load mode refuses.
 * ``sustained_load`` (only when listed): a LOAD server under a request schedule of mixed batch
-  sizes for ``--sustain`` seconds, each answer compared with the base server's answer to the same
-  request, the server's device memory sampled for growth; a stock server (no ``--enable-foundry``,
-  the plugins' Inductor pin in its environment) started beside it answers two passes of the same
-  schedule, compared with the LOAD's first two and with the base's. A base made by a call that did
-  not list ``sustained_load`` (reused by ``--resume``) has no answers to the schedule: then stock's
-  two passes are the reference for every LOAD pass (``reference: "stock server"``).
+  sizes for ``--sustain`` seconds (two passes of the schedule at least), each answer compared with
+  the base server's answer to the same request, the server's device memory sampled for growth; a
+  stock server (no ``--enable-foundry``, the plugins' Inductor pin in its environment) started
+  beside it answers two passes of the same schedule, compared with the LOAD's first two and with
+  the base's. A base made by a call that did not list ``sustained_load`` (reused by ``--resume``)
+  has no answers to the schedule: then stock's two passes are the reference for every LOAD pass
+  (``reference: "stock server"``).
 
 Budget: ``--budget`` seconds for everything; a case whose estimate (from the base's measured SAVE
 and the LOADs seen so far) does not fit what is left is skipped with the reason. The JSON at
@@ -1806,7 +1807,9 @@ def case_sustained_load(ctx: Ctx, run: CaseRun) -> None:
     next_sample = 0.0
     t0 = time.monotonic()
     with concurrent.futures.ThreadPoolExecutor(1) as digesting:
-        while (passes == 0 or time.monotonic() < t_end) and srv.alive():
+        # At least two passes, however short --sustain: stock's two passes are compared with the
+        # LOAD's first two.
+        while (passes < 2 or time.monotonic() < t_end) and srv.alive():
             got = run_schedule(srv, requests)
             if len(load_first) < 2:
                 load_first.append(got)

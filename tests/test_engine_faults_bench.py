@@ -1006,6 +1006,16 @@ def test_sustained_load_fails_where_stock_answers_otherwise(fake_engine, monkeyp
     assert sustained["verdict"] == "fail" and rc == 1
 
 
+def test_sustained_load_runs_two_passes_however_short(fake_engine):
+    # Stock's two passes are compared with the LOAD's first two: a --sustain shorter than one pass
+    # (a slow host) must still give two, or that comparison covers half the schedule's answers.
+    rc, result = fake_engine("--cases", "sustained_load", "--sustain", "0", "--sample-every", "0")
+    details = result["cases"]["sustained_load"]["details"]
+    assert details["passes"] == 2 and details["stock"]["vs_load"]["compared"] == 12
+    sustained = result["cases"]["sustained_load"]
+    assert sustained["verdict"] == "pass" and rc == 0, sustained.get("not_passed_checks")
+
+
 def test_sustained_load_on_a_base_without_its_reference_is_judged_against_stock(
     fake_engine, monkeypatch, capsys
 ):
