@@ -622,6 +622,22 @@ def add_save_reps(parser: Any) -> None:
     )
 
 
+def check_counts(parser: Any, opts: Any) -> None:
+    """Both engine benchmarks' check of their counts (an unset one, None, is not checked)."""
+    counts = (
+        opts.new_tokens,
+        opts.decode_tokens,
+        opts.reps,
+        opts.max_bs,
+        opts.decode_prompts,
+        opts.save_reps,
+    )
+    if min(c for c in counts if c is not None) < 1:
+        parser.error(
+            "--max-bs, --new-tokens, --decode-prompts, --decode-tokens, --reps and --save-reps must be at least 1"
+        )
+
+
 def reps_of(run: str, opts: Any) -> int:
     """The timed repetitions of run ``run``: ``--save-reps`` for SAVE where given, else ``--reps``."""
     save_reps = getattr(opts, "save_reps", None)

@@ -243,18 +243,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         opts.sleep_on_idle = opts.paired
     if opts.max_bs == 0:
         opts.max_bs = None  # SGLang's own decode batch sizes, as a user gets them
-    counts = (
-        opts.new_tokens,
-        opts.decode_tokens,
-        opts.reps,
-        opts.max_bs,
-        opts.decode_prompts,
-        1 if opts.save_reps is None else opts.save_reps,
-    )
-    if min(c for c in counts if c is not None) < 1:
-        p.error(
-            "--max-bs, --new-tokens, --decode-prompts, --decode-tokens, --reps and --save-reps must be at least 1"
-        )
+    steps.check_counts(p, opts)
     if opts.decode_prompts is None:
         opts.decode_prompts = min(64, opts.max_bs or 64)
     return opts

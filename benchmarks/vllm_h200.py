@@ -991,18 +991,7 @@ def parse_args(argv: list[str]):
         p.error("--order: load needs the archive of save, so save comes first")
     if args.paired and not {"stock", "load"} <= set(args.order):
         p.error("--paired needs stock and load in --order")
-    counts = (
-        args.new_tokens,
-        args.decode_tokens,
-        args.reps,
-        args.max_bs,
-        args.decode_prompts,
-        1 if args.save_reps is None else args.save_reps,
-    )
-    if min(c for c in counts if c is not None) < 1:
-        p.error(
-            "--max-bs, --new-tokens, --decode-prompts, --decode-tokens, --reps and --save-reps must be at least 1"
-        )
+    steps.check_counts(p, args)
     if args.decode_prompts is None:
         args.decode_prompts = min(64, args.max_bs or 64)
     args.argv = [os.path.relpath(Path(__file__).resolve(), ROOT), *argv]
