@@ -117,19 +117,16 @@ class Region:
         setup, and placing symmetric memory inside that setup routes again)."""
         import torch
 
-        if getattr(self._routed, "depth", 0):
-            self._routed.depth += 1
+        depth = getattr(self._routed, "depth", 0)
+        with contextlib.ExitStack() as stack:
+            if not depth:
+                stack.enter_context(torch.cuda.device(self.device))
+                stack.enter_context(torch.cuda.use_mem_pool(self.pool, self.device))
+            self._routed.depth = depth + 1
             try:
                 yield self
             finally:
-                self._routed.depth -= 1
-            return
-        with torch.cuda.device(self.device), torch.cuda.use_mem_pool(self.pool, self.device):
-            self._routed.depth = 1
-            try:
-                yield self
-            finally:
-                self._routed.depth = 0
+                self._routed.depth = depth
 
     def graph_pool_id(self) -> tuple[int, int]:
         """Pass as ``pool=`` to ``torch.cuda.graph`` so capture allocations come from the region."""
