@@ -97,7 +97,9 @@ tp() {  # gpus, as a CUDA_VISIBLE_DEVICES list: one rank each
 
 gpu_tests() {  # gpu
   if [ "$(left)" -gt 60 ]; then
-    CUDA_VISIBLE_DEVICES=$1 FOUNDRY_BUILDER=native timeout "$(left)" python -m pytest -q -m gpu tests/gpu \
+    # SIGINT at the limit: pytest then still prints its failures (a plain timeout's SIGTERM left
+    # only the progress dots of the 6640e28 run, one F among them, with no name or reason).
+    CUDA_VISIBLE_DEVICES=$1 FOUNDRY_BUILDER=native timeout -s INT -k 20 "$(left)" python -m pytest -q -rfE -m gpu tests/gpu \
       tests/test_graph_encoding_gpu.py >"$out/pytest-gpu.log" 2>&1
     echo "pytest rc=$? after $(($(date +%s) - start)) s" >>"$out/pytest-gpu.log"
   else

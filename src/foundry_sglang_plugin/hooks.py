@@ -174,7 +174,10 @@ def around_scheduler_init(original: Any, self: Any, *args: Any, **kwargs: Any) -
         # The scheduler's whole start (model runner, weights, KV pool, the decode-graph phase with
         # SGLang's per-shape preparation), when FOUNDRY_PROFILE_DIR asks for a profile.
         phase = f"sglang-scheduler-start-{_session.mode}"
-        with profiled(phase, _session.rank, logging.getLogger("foundry.sglang")):
+        with (
+            _share_gpu_turn(server_args),
+            profiled(phase, _session.rank, logging.getLogger("foundry.sglang")),
+        ):
             return original(self, *args, **kwargs)
     except BaseException as e:
         if _session is not None and _session.report.get("ok") is None:
@@ -188,19 +191,20 @@ def around_model_runner_init(original: Any, self: Any, *args: Any, **kwargs: Any
         return original(self, *args, **kwargs)
     try:
         _session.enter_region(bound.get("gpu_id"))
-        with _share_gpu_turn(bound.get("server_args")):
-            return original(self, *args, **kwargs)
+        return original(self, *args, **kwargs)
     except BaseException as e:
         _session.abort(e)
         raise
 
 
 def _share_gpu_turn(server_args: Any) -> contextlib.AbstractContextManager:
-    """Under the test aid, data-parallel replicas set their model runners up one at a time. SGLang
+    """Under the test aid, data-parallel replicas start their schedulers one at a time. SGLang
     sizes a replica's KV pool from the free memory it measures before and after loading its
     weights; on one shared GPU the other replica's pool, allocated in between, counts as this one's
     weights and leaves it nothing (both DP=2 SAVEs on one H200 died so, at any memory fraction).
-    Tensor-parallel ranks must start together (they meet in collectives) and are left alone."""
+    The whole scheduler start is the turn, not the model runner's: SGLang 0.5.17 allocates the KV
+    pool after the model runner is built, and one H200 run (6640e28) saw replica 1 measure in that
+    gap. Tensor-parallel ranks must start together (they meet in collectives) and are left alone."""
     if (
         server_args is None
         or not settings.share_gpu()

@@ -281,3 +281,34 @@ def test_the_share_gpu_test_aid_sets_data_parallel_replicas_up_one_at_a_time(par
         t.join()
     assert events == ["a in", "a out", "b in", "b out"], "the second replica waited for the first"
     assert (tmp_path / f"foundry-share-gpu-{dp.port}.lock").exists()
+
+
+def test_the_share_gpu_turn_covers_the_whole_scheduler_start(parse, monkeypatch, tmp_path):
+    """SGLang 0.5.17 allocates a replica's KV pool after its model runner is built: the turn must
+    cover the scheduler's whole start, or the other replica measures its free memory in between."""
+    import fcntl
+
+    from foundry_sglang_plugin import settings
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr("tempfile.tempdir", None)
+    monkeypatch.setenv(settings.SHARE_GPU_ENV, "1")
+    monkeypatch.setattr(hooks, "_session", None)
+    session = types.SimpleNamespace(mode="save", rank=0, report={"ok": True})
+    monkeypatch.setattr(Session, "begin", staticmethod(lambda server_args, hint: session))
+    dp = parse("--cuda-graph-backend-prefill", "disabled", "--dp-size", "2")
+    lock = tmp_path / f"foundry-share-gpu-{dp.port}.lock"
+    held = []
+
+    def scheduler_init(self, server_args, gpu_id, tp_rank, dp_rank):
+        with open(lock, "a") as f:  # another replica's attempt, without waiting
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                held.append(True)
+            else:
+                held.append(False)
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+    hooks.around_scheduler_init(scheduler_init, object(), dp, 0, 0, 1)
+    assert held == [True], "the other replica could start while this one set up"
