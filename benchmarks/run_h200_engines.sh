@@ -18,7 +18,8 @@
 # Usage on the device, from the repository root:
 #   FOUNDRY_COMMIT=<hash> ENGINES=sglang bash benchmarks/run_h200_engines.sh
 # Also: SGLANG_ARGS / VLLM_ARGS (extra flags of each script), ENGINES_BUDGET_S (default 585: the
-# whole call, install included). The engine sites are byte-compiled at install (device_site.sh).
+# whole call, install included), KEEP_WORK=1 (the work directory outlives the call, see run_engine).
+# The engine sites are byte-compiled at install (device_site.sh).
 set -u
 out=${OUT:?set OUT to the results folder}
 engines=${ENGINES:-sglang vllm}
@@ -46,7 +47,11 @@ export PYTHONUNBUFFERED=1 FOUNDRY_NO_PROGRESS=1
 budget=${ENGINES_BUDGET_S:-585}
 
 run_engine() {  # engine gpu seconds
-  local extra="" work="/tmp/engine-work-$1-$t0"  # a fresh archive directory in every call
+  # A fresh work directory (archive, compile caches) in every call; with KEEP_WORK=1 one per engine
+  # that later calls on the same warm machine reuse: a later call with --order stock,load compares
+  # against the earlier call's SAVE (more paired rounds and process pairs: benchmarks/paired_pool.py).
+  local extra="" work="/tmp/engine-work-$1-$t0"
+  [ "${KEEP_WORK:-0}" = 1 ] && work="/tmp/engine-work-$1-kept"
   [ "$1" = sglang ] && extra=${SGLANG_ARGS:-}
   [ "$1" = vllm ] && extra=${VLLM_ARGS:-}
   CUDA_VISIBLE_DEVICES=$2 PYTHONPATH=/tmp/site-$1:$PWD/src timeout "$3" \

@@ -304,6 +304,19 @@ def test_result_assembly_flags_every_failure():
     assert r["load_mode_reason"].startswith("archive was saved")
 
 
+def test_a_call_without_save_is_checked_on_what_it_ran():
+    """KEEP_WORK=1 and --order stock,load: LOAD restores an earlier call's SAVE; no SAVE check
+    applies, every other one still does."""
+    runs = _runs()
+    del runs["save"]
+    r = bench.assemble({"order": ["stock", "load"]}, runs)
+    assert r["ok"] is True and "tokens_identical_to_save" not in r["checks"], r["checks"]
+    assert r["graphs"] == r["graphs_restored"] == 4
+    runs["load"]["foundry_report"]["stream_captures"]["end"] = 4  # LOAD captured
+    assert bench.assemble({"order": ["stock", "load"]}, runs)["ok"] is False
+    assert bench.assemble({"order": ["save", "stock", "load"]}, runs)["ok"] is False  # SAVE missing
+
+
 def test_result_assembly_with_missing_runs_keeps_what_is_known():
     runs = _runs()
     runs["load"] = {"name": "load", "error": "skipped: the SAVE run failed"}
