@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import importlib.util
+import importlib
 import json
 import shlex
 import statistics
@@ -46,17 +46,11 @@ TARGETS = {
 SAME = ("commit", "model", "decode_prompts", "decode_tokens", "vllm_version", "sglang_version", "machine")
 
 
-def _sibling(name: str) -> Any:
-    """A module of benchmarks/ by its file (this script is also loaded by path, from tests)."""
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().with_name(f"{name}.py"))
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-steps = _sibling("engine_steps")
+# benchmarks/ on the path for its engine_steps (the module the engine benchmarks share), also when
+# this script is loaded by its file, as the tests do.
+if str(Path(__file__).resolve().parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+steps = importlib.import_module("engine_steps")
 
 
 class PoolError(ValueError):
