@@ -22,6 +22,15 @@ setup(
             include_dirs=["native"],
             extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-fvisibility=hidden"],
             libraries=["dl", "pthread"],
-        )
+        ),
+        # The libcuda.so.1 NVSHMEM is pointed at to place its symmetric heap (native/nvshmem_cuda.c):
+        # a library of its own, since its cuInit must never stand in for the driver's elsewhere.
+        Extension(
+            "foundry_core._foundry_nvshmem_cuda",
+            sources=["native/nvshmem_cuda.c"],
+            include_dirs=["native"],
+            extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-fvisibility=hidden"],
+            libraries=["dl", "pthread"],
+        ),
     ]
 )

@@ -108,3 +108,103 @@ def finalize_module(module, digest: str) -> None:
     rc = int(library().nvshmemx_cumodule_finalize(ctypes.c_void_p(int(module))))
     if rc != 0:
         raise ModuleError(f"module {digest[:12]}: nvshmemx_cumodule_finalize returned {rc}")
+
+
+# --- the symmetric heap at a recorded address ------------------------------------------------------
+
+#: The heap is the first hint-less reservation at least this large once placement is armed: NVSHMEM
+#: reserves NVSHMEM_MAX_MEMORY_PER_GPU (128 GiB by default) per peer at once; its other reservations
+#: (multicast groups, which DeepEP turns off) come later.
+HEAP_MIN_BYTES = 1 << 30
+CUDA_PATH_ENV = "NVSHMEM_CUDA_PATH"
+
+
+class HeapPlacementError(RuntimeError):
+    """NVSHMEM's symmetric heap is not where the archive needs it (the reason is in the message)."""
+
+
+@functools.cache
+def _driver_shim() -> ctypes.CDLL:
+    """native/nvshmem_cuda.c, loaded privately: the driver NVSHMEM is pointed at."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    found = sorted(glob.glob(os.path.join(here, "_foundry_nvshmem_cuda*.so")), key=os.path.getmtime)
+    if not found:
+        raise HeapPlacementError(
+            f"foundry_core/_foundry_nvshmem_cuda*.so is missing in {here}: reinstall with `pip install -e .`"
+        )
+    lib = ctypes.CDLL(found[-1], mode=os.RTLD_NOW | os.RTLD_LOCAL)
+    lib.foundry_nvshmem_real_driver.argtypes = [ctypes.c_char_p]
+    lib.foundry_nvshmem_real_driver.restype = ctypes.c_int
+    lib.foundry_nvshmem_arm.argtypes = [ctypes.c_uint64, ctypes.c_uint64]
+    lib.foundry_nvshmem_placement.argtypes = [ctypes.POINTER(ctypes.c_uint64)] * 3 + [
+        ctypes.POINTER(ctypes.c_int)
+    ]
+    return lib
+
+
+@functools.cache
+def _driver_folder() -> str:
+    """A private folder whose libcuda.so.1 is the shim, for NVSHMEM_CUDA_PATH (NVSHMEM opens
+    ``$NVSHMEM_CUDA_PATH/libcuda.so.1``); removed at exit."""
+    import atexit
+    import shutil
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="foundry-nvshmem-cuda-")
+    os.symlink(_driver_shim()._name, os.path.join(folder, "libcuda.so.1"))
+    atexit.register(shutil.rmtree, folder, True)
+    return folder
+
+
+def _initialised() -> bool:
+    try:
+        return int(library().nvshmemx_init_status()) >= STATUS_IS_INITIALIZED
+    except ModuleError:  # NVSHMEM not loaded yet: not initialised either
+        return False
+
+
+def place_heap(base: int, min_bytes: int = HEAP_MIN_BYTES) -> None:
+    """Have this process's NVSHMEM reserve its symmetric heap at ``base`` when it initialises (the
+    engine's first NVSHMEM buffer: DeepEP's, or torch's NVSHMEM symmetric memory). Call before that;
+    an NVSHMEM initialised already is refused. A driver library named by ``NVSHMEM_CUDA_PATH``
+    before this call is still the one NVSHMEM's calls go to. Read the outcome with :func:`check_heap`."""
+    if _initialised():
+        raise HeapPlacementError("NVSHMEM is initialised already: its heap can no longer be placed")
+    shim = _driver_shim()
+    folder = _driver_folder()
+    previous = os.environ.get(CUDA_PATH_ENV)
+    if previous and os.path.abspath(previous) != folder:
+        if shim.foundry_nvshmem_real_driver(os.path.join(previous, "libcuda.so.1").encode()) != 0:
+            raise HeapPlacementError(f"{CUDA_PATH_ENV}={previous}: too late to forward to it")
+    shim.foundry_nvshmem_arm(base, min_bytes)
+    os.environ[CUDA_PATH_ENV] = folder
+
+
+def heap_placement() -> dict:
+    """What the placing reservation asked for and got: ``asked``, ``base``, ``size`` (0 before it),
+    and ``through_foundry``, whether NVSHMEM reached the driver through Foundry's shim at all."""
+    vals = [ctypes.c_uint64() for _ in range(3)]
+    through = ctypes.c_int()
+    _driver_shim().foundry_nvshmem_placement(*(ctypes.byref(v) for v in vals), ctypes.byref(through))
+    asked, base, size = (v.value for v in vals)
+    return {"asked": asked, "base": base, "size": size, "through_foundry": bool(through.value)}
+
+
+def check_heap(base: int) -> dict:
+    """Raise :class:`HeapPlacementError` unless NVSHMEM's heap was reserved at ``base``; returns
+    :func:`heap_placement`."""
+    got = heap_placement()
+    if not got["through_foundry"]:
+        raise HeapPlacementError(
+            f"NVSHMEM did not reach the driver through Foundry ({CUDA_PATH_ENV} was set after NVSHMEM "
+            "loaded its driver, or NVSHMEM is not initialised yet)"
+        )
+    if not got["size"]:
+        raise HeapPlacementError(
+            f"NVSHMEM reserved no range of {HEAP_MIN_BYTES} bytes or more since placement was armed"
+        )
+    if got["base"] != base:
+        raise HeapPlacementError(
+            f"NVSHMEM's heap is at {got['base']:#x}, not {base:#x}: the driver did not honour the address"
+        )
+    return got

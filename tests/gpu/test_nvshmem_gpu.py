@@ -52,6 +52,13 @@ SCRIPT = textwrap.dedent(
         symm_mem.set_backend("NVSHMEM")
         return symm_mem.empty(1 << 20, dtype=torch.uint8, device="cuda:0")
 
+    if mode == "heap":  # NVSHMEM's heap placed at a fixed base, the same in every fresh process
+        nvshmem.place_heap(0x620000000000)
+        torch.cuda.set_device(0)
+        heap = start_nvshmem()
+        print(json.dumps({"heap": nvshmem.check_heap(0x620000000000), "ptr": heap.data_ptr()}), flush=True)
+        os._exit(0)
+
     fc.start_recording()
     torch.cuda.set_device(0)
     torch.zeros(1, device="cuda")
@@ -156,4 +163,22 @@ def test_a_restored_nvshmem_module_gets_the_load_process_nvshmem_state(tmp_path)
     assert loaded.get("out") == [0, 1, 7], (
         "the restored module read the LOAD process's NVSHMEM state (a module nobody set up reads 0 PEs)",
         loaded,
+    )
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc (the NVSHMEM test's environment)")
+def test_nvshmem_places_its_heap_at_the_same_base_in_every_process(tmp_path):
+    """native/nvshmem_cuda.c as NVSHMEM's driver: the heap (one PE, brought up by torch's NVSHMEM
+    symmetric memory) is reserved at the armed base, and the same first allocation gets the same
+    address in two fresh processes, as a DeepEP buffer captured at SAVE must at LOAD."""
+    import torch.distributed._symmetric_memory as symm_mem
+
+    if not symm_mem.is_nvshmem_available():
+        pytest.skip("torch's NVSHMEM is not available here (the nvidia-nvshmem wheel)")
+    first = _child("heap", tmp_path / "none", tmp_path / "none")
+    second = _child("heap", tmp_path / "none", tmp_path / "none")
+    assert first["heap"]["base"] == second["heap"]["base"] == 0x620000000000, (first, second)
+    assert (
+        first["ptr"] == second["ptr"]
+        and 0x620000000000 <= first["ptr"] < 0x620000000000 + first["heap"]["size"]
     )
