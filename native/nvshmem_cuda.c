@@ -40,6 +40,7 @@ static proc_fn real_proc;
 static proc_v2_fn real_proc_v2;
 static reserve_fn real_reserve;
 static uint64_t armed_base, armed_min, placed_addr, placed_size, asked_addr;
+static int taken;    /* the placing request has been made (one only, whichever thread makes it) */
 static int resolved; /* NVSHMEM asked for cuMemAddressReserve through this library */
 
 static int load_real(void) {
@@ -60,7 +61,8 @@ static int load_real(void) {
 static CUresult foundry_nvshmem_reserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
                                         unsigned long long flags) {
   pthread_mutex_lock(&lock);
-  int take = armed_base && !addr && size >= armed_min && !placed_size;
+  int take = armed_base && !addr && size >= armed_min && !taken;
+  if (take) taken = 1;
   reserve_fn next = real_reserve;
   pthread_mutex_unlock(&lock);
   CUresult rc = next(ptr, size, alignment, take ? (CUdeviceptr)armed_base : addr, flags);
@@ -74,9 +76,21 @@ static CUresult foundry_nvshmem_reserve(CUdeviceptr *ptr, size_t size, size_t al
   return rc;
 }
 
-/* cuMemAddressReserve resolves to the placing entry; the real one is kept for it. */
+CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, cuuint64_t flags);
+CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags, int *status);
+
+/* cuMemAddressReserve resolves to the placing entry, the real one kept for it; cuGetProcAddress
+ * itself (a caller may look up its versioned form) to this library's, so later lookups come here. */
 static void substitute(const char *symbol, void **pfn) {
-  if (strcmp(symbol, "cuMemAddressReserve") != 0 || !*pfn) return;
+  if (!*pfn) return;
+  if (strcmp(symbol, "cuGetProcAddress") == 0) {
+    if (*pfn == (void *)real_proc)
+      *pfn = (void *)cuGetProcAddress;
+    else if (*pfn == (void *)real_proc_v2)
+      *pfn = (void *)cuGetProcAddress_v2;
+    return;
+  }
+  if (strcmp(symbol, "cuMemAddressReserve") != 0) return;
   pthread_mutex_lock(&lock);
   if (!real_reserve) real_reserve = (reserve_fn)*pfn;
   resolved = 1;

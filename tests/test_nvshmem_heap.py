@@ -28,6 +28,7 @@ FAKE_DRIVER = textwrap.dedent(
     int cuGetProcAddress(const char *s, void **pfn, int version, u64 flags) {
       (void)version; (void)flags;
       if (!strcmp(s, "cuMemAddressReserve")) { *pfn = (void *)reserve; return 0; }
+      if (!strcmp(s, "cuGetProcAddress")) { *pfn = (void *)cuGetProcAddress; return 0; }
       return 500;
     }
     """
@@ -55,6 +56,9 @@ SCRIPT = textwrap.dedent(
     gpa = drv.cuGetProcAddress
     gpa.argtypes = [c_char_p, POINTER(c_void_p), c_int, c_uint64]
     fn = c_void_p()
+    # The lookup itself looked up first (a caller wanting its versioned form): it stays the shim's.
+    assert gpa(b"cuGetProcAddress", byref(fn), 10020, 0) == 0
+    gpa = CFUNCTYPE(c_int, c_char_p, POINTER(c_void_p), c_int, c_uint64)(fn.value)
     assert gpa(b"cuMemAddressReserve", byref(fn), 10020, 0) == 0
     reserve = CFUNCTYPE(c_int, POINTER(c_uint64), c_size_t, c_size_t, c_uint64, c_uint64)(fn.value)
     got = []
