@@ -12,8 +12,13 @@ from foundry_core import _native
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _c_exports():
-    text = "\n".join(p.read_text() for p in (ROOT / "native").glob("*.c"))
+#: A library of its own (the libcuda.so.1 NVSHMEM is pointed at), not part of _foundry_native.
+SHIM = "nvshmem_cuda.c"
+
+
+def _c_exports(shim: bool = False):
+    files = [p for p in (ROOT / "native").glob("*.c") if (p.name == SHIM) == shim]
+    text = "\n".join(p.read_text() for p in files)
     exports = {}
     for m in re.finditer(r"EXPORT\s+[\w\s\*]+?\b(foundry_\w+)\s*\(([^)]*)\)", text):
         params = [p for p in m.group(2).split(",") if p.strip() and p.strip() != "void"]
@@ -32,6 +37,20 @@ def test_ctypes_arity_matches_c():
             assert name in ("foundry_alloc", "foundry_alloc_graph", "foundry_free"), name
             continue
         assert len(fn.argtypes) == arity, f"{name}: ctypes declares {len(fn.argtypes)} args, C has {arity}"
+
+
+def test_the_nvshmem_driver_shim_is_apart_and_declared():
+    """native/nvshmem_cuda.c is built on its own (its cuInit must never be the main library's), and
+    Python declares its calls as C has them."""
+    from foundry_core import nvshmem
+
+    shim = nvshmem._driver_shim()
+    exports = _c_exports(shim=True)
+    assert set(exports) == {"foundry_nvshmem_real_driver", "foundry_nvshmem_arm", "foundry_nvshmem_placement"}
+    for name, arity in exports.items():
+        assert len(getattr(shim, name).argtypes) == arity, name
+    with pytest.raises(AttributeError):
+        _native.lib().cuInit  # noqa: B018 - the main library exports no driver entry point
 
 
 def test_empty_log_and_refusals_without_driver():
