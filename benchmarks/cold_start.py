@@ -866,10 +866,20 @@ def http_json(url: str, body: dict | None = None, timeout: float = 5.0) -> tuple
         return status, raw.decode(errors="replace")[:2000]
 
 
+_PORTS_GIVEN: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free now and not handed out before by this process: servers started back to back
+    (engine_faults' LOAD and the stock server beside it) bind theirs only seconds later, and the
+    kernel may offer a just-probed port again in between."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _PORTS_GIVEN:
+            _PORTS_GIVEN.add(port)
+            return port
 
 
 class ServerDied(RuntimeError):

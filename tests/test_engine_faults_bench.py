@@ -1010,8 +1010,12 @@ def test_sustained_load_runs_two_passes_however_short(fake_engine):
     # Stock's two passes are compared with the LOAD's first two: a --sustain shorter than one pass
     # (a slow host) must still give two, or that comparison covers half the schedule's answers.
     rc, result = fake_engine("--cases", "sustained_load", "--sustain", "0", "--sample-every", "0")
-    details = result["cases"]["sustained_load"]["details"]
-    assert details["passes"] == 2 and details["stock"]["vs_load"]["compared"] == 12
+    case = result["cases"]["sustained_load"]
+    details = case["details"]
+    servers = {
+        n: {k: s.get(k) for k in ("port", "exit_code", "log_tail")} for n, s in case["servers"].items()
+    }
+    assert details["passes"] == 2 and details["stock"]["vs_load"]["compared"] == 12, servers
     sustained = result["cases"]["sustained_load"]
     assert sustained["verdict"] == "pass" and rc == 0, sustained.get("not_passed_checks")
 
