@@ -726,16 +726,22 @@ def paired_stats(a: dict[str, Any] | None, b: dict[str, Any] | None, rounds: int
     ):
         pairs = [(x, y) for x, y in zip(per_round(a, key), per_round(b, key)) if x and y]
         values = [compare[how](x, y) for x, y in pairs]
-        stat: dict[str, Any] = {"values": values, "n": len(values), "median": None, "spread": None}
-        if values:
-            med = statistics.median(values)
-            stat["median"] = round(med, 4)
-            stat["ci95"] = median_ci95(values)
-            stat["min"], stat["max"] = min(values), max(values)
-            if how != "diff" and med:
-                stat["spread"] = round((max(values) - min(values)) / med, 4)
-        out[name] = stat
+        out[name] = {"values": values, **round_stat(values, how != "diff")}
     return out
+
+
+def round_stat(values: list[float], ratio: bool) -> dict[str, Any]:
+    """Median of per-round values with its 95 % interval (:func:`median_ci95`), range and count;
+    for ratios also the spread, (max - min) / median. Without values: count, None median and spread."""
+    stat: dict[str, Any] = {"n": len(values), "median": None, "spread": None}
+    if values:
+        med = statistics.median(values)
+        stat["median"] = round(med, 4)
+        stat["ci95"] = median_ci95(values)
+        stat["min"], stat["max"] = min(values), max(values)
+        if ratio and med:
+            stat["spread"] = round((max(values) - min(values)) / med, 4)
+    return stat
 
 
 def paired_lines(paired: dict[str, Any] | None) -> list[str]:

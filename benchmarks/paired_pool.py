@@ -23,7 +23,6 @@ import datetime as _dt
 import importlib
 import json
 import shlex
-import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -55,24 +54,6 @@ steps = importlib.import_module("engine_steps")
 
 class PoolError(ValueError):
     """The results cannot be pooled (the message names the file and the field)."""
-
-
-def stat(values: list[float], how: str) -> dict[str, Any]:
-    """Median, its 95 % interval, range and (for ratios) spread of one measure's rounds."""
-    out: dict[str, Any] = {
-        "n": len(values),
-        "median": None,
-        "ci95": None,
-        "min": None,
-        "max": None,
-        "spread": None,
-    }
-    if values:
-        med = statistics.median(values)
-        out.update(median=round(med, 4), ci95=steps.median_ci95(values), min=min(values), max=max(values))
-        if how == "ratio" and med:
-            out["spread"] = round((max(values) - min(values)) / med, 4)
-    return out
 
 
 def within(stat_: dict[str, Any], target: tuple[float | None, float | None]) -> bool | None:
@@ -113,9 +94,13 @@ def pool(results: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
         for key, how in MEASURES.items():
             values = [float(v) for v in (paired.get(key) or {}).get("values") or [] if v is not None]
             pooled[key] += values
-            source[key] = {k: v for k, v in stat(values, how).items() if k in ("n", "median", "ci95")}
+            source[key] = {
+                k: v
+                for k, v in steps.round_stat(values, how == "ratio").items()
+                if k in ("n", "median", "ci95")
+            }
         sources.append(source)
-    paired = {key: stat(pooled[key], how) for key, how in MEASURES.items()}
+    paired = {key: steps.round_stat(pooled[key], how == "ratio") for key, how in MEASURES.items()}
     paired["rounds"] = len(pooled["e2e_tok_s_ratio"])
     return {
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),

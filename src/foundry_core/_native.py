@@ -30,18 +30,24 @@ class NativeLibraryMissing(RuntimeError):
     """The compiled part of Foundry is not there (an install that skipped the build)."""
 
 
-def library_path() -> str:
-    override = os.environ.get("FOUNDRY_NATIVE_LIB")
-    if override:
-        return override
-    found = sorted(glob.glob(os.path.join(_HERE, "_foundry_native*.so")))
+def built(stem: str) -> str:
+    """The path of the native library ``stem`` built beside this file (``_foundry_native``, or
+    ``_foundry_nvshmem_cuda``, the driver NVSHMEM is pointed at)."""
+    found = glob.glob(os.path.join(_HERE, f"{stem}*.so"))
     if not found:
         raise NativeLibraryMissing(
-            f"foundry_core/_foundry_native*.so is missing in {_HERE}: reinstall with `pip install -e .` "
+            f"foundry_core/{stem}*.so is missing in {_HERE}: reinstall with `pip install -e .` "
             "(it builds the native library with the system C compiler)"
         )
     # Several builds may sit side by side (pip's tagged name, a plain gcc build): take the newest.
     return max(found, key=os.path.getmtime)
+
+
+def library_path() -> str:
+    override = os.environ.get("FOUNDRY_NATIVE_LIB")
+    if override:
+        return override
+    return built("_foundry_native")
 
 
 #: Every function of the library that Python calls, with its C signature (native/*.c); the

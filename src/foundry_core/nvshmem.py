@@ -17,6 +17,7 @@ import glob
 import importlib.util
 import os
 
+from ._native import NativeLibraryMissing, built
 from .modules import ModuleError
 
 # The variables NVSHMEM's device code keeps in each module that links it, set up by
@@ -126,13 +127,11 @@ class HeapPlacementError(RuntimeError):
 @functools.cache
 def _driver_shim() -> ctypes.CDLL:
     """native/nvshmem_cuda.c, loaded privately: the driver NVSHMEM is pointed at."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    found = sorted(glob.glob(os.path.join(here, "_foundry_nvshmem_cuda*.so")), key=os.path.getmtime)
-    if not found:
-        raise HeapPlacementError(
-            f"foundry_core/_foundry_nvshmem_cuda*.so is missing in {here}: reinstall with `pip install -e .`"
-        )
-    lib = ctypes.CDLL(found[-1], mode=os.RTLD_NOW | os.RTLD_LOCAL)
+    try:
+        path = built("_foundry_nvshmem_cuda")
+    except NativeLibraryMissing as e:
+        raise HeapPlacementError(str(e)) from None
+    lib = ctypes.CDLL(path, mode=os.RTLD_NOW | os.RTLD_LOCAL)
     lib.foundry_nvshmem_real_driver.argtypes = [ctypes.c_char_p]
     lib.foundry_nvshmem_real_driver.restype = ctypes.c_int
     lib.foundry_nvshmem_arm.argtypes = [ctypes.c_uint64, ctypes.c_uint64]

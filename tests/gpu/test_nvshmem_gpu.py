@@ -40,6 +40,7 @@ SCRIPT = textwrap.dedent(
     from cuda.bindings import driver as cu
 
     mode, cubin, archive, port = sys.argv[1:5]
+    HEAP_BASE = 0x620000000000  # past the region below; HEAP_BASE of the test
 
     def start_nvshmem():
         # One PE, brought up the way torch brings NVSHMEM up for its symmetric memory: at its first
@@ -53,10 +54,10 @@ SCRIPT = textwrap.dedent(
         return symm_mem.empty(1 << 20, dtype=torch.uint8, device="cuda:0")
 
     if mode == "heap":  # NVSHMEM's heap placed at a fixed base, the same in every fresh process
-        nvshmem.place_heap(0x620000000000)
+        nvshmem.place_heap(HEAP_BASE)
         torch.cuda.set_device(0)
         heap = start_nvshmem()
-        print(json.dumps({"heap": nvshmem.check_heap(0x620000000000), "ptr": heap.data_ptr()}), flush=True)
+        print(json.dumps({"heap": nvshmem.check_heap(HEAP_BASE), "ptr": heap.data_ptr()}), flush=True)
         os._exit(0)
 
     fc.start_recording()
@@ -101,6 +102,10 @@ SCRIPT = textwrap.dedent(
     os._exit(0)  # NVSHMEM's teardown at exit is not under test
     """
 )
+
+
+#: Where the heap test places NVSHMEM's heap (the child script has the same value).
+HEAP_BASE = 0x620000000000
 
 
 def _nvshmem_root() -> Path | None:
@@ -177,8 +182,5 @@ def test_nvshmem_places_its_heap_at_the_same_base_in_every_process(tmp_path):
         pytest.skip("torch's NVSHMEM is not available here (the nvidia-nvshmem wheel)")
     first = _child("heap", tmp_path / "none", tmp_path / "none")
     second = _child("heap", tmp_path / "none", tmp_path / "none")
-    assert first["heap"]["base"] == second["heap"]["base"] == 0x620000000000, (first, second)
-    assert (
-        first["ptr"] == second["ptr"]
-        and 0x620000000000 <= first["ptr"] < 0x620000000000 + first["heap"]["size"]
-    )
+    assert first["heap"]["base"] == second["heap"]["base"] == HEAP_BASE, (first, second)
+    assert first["ptr"] == second["ptr"] and HEAP_BASE <= first["ptr"] < HEAP_BASE + first["heap"]["size"]
