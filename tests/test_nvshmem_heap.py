@@ -34,6 +34,9 @@ FAKE_DRIVER = textwrap.dedent(
     """
 )
 
+# NVSHMEM opens its NVML from NVSHMEM_CUDA_PATH too: a stand-in that says it is one.
+FAKE_NVML = "int fake_nvml_marker(void) { return 42; }\n"
+
 BASE = 0x6A0000000000
 GIB = 1 << 30
 
@@ -67,6 +70,10 @@ SCRIPT = textwrap.dedent(
         assert reserve(byref(p), size, 512, 0, 0) == 0
         got.append(p.value)
     out["reserved"] = got
+    try:  # NVSHMEM's NVML, from the same folder (nvmlwrap.cpp)
+        out["nvml"] = ctypes.CDLL(os.path.join(os.environ["NVSHMEM_CUDA_PATH"], "libnvidia-ml.so.1")).fake_nvml_marker()
+    except OSError as e:
+        out["nvml"] = str(e)
     out["placement"] = nvshmem.heap_placement()
     try:
         out["check"] = nvshmem.check_heap({BASE})
@@ -82,19 +89,12 @@ def fake_driver(tmp_path_factory):
     if shutil.which("gcc") is None:
         pytest.skip("no gcc to build the stand-in driver")
     folder = tmp_path_factory.mktemp("fake-driver")
-    (folder / "fake.c").write_text(FAKE_DRIVER)
-    subprocess.run(
-        [
-            "gcc",
-            "-shared",
-            "-fPIC",
-            "-Wl,-soname,libcuda.so.1",
-            str(folder / "fake.c"),
-            "-o",
-            str(folder / "libcuda.so.1"),
-        ],
-        check=True,
-    )
+    for name, text in (("libcuda.so.1", FAKE_DRIVER), ("libnvidia-ml.so.1", FAKE_NVML)):
+        src = folder / (name.split(".")[0] + ".c")
+        src.write_text(text)
+        subprocess.run(
+            ["gcc", "-shared", "-fPIC", f"-Wl,-soname,{name}", str(src), "-o", str(folder / name)], check=True
+        )
     return folder
 
 
@@ -115,6 +115,7 @@ def test_the_heap_is_reserved_at_the_armed_base(fake_driver):
     assert small != BASE and later != BASE, "every other reservation goes to the driver unchanged"
     assert out["placement"] == {"asked": BASE, "base": BASE, "size": 128 * GIB, "through_foundry": True}
     assert out["check"]["base"] == BASE and "check_error" not in out
+    assert out["nvml"] == 42, "NVSHMEM finds the NVML the loader would have given it"
 
 
 def test_a_driver_that_ignores_the_address_is_refused(fake_driver):
@@ -128,3 +129,4 @@ def test_a_driver_folder_set_before_is_still_the_one_called(fake_driver):
     and forwards to that folder's libcuda.so.1 (no LD_LIBRARY_PATH to find it otherwise)."""
     out = _run({"LD_LIBRARY_PATH": None, "NVSHMEM_CUDA_PATH": str(fake_driver), "FAKE_IGNORE_HINT": None})
     assert out["reserved"][1] == BASE and out["check"]["through_foundry"] is True
+    assert out["nvml"] == 42, "and that folder's NVML"

@@ -118,6 +118,10 @@ def finalize_module(module, digest: str) -> None:
 #: (multicast groups, which DeepEP turns off) come later.
 HEAP_MIN_BYTES = 1 << 30
 CUDA_PATH_ENV = "NVSHMEM_CUDA_PATH"
+#: NVSHMEM opens its NVML from the same folder once NVSHMEM_CUDA_PATH is set (nvmlwrap.cpp, 3.4.5);
+#: without it there its P2P transport does not come up ("init failed for transport: P2P", on the
+#: H200 at 9ae1f57), so the folder links the NVML NVSHMEM would have found otherwise.
+NVML_NAME = "libnvidia-ml.so.1"
 
 
 class HeapPlacementError(RuntimeError):
@@ -144,7 +148,8 @@ def _driver_shim() -> ctypes.CDLL:
 @functools.cache
 def _driver_folder() -> str:
     """A private folder whose libcuda.so.1 is the shim, for NVSHMEM_CUDA_PATH (NVSHMEM opens
-    ``$NVSHMEM_CUDA_PATH/libcuda.so.1``); removed at exit."""
+    ``$NVSHMEM_CUDA_PATH/libcuda.so.1``, and its NVML there too: :func:`place_heap` links that);
+    removed at exit."""
     import atexit
     import shutil
     import tempfile
@@ -153,6 +158,25 @@ def _driver_folder() -> str:
     os.symlink(_driver_shim()._name, os.path.join(folder, "libcuda.so.1"))
     atexit.register(shutil.rmtree, folder, True)
     return folder
+
+
+def _nvml_path(previous: str | None) -> str | None:
+    """The NVML library NVSHMEM would open without Foundry: ``previous/libnvidia-ml.so.1`` where
+    NVSHMEM_CUDA_PATH named a folder, else the one the dynamic loader finds (None where there is
+    none: then NVSHMEM finds none either)."""
+    if previous:
+        path = os.path.join(previous, NVML_NAME)
+        return path if os.path.exists(path) else None
+    try:
+        ctypes.CDLL(NVML_NAME, mode=os.RTLD_LOCAL)
+    except OSError:
+        return None
+    with open("/proc/self/maps") as maps:  # where the loader found it
+        for line in maps:
+            path = line.split(maxsplit=5)[-1].strip()
+            if os.path.basename(path).startswith("libnvidia-ml.so"):
+                return path
+    return None
 
 
 def _initialised() -> bool:
@@ -172,9 +196,14 @@ def place_heap(base: int, min_bytes: int = HEAP_MIN_BYTES) -> None:
     shim = _driver_shim()
     folder = _driver_folder()
     previous = os.environ.get(CUDA_PATH_ENV)
-    if previous and os.path.abspath(previous) != folder:
+    if previous and os.path.abspath(previous) == folder:
+        previous = None  # placed before in this process
+    if previous:
         if shim.foundry_nvshmem_real_driver(os.path.join(previous, "libcuda.so.1").encode()) != 0:
             raise HeapPlacementError(f"{CUDA_PATH_ENV}={previous}: too late to forward to it")
+    nvml, link = _nvml_path(previous), os.path.join(folder, NVML_NAME)
+    if nvml and not os.path.lexists(link):
+        os.symlink(nvml, link)
     shim.foundry_nvshmem_arm(base, min_bytes)
     os.environ[CUDA_PATH_ENV] = folder
 
