@@ -72,7 +72,7 @@ def test_calls_that_compare_different_things_are_refused(pp):
 def test_one_committed_call_pools_to_its_own_figures(pp, tmp_path, capsys):
     """The 6640e28 vLLM call (257 rounds): pooled alone, the benchmark's own medians and intervals;
     with the 6885ef1 call, refused (another commit)."""
-    path = RESULTS / "vllm-h200.json"
+    path = RESULTS / "vllm-h200-6640e28.json"
     own = json.loads(path.read_text())["paired"]
     out = tmp_path / "pool.json"
     assert pp.main([str(path), "--out", str(out)]) == 0
@@ -82,3 +82,18 @@ def test_one_committed_call_pools_to_its_own_figures(pp, tmp_path, capsys):
     assert "target NOT met" in capsys.readouterr().out  # 0.9804..1.035: wider than ±3 % on one side
     assert pp.main([str(RESULTS / "vllm-h200-6885ef1.json"), str(path), "--out", str(out)]) == 2
     assert "commit '6640e28' differs" in capsys.readouterr().err
+
+
+def test_the_committed_pool_is_what_its_two_calls_give(pp, tmp_path, capsys):
+    """The 9ae1f57 vLLM calls (207 rounds with SAVE, 440 rounds stock,load): pooled again, the
+    committed vllm-h200-paired.json's figures, every target met on the whole interval."""
+    calls = [RESULTS / "vllm-h200.json", RESULTS / "vllm-h200-9ae1f57-stock-load.json"]
+    out = tmp_path / "pool.json"
+    assert pp.main([*map(str, calls), "--out", str(out)]) == 0
+    pooled = json.loads(out.read_text())["paired"]
+    committed = json.loads((RESULTS / "vllm-h200-paired.json").read_text())["paired"]
+    assert pooled["rounds"] == committed["rounds"] == 647
+    for key in ("e2e_tok_s_ratio", "replay_device_ratio", "replay_host_diff_us"):
+        assert pooled[key]["median"] == committed[key]["median"], key
+        assert pooled[key]["ci95"] == committed[key]["ci95"], key
+    assert "NOT met" not in capsys.readouterr().out
