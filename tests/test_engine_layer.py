@@ -153,6 +153,10 @@ def test_every_error_foundry_raises_has_one_exported_base():
     assert issubclass(fc.ConfigError, ValueError) and issubclass(fc.SaveError, RuntimeError)
     assert issubclass(fc.RegionError, RuntimeError) and issubclass(fc.ModuleError, RuntimeError)
     assert set(fc.__all__) <= set(dir(fc))
+    # Raised from its own module (NVSHMEM's heap), caught with the rest all the same.
+    from foundry_core.nvshmem import HeapPlacementError
+
+    assert issubclass(HeapPlacementError, fc.FoundryError) and issubclass(HeapPlacementError, RuntimeError)
 
 
 def test_archive_dir_problem_and_the_save_failure_policy(tmp_path, log_records):

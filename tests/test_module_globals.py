@@ -338,6 +338,7 @@ def test_inspect_names_the_modules_whose_state_load_restores(tmp_path, capsys):
         "globals": [[a, "table", 0, 16], [a, "where", 16, 8]],
         "nvshmem_images": [d],
         "globals_skipped": [[a, "ptr", "points outside the region"]],
+        "nvshmem_heap": {"base": 0x700000000000, "size": 256 << 30},
         "layout": {},
     }
     with ArchiveWriter(tmp_path / "g") as w:
@@ -346,11 +347,9 @@ def test_inspect_names_the_modules_whose_state_load_restores(tmp_path, capsys):
         w.add_bytes(module_globals.MEMBER, bytes(24))
         w.commit(fingerprint={"gpu_name": "NVIDIA H200", "model": {}}, meta=meta)
     assert main(["inspect", str(tmp_path / "g")]) == 0
-    rows = {
-        line.split()[0]: line
-        for line in capsys.readouterr().out.splitlines()
-        if line[:16] in (a[:16], d[:16], plain[:16])
-    }
+    out = capsys.readouterr().out
+    assert "NVSHMEM heap: 256.0 GiB at 0x700000000000" in out
+    rows = {line.split()[0]: line for line in out.splitlines() if line[:16] in (a[:16], d[:16], plain[:16])}
     assert rows[a[:16]].rstrip().endswith("2 variables, 1 not restored")
     assert rows[d[:16]].rstrip().endswith("NVSHMEM")
     assert rows[plain[:16]].rstrip().endswith("-")

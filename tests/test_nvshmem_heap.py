@@ -75,6 +75,18 @@ SCRIPT = textwrap.dedent(
     except OSError as e:
         out["nvml"] = str(e)
     out["placement"] = nvshmem.heap_placement()
+    def refusal(call):
+        try:
+            call()
+        except nvshmem.HeapPlacementError as e:
+            return str(e)
+    try:
+        out["record"] = nvshmem.heap_record()
+    except nvshmem.HeapPlacementError as e:
+        out["record"] = str(e)
+    out["load_same"] = refusal(lambda: nvshmem.check_recorded({{"base": {BASE}, "size": 128 * {GIB}}}))
+    out["load_other_size"] = refusal(lambda: nvshmem.check_recorded({{"base": {BASE}, "size": 64 * {GIB}}}))
+    out["load_other_base"] = refusal(lambda: nvshmem.check_recorded({{"base": {BASE} + {GIB}, "size": 128 * {GIB}}}))
     try:
         out["check"] = nvshmem.check_heap({BASE})
     except nvshmem.HeapPlacementError as e:
@@ -116,12 +128,17 @@ def test_the_heap_is_reserved_at_the_armed_base(fake_driver):
     assert out["placement"] == {"asked": BASE, "base": BASE, "size": 128 * GIB, "through_foundry": True}
     assert out["check"]["base"] == BASE and "check_error" not in out
     assert out["nvml"] == 42, "NVSHMEM finds the NVML the loader would have given it"
+    assert out["record"] == {"base": BASE, "size": 128 * GIB}, "what SAVE records"
+    assert out["load_same"] is None, "a LOAD that placed the heap as SAVE did goes through"
+    assert "land at other offsets" in out["load_other_size"]
+    assert f"need it at {BASE + GIB:#x}" in out["load_other_base"]
 
 
 def test_a_driver_that_ignores_the_address_is_refused(fake_driver):
     out = _run({"LD_LIBRARY_PATH": str(fake_driver), "NVSHMEM_CUDA_PATH": None, "FAKE_IGNORE_HINT": "1"})
     assert out["reserved"][1] != BASE and out["placement"]["asked"] == BASE
     assert "did not honour the address" in out["check_error"]
+    assert "did not honour the address" in out["record"], "SAVE refuses a heap it could not place"
 
 
 def test_a_driver_folder_set_before_is_still_the_one_called(fake_driver):
@@ -130,3 +147,16 @@ def test_a_driver_folder_set_before_is_still_the_one_called(fake_driver):
     out = _run({"LD_LIBRARY_PATH": None, "NVSHMEM_CUDA_PATH": str(fake_driver), "FAKE_IGNORE_HINT": None})
     assert out["reserved"][1] == BASE and out["check"]["through_foundry"] is True
     assert out["nvml"] == 42, "and that folder's NVML"
+
+
+def test_a_process_that_never_placed_the_heap_records_none_and_refuses_a_recorded_one():
+    from foundry_core import nvshmem
+
+    if nvshmem._armed is not None:
+        pytest.skip("this process placed the heap already")
+    assert nvshmem.heap_record() is None, "nothing placed: nothing recorded (and the shim not loaded)"
+    with pytest.raises(
+        nvshmem.HeapPlacementError,
+        match=r"did not place it: call foundry_core\.nvshmem\.place_heap\(0x6a0000000000\)",
+    ):
+        nvshmem.check_recorded({"base": BASE, "size": 128 * GIB})

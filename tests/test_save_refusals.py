@@ -86,6 +86,17 @@ def test_save_preconditions(monkeypatch, tmp_path):
     region = types.SimpleNamespace(setup_segments=None)
     with pytest.raises(api.SaveError, match=r"region.end_setup\(\)"):
         foundry_core.save(tmp_path / "a", graphs={"g": object()}, region=region)
+    # NVSHMEM's heap placed (foundry_core.nvshmem.place_heap) but reserved elsewhere by the driver:
+    # the graphs' addresses in it could not repeat at LOAD.
+    from foundry_core import nvshmem
+
+    def misplaced():
+        raise nvshmem.HeapPlacementError("NVSHMEM's heap is at 0x7f0000000000, not 0x700000000000")
+
+    monkeypatch.setattr(nvshmem, "heap_record", misplaced)
+    region = types.SimpleNamespace(setup_segments=3)
+    with pytest.raises(api.SaveError, match="not saved: NVSHMEM's heap is at 0x7f0000000000"):
+        foundry_core.save(tmp_path / "a", graphs={"g": object()}, region=region)
     assert not (tmp_path / "a").exists()
 
 

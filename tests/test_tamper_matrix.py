@@ -749,3 +749,35 @@ def test_docs_mirror_the_matrix():
     doc = (REPO / "docs" / "reliability.md").read_text()
     missing = [case for case, _ in MATRIX if f"| {case} |" not in doc]
     assert not missing, f"docs/reliability.md lacks rows for {missing}"
+
+
+# ------------------------------------------------------------------ NVSHMEM's heap, recorded at SAVE
+
+HEAP = {"base": 0x700000000000, "size": 256 << 30}
+
+
+def test_a_recorded_nvshmem_heap_needs_the_same_placement_before_the_gpu(tmp_path, monkeypatch):
+    """An archive whose graphs were captured with NVSHMEM's heap placed (meta ``nvshmem_heap``) loads
+    only where this process placed the heap at the same base and size; refused before the region maps
+    anything otherwise, and a damaged record is refused as one."""
+    from foundry_core import nvshmem
+
+    ctx = build(tmp_path)
+    edit_manifest(ctx, lambda m: m["meta"].update(nvshmem_heap=HEAP))
+    monkeypatch.setattr(nvshmem, "_armed", None)
+    with pytest.raises(nvshmem.HeapPlacementError) as info:
+        ctx.load()
+    assert "did not place it: call foundry_core.nvshmem.place_heap(0x700000000000)" in str(info.value)
+    # Placed as at SAVE (the shim's record stood in for): LOAD goes on to the GPU.
+    placed = {**HEAP, "asked": HEAP["base"], "through_foundry": True}
+    monkeypatch.setattr(nvshmem, "_armed", HEAP["base"])
+    monkeypatch.setattr(nvshmem, "heap_placement", lambda: placed)
+    with pytest.raises(ReachedGPU):
+        ctx.load()
+    # Half the size (one PE where SAVE had two): refused, naming why.
+    monkeypatch.setattr(nvshmem, "heap_placement", lambda: {**placed, "size": HEAP["size"] // 2})
+    with pytest.raises(nvshmem.HeapPlacementError, match="allocations in it would land at other offsets"):
+        ctx.load()
+    edit_manifest(ctx, lambda m: m["meta"].update(nvshmem_heap={"base": "0x7"}))
+    with pytest.raises(ArchiveError, match="damaged NVSHMEM heap record"):
+        ctx.load()

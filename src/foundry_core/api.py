@@ -32,7 +32,7 @@ import re
 import time
 from collections.abc import Sequence
 
-from . import __version__, module_globals
+from . import __version__, module_globals, nvshmem
 from .archive import (
     ANY_VERSION,
     Archive,
@@ -275,6 +275,10 @@ def save(
         raise SaveError(
             "call region.end_setup() after building the model and static buffers, before warmup/capture"
         )
+    try:  # NVSHMEM's heap, where this process placed it: LOAD must place it at the same base
+        heap = nvshmem.heap_record()
+    except nvshmem.HeapPlacementError as e:
+        raise SaveError(f"not saved: {e}") from None
     tensors = tensors or {}
     torch.cuda.synchronize(region.device)
     fingerprint = current_fingerprint(
@@ -354,6 +358,8 @@ def save(
     }
     if symmetric:
         meta["symmetric"] = [b.to_json() for b in symmetric]
+    if heap:
+        meta["nvshmem_heap"] = heap
     # Graphs are stored in the FGB1 binary encoding (FOUNDRY_GRAPH_ENCODING=json keeps the JSON form).
     as_json = os.environ.get("FOUNDRY_GRAPH_ENCODING", ENCODING).strip().lower() == "json"
     ids = kernel_ids(meta["kernels"])
@@ -487,6 +493,15 @@ def _check_symmetric(archive, path, symmetric: Sequence[SymmetricBuffer]) -> Non
         ) from None
     check_symmetric(saved, symmetric)
     require_idle(symmetric)
+
+
+def _check_nvshmem_heap(archive, path) -> None:
+    record = archive.meta.get("nvshmem_heap")
+    if record is None:
+        return
+    if not (isinstance(record, dict) and all(isinstance(record.get(k), int) for k in ("base", "size"))):
+        raise ArchiveError(f"archive {path}: manifest.json has a damaged NVSHMEM heap record: {record!r}")
+    nvshmem.check_recorded(record)
 
 
 @functools.cache
@@ -683,6 +698,7 @@ def load(
                 f"archive was saved for cuda:{meta['device']}, the region is on cuda:{region.device}"
             )
         _check_symmetric(archive, path, symmetric)
+        _check_nvshmem_heap(archive, path)
     except BaseException:
         drop(rebuilding, building)
         raise

@@ -80,6 +80,9 @@ def cmd_inspect(args) -> int:
             f"symmetric {rec['name']}: rank {rec['rank']} of {rec['world_size']}, {_human(rec['buffer_size'])} "
             f"per rank at {peers}; multicast {rec['multicast_ptr']:#x}"
         )
+    heap = meta.get("nvshmem_heap")
+    if heap:  # NVSHMEM's heap as SAVE placed it; LOAD must place it the same (checked)
+        print(f"NVSHMEM heap: {_human(heap['size'])} at {heap['base']:#x}")
     rows = []
     by_image: dict[str, int] = {}
     for image, _name, _attrs in meta.get("kernels", []):

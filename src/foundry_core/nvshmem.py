@@ -18,6 +18,7 @@ import importlib.util
 import os
 
 from ._native import NativeLibraryMissing, built
+from .errors import FoundryError
 from .modules import ModuleError
 
 # The variables NVSHMEM's device code keeps in each module that links it, set up by
@@ -124,8 +125,13 @@ CUDA_PATH_ENV = "NVSHMEM_CUDA_PATH"
 NVML_NAME = "libnvidia-ml.so.1"
 
 
-class HeapPlacementError(RuntimeError):
+class HeapPlacementError(FoundryError, RuntimeError):
     """NVSHMEM's symmetric heap is not where the archive needs it (the reason is in the message)."""
+
+
+#: The base :func:`place_heap` armed in this process (None: never called). Read without loading
+#: the shim, so a process that never placed the heap never loads it.
+_armed: int | None = None
 
 
 @functools.cache
@@ -206,6 +212,8 @@ def place_heap(base: int, min_bytes: int = HEAP_MIN_BYTES) -> None:
         os.symlink(nvml, link)
     shim.foundry_nvshmem_arm(base, min_bytes)
     os.environ[CUDA_PATH_ENV] = folder
+    global _armed
+    _armed = base
 
 
 def heap_placement() -> dict:
@@ -236,3 +244,39 @@ def check_heap(base: int) -> dict:
             f"NVSHMEM's heap is at {got['base']:#x}, not {base:#x}: the driver did not honour the address"
         )
     return got
+
+
+def heap_record() -> dict | None:
+    """What SAVE records of NVSHMEM's heap: ``{"base", "size"}`` where this process placed it
+    (:func:`place_heap`) and NVSHMEM reserved it there; None where placement was never armed or
+    NVSHMEM has not reserved its heap (then no kernel can hold an address in it). Raises
+    :class:`HeapPlacementError` where placement was armed and NVSHMEM's heap is elsewhere: captured
+    kernels holding addresses in it could not be given the same addresses at LOAD."""
+    if _armed is None:
+        return None
+    if not heap_placement()["size"] and not _initialised():
+        return None
+    got = check_heap(_armed)
+    return {"base": got["base"], "size": got["size"]}
+
+
+def check_recorded(record: dict) -> None:
+    """LOAD's check of what :func:`heap_record` recorded at SAVE, before any restored kernel runs:
+    this process placed NVSHMEM's heap at the same base, NVSHMEM reserved it there, and it has the
+    same size (another PE count or NVSHMEM_MAX_MEMORY_PER_GPU would move its allocations' offsets)."""
+    base, size = int(record["base"]), int(record["size"])
+    if _armed is None:
+        raise HeapPlacementError(
+            f"the archive's graphs were captured with NVSHMEM's heap at {base:#x}, and this process "
+            f"did not place it: call foundry_core.nvshmem.place_heap({base:#x}) before NVSHMEM initialises"
+        )
+    if _armed != base:
+        raise HeapPlacementError(
+            f"this process placed NVSHMEM's heap at {_armed:#x}, the archive's graphs need it at {base:#x}"
+        )
+    got = check_heap(base)
+    if got["size"] != size:
+        raise HeapPlacementError(
+            f"NVSHMEM's heap is {got['size']} bytes, the archive's was {size}: allocations in it would "
+            "land at other offsets (another PE count or NVSHMEM_MAX_MEMORY_PER_GPU); SAVE again"
+        )
