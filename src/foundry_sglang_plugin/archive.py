@@ -161,10 +161,18 @@ def drop_sidecar(cfg: Any, rank: int) -> None:
         )
 
 
-def complete(server_args: Any, cfg: Any) -> bool:
-    """Whether every rank of this launch has a finished archive saved for exactly this configuration."""
+def replica_ranks(server_args: Any, replica: int) -> range:
+    """The ranks (archives) of data-parallel replica ``replica``: its tensor-parallel ranks."""
+    tp = max(1, int(reader(server_args)("tp_size", 1) or 1))
+    return range(replica * tp, (replica + 1) * tp)
+
+
+def complete(server_args: Any, cfg: Any, replica: int | None = None) -> bool:
+    """Whether every rank of this launch (of data-parallel replica ``replica`` only, where given) has
+    a finished archive saved for exactly this configuration."""
     want = fingerprint(server_args, cfg)
-    for rank in range(world_size(server_args)):
+    ranks = range(world_size(server_args)) if replica is None else replica_ranks(server_args, replica)
+    for rank in ranks:
         side = read_sidecar(cfg, rank)
         if side is None or side.get("fingerprint") != want:
             return False
@@ -172,7 +180,31 @@ def complete(server_args: Any, cfg: Any) -> bool:
 
 
 def decide_mode(server_args: Any, cfg: Any) -> str:
-    """``save`` or ``load`` for this launch: ``auto`` loads only when the archive is :func:`complete`."""
+    """``save`` or ``load`` for this launch: ``auto`` loads only when the archive is :func:`complete`.
+
+    Data-parallel replicas share nothing inside their graphs, so ``auto`` decides for each replica
+    on its own ranks: where some replicas have their archives and others not (one replica's archive
+    lost or damaged, the others' intact), the answer names each replica's mode in replica order,
+    e.g. ``load,save``; the replicas with an archive restore it alone while the others SAVE theirs
+    (:func:`replica_mode`). Tensor-parallel ranks of one replica always go together."""
     if cfg.mode != "auto":
         return cfg.mode
-    return "load" if complete(server_args, cfg) else "save"
+    dp = max(1, int(reader(server_args)("dp_size", 1) or 1))
+    modes = ["load" if complete(server_args, cfg, replica=r) else "save" for r in range(dp)]
+    return modes[0] if len(set(modes)) == 1 else ",".join(modes)
+
+
+def replica_mode(mode: str, replica: int | None) -> str:
+    """One replica's mode out of :func:`decide_mode`'s answer (a plain ``save``/``load`` is every
+    replica's)."""
+    if "," not in mode:
+        return mode
+    modes = mode.split(",")
+    if replica is None or not 0 <= replica < len(modes):
+        raise ValueError(f"the replicas' modes {mode!r} name no mode for data-parallel replica {replica}")
+    return modes[replica]
+
+
+def is_mode(mode: str | None) -> bool:
+    """A settled mode: ``save``, ``load``, or one of them per data-parallel replica."""
+    return bool(mode) and all(m in ("save", "load") for m in mode.split(","))

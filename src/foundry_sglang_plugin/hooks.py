@@ -75,7 +75,7 @@ def before_check_server_args(server_args: Any, *args: Any, **kwargs: Any) -> Non
 
     try:
         cfg, mode = settle(server_args)
-        problem = decide.archive_dir_problem(cfg) if mode == "save" else None
+        problem = decide.archive_dir_problem(cfg) if "save" in mode.split(",") else None
         if problem is not None and cfg.mode == "save":
             raise ConfigError(f"Foundry: {problem}; mode = save cannot go on")
     except (ConfigError, FoundrySessionError) as e:

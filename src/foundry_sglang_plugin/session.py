@@ -132,11 +132,11 @@ class Session:
     # -- step 1 -------------------------------------------------------------------------------
     @classmethod
     def begin(cls, server_args: Any, hint: dict[str, Any]) -> Session | None:
-        settled = settle(server_args)
+        tp_rank, dp_rank, gpu_id = _placement(hint)
+        settled = settle(server_args, replica=dp_rank)
         if settled is None:
             return None
         cfg, mode = settled
-        tp_rank, dp_rank, gpu_id = _placement(hint)
         read = reader(server_args)
         dp_size = max(1, int(read("dp_size", 1) or 1))
         if dp_size > 1 and dp_rank is None:
@@ -569,9 +569,11 @@ class Session:
             logger.warning("Foundry: cannot write the report to %s: %s", directory, e)
 
 
-def settle(server_args: Any) -> tuple[Any, str] | None:
-    """(FoundryConfig, "save" | "load") for a record, after the refusal rules; None when Foundry is
-    off. A mode the launcher already settled (on the record, or exported) is kept."""
+def settle(server_args: Any, replica: int | None = None) -> tuple[Any, str] | None:
+    """(FoundryConfig, mode) for a record, after the refusal rules; None when Foundry is off. A mode
+    the launcher already settled (on the record, or exported) is kept. The launcher's mode may name
+    one mode per data-parallel replica (``load,save``: :func:`archive.decide_mode`); a scheduler
+    (``replica``: its data-parallel rank, None without data parallelism) gets its replica's."""
     cfg = settings.load(server_args)
     if cfg is None:
         return None
@@ -584,6 +586,11 @@ def settle(server_args: Any) -> tuple[Any, str] | None:
             f"mode=load but {cfg.archive_dir} holds no complete archive for this configuration; "
             "run once with mode=save (or auto)"
         )
+    if "," in mode and replica is not None:
+        try:
+            mode = archive.replica_mode(mode, replica)
+        except ValueError as e:
+            raise FoundrySessionError(str(e)) from None
     return cfg, mode
 
 
@@ -617,8 +624,10 @@ def _mirror_profiling_side_effects() -> None:
 def _env_mode() -> str | None:
     import os
 
-    mode = os.environ.get("FOUNDRY_MODE") if settings.worker_enabled() else None
-    return mode if mode in ("save", "load") else None
+    if not settings.worker_enabled():
+        return None
+    mode = os.environ.get(settings.REPLICA_MODES_ENV) or os.environ.get("FOUNDRY_MODE")
+    return mode if archive.is_mode(mode) else None
 
 
 def _schedule_value(name: str) -> Any:

@@ -22,6 +22,9 @@ ENABLE_ATTR = "enable_foundry"
 CONFIG_ATTR = "foundry_config"
 MODE_ATTR = "foundry_mode"  # the concrete mode (save|load) the launcher decided for "auto"
 ENV_MARKER = "FOUNDRY_SGLANG"
+#: The launcher's modes of the data-parallel replicas where they differ (``load,save``:
+#: archive.decide_mode); FOUNDRY_MODE, read by foundry_core's config, keeps the configured mode then.
+REPLICA_MODES_ENV = "FOUNDRY_SGLANG_REPLICA_MODES"
 #: Test aid, not for serving: "1" puts every scheduler of a Foundry launch (tensor- and
 #: data-parallel ranks) on the first GPU (SGLang has no option for it), so that the whole TP and DP
 #: path but NVLink runs on a one-GPU machine. The ranks time-slice the GPU: timings mean nothing.
@@ -33,6 +36,7 @@ ENV_KEYS = (
     "FOUNDRY_REGION_SIZE",
     "FOUNDRY_ARCHIVE_DIGEST",
     "FOUNDRY_CONFIG",
+    REPLICA_MODES_ENV,
 )
 
 
@@ -122,7 +126,10 @@ def export_env(cfg: Any, mode: str) -> dict[str, str]:
     """Put the settings in this process's environment for the subprocesses SGLang spawns next
     (after :func:`clear_env`, so no key of an earlier launch survives)."""
     env = cfg.to_env()
-    env["FOUNDRY_MODE"] = mode
+    if "," in mode:  # one mode per data-parallel replica
+        env[REPLICA_MODES_ENV] = mode
+    else:
+        env["FOUNDRY_MODE"] = mode
     env[ENV_MARKER] = "1"
     os.environ.update(env)
     return env

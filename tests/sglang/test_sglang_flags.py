@@ -224,3 +224,29 @@ def test_an_archive_dir_that_cannot_be_written(parse, tmp_path, logged, mode):
         warnings = [r.getMessage() for r in logged if r.levelno == logging.WARNING]
         assert any("is not writable" in m and "serves without Foundry" in m for m in warnings), warnings
     assert "FOUNDRY_SGLANG" not in os.environ  # no scheduler gets the worker hooks
+
+
+def test_launch_check_settles_each_data_parallel_replica(parse, foundry_toml):
+    """--dp-size 2 with replica 0's archive complete and replica 1's missing: the launcher settles
+    ``load,save``, and each scheduler gets its replica's mode, through the record or the environment
+    (foundry_core's FOUNDRY_MODE keeps the configured mode)."""
+    from foundry_core.config import load_config
+    from foundry_sglang_plugin import archive, settings
+    from foundry_sglang_plugin.session import settle
+
+    sa = parse(*BASE_ARGV, "--dp-size", "2")
+    sa.resolve_once()
+    cfg = load_config(foundry_toml)
+    archive.write_sidecar(cfg, 0, {"fingerprint": archive.fingerprint(sa, cfg), "slots": {}, "outputs": {}})
+    try:
+        sa.check_server_args()
+        assert sa.foundry_mode == "load,save"
+        assert os.environ["FOUNDRY_MODE"] == "auto" and os.environ[settings.REPLICA_MODES_ENV] == "load,save"
+        assert [settle(sa, replica=r)[1] for r in (0, 1)] == ["load", "save"]
+        assert settle(sa)[1] == "load,save", "the launcher keeps every replica's"
+        sa.__dict__.pop(settings.MODE_ATTR)  # a record that lost the launcher's mode: the environment's
+        assert [settle(sa, replica=r)[1] for r in (0, 1)] == ["load", "save"]
+    finally:
+        archive.drop_sidecar(cfg, 0)
+        settings.clear_env()
+    assert settings.REPLICA_MODES_ENV not in os.environ

@@ -725,3 +725,37 @@ def test_a_restore_failing_at_the_capture_captures_instead_in_auto_mode(parse, c
     session.finish()  # nothing installed and nothing persisted: no complaint about missing graphs
     assert session.report["ok"] is True and session.report["saved"] is False
     assert archive.read_sidecar(cfg, 0) is not None  # another replica may load it
+
+
+def test_auto_decides_each_data_parallel_replica_on_its_own_archives(parse, cfg):
+    """One replica's archive lost (or never finished) does not make the others SAVE again: each
+    replica restores alone from its own archives; tensor-parallel ranks of a replica go together."""
+    sa = parse(*BASE_ARGV, "--dp-size", "2", "--tp-size", "2")
+    assert archive.decide_mode(sa, cfg) == "save"
+    _complete(sa, cfg, 0)
+    assert archive.decide_mode(sa, cfg) == "save", "replica 0 lacks its second rank"
+    _complete(sa, cfg, 1)
+    assert archive.decide_mode(sa, cfg) == "load,save"
+    _complete(sa, cfg, 3)
+    assert archive.decide_mode(sa, cfg) == "load,save", "replica 1 lacks its first rank"
+    _complete(sa, cfg, 2)
+    assert archive.decide_mode(sa, cfg) == "load"
+    archive.drop_sidecar(cfg, 0)
+    assert archive.decide_mode(sa, cfg) == "save,load"
+    assert [archive.replica_mode("save,load", r) for r in (0, 1)] == ["save", "load"]
+    assert archive.replica_mode("load", 1) == archive.replica_mode("load", None) == "load"
+    with pytest.raises(ValueError, match="no mode for data-parallel replica 2"):
+        archive.replica_mode("save,load", 2)
+    assert archive.is_mode("load,save") and archive.is_mode("save") and not archive.is_mode("auto,load")
+
+
+def test_an_archive_of_another_parallel_layout_is_not_loaded(parse, cfg):
+    """Two ranks saved under TP=2 are not two DP=2 replicas (nor the reverse): the layout is in the
+    fingerprint, so auto SAVEs and mode=load is refused (``settle``)."""
+    tp2, dp2 = parse(*BASE_ARGV, "--tp-size", "2"), parse(*BASE_ARGV, "--dp-size", "2")
+    for rank in (0, 1):
+        _complete(tp2, cfg, rank)
+    assert archive.decide_mode(tp2, cfg) == "load"
+    assert archive.decide_mode(dp2, cfg) == "save" and not archive.complete(dp2, cfg)
+    saved, now = archive.fingerprint(tp2, cfg)["server_args"], archive.fingerprint(dp2, cfg)["server_args"]
+    assert {"tp_size", "dp_size"} <= {k for k in saved if saved[k] != now.get(k)}
