@@ -3,7 +3,7 @@ SAVE, then LOAD in fresh processes (needs a GPU, nvcc and the nvidia-nvshmem whe
 device library). The restored module gets its NVSHMEM device state from the LOAD process's NVSHMEM
 (one PE, brought up by torch's NVSHMEM symmetric memory, as an engine's DeepEP buffer would): the
 kernel then reads one PE, where a module nobody set up reads zero. A LOAD in a process without
-NVSHMEM is refused with the reason."""
+NVSHMEM is refused with the reason; so is one whose NVSHMEM heap is not where SAVE placed it."""
 
 import importlib.util
 import json
@@ -41,6 +41,9 @@ SCRIPT = textwrap.dedent(
 
     mode, cubin, archive, port = sys.argv[1:5]
     HEAP_BASE = 0x620000000000  # past the region below; HEAP_BASE of the test
+    if mode.endswith("+heap"):  # NVSHMEM's heap placed, before anything starts NVSHMEM
+        mode = mode.removesuffix("+heap")
+        nvshmem.place_heap(HEAP_BASE)
 
     def start_nvshmem():
         # One PE, brought up the way torch brings NVSHMEM up for its symmetric memory: at its first
@@ -90,7 +93,8 @@ SCRIPT = textwrap.dedent(
         fc.save(archive, graphs={"g": g}, region=region, tensors={"out": out}, detect_rng=False)
         from foundry_core.archive import open_archive
 
-        result["nvshmem_images"] = open_archive(archive).meta.get("nvshmem_images")
+        meta = open_archive(archive).meta
+        result["nvshmem_images"], result["nvshmem_heap"] = meta.get("nvshmem_images"), meta.get("nvshmem_heap")
     else:
         try:
             restored = fc.load(archive, region=region)
@@ -142,6 +146,43 @@ def test_a_restored_nvshmem_module_gets_the_load_process_nvshmem_state(tmp_path)
 
     if not symm_mem.is_nvshmem_available():
         pytest.skip("torch's NVSHMEM is not available here (the nvidia-nvshmem wheel)")
+    cubin = _build_cubin(tmp_path)
+    archive = tmp_path / "archive"
+    saved = _child("save", cubin, archive)
+    assert saved["out"] == [0, 1, 7], "at SAVE, NVSHMEM set the module up: PE 0 of 1"
+    assert len(saved["nvshmem_images"] or []) == 1, "the archive names the module NVSHMEM sets up"
+    assert saved["nvshmem_heap"] is None, "the heap was not placed: nothing recorded"
+    refused = _child("load-bare", cubin, archive)
+    assert "error" in refused and "NVSHMEM" in refused["error"], refused
+    assert refused["error"].startswith("ModuleError"), refused
+    loaded = _child("load", cubin, archive)
+    assert loaded.get("out") == [0, 1, 7], (
+        "the restored module read the LOAD process's NVSHMEM state (a module nobody set up reads 0 PEs)",
+        loaded,
+    )
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc to build the kernel")
+def test_a_placed_heap_is_recorded_at_save_and_required_at_load(tmp_path):
+    """SAVE with NVSHMEM's heap placed records its base and size; a LOAD whose NVSHMEM put the heap
+    where the driver chose is refused before anything is mapped; one that placed it restores."""
+    import torch.distributed._symmetric_memory as symm_mem
+
+    if not symm_mem.is_nvshmem_available():
+        pytest.skip("torch's NVSHMEM is not available here (the nvidia-nvshmem wheel)")
+    cubin = _build_cubin(tmp_path)
+    archive = tmp_path / "archive"
+    saved = _child("save+heap", cubin, archive)
+    assert saved["out"] == [0, 1, 7]
+    assert saved["nvshmem_heap"]["base"] == HEAP_BASE and saved["nvshmem_heap"]["size"] >= 1 << 30, saved
+    refused = _child("load", cubin, archive)
+    assert refused.get("error", "").startswith("HeapPlacementError"), refused
+    assert "did not place it" in refused["error"], refused
+    loaded = _child("load+heap", cubin, archive)
+    assert loaded.get("out") == [0, 1, 7], loaded
+
+
+def _build_cubin(tmp_path: Path) -> Path:
     root = _nvshmem_root()
     if root is None:
         pytest.skip("the nvidia-nvshmem wheel here has no headers or no device library to build with")
@@ -157,18 +198,7 @@ def test_a_restored_nvshmem_module_gets_the_load_process_nvshmem_state(tmp_path)
         [*nvcc, "-dlink", "-cubin", str(obj), "-L", str(root / "lib"), "-lnvshmem_device", "-o", str(cubin)],
         check=True,
     )
-    archive = tmp_path / "archive"
-    saved = _child("save", cubin, archive)
-    assert saved["out"] == [0, 1, 7], "at SAVE, NVSHMEM set the module up: PE 0 of 1"
-    assert len(saved["nvshmem_images"] or []) == 1, "the archive names the module NVSHMEM sets up"
-    refused = _child("load-bare", cubin, archive)
-    assert "error" in refused and "NVSHMEM" in refused["error"], refused
-    assert refused["error"].startswith("ModuleError"), refused
-    loaded = _child("load", cubin, archive)
-    assert loaded.get("out") == [0, 1, 7], (
-        "the restored module read the LOAD process's NVSHMEM state (a module nobody set up reads 0 PEs)",
-        loaded,
-    )
+    return cubin
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc (the NVSHMEM test's environment)")
