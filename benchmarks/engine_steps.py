@@ -448,12 +448,18 @@ def measure_decode(
     t_short = statistics.median(s["s"] for s in short)
     n_short = statistics.median(s["tokens"] for s in short)
     longs: list[dict[str, Any]] = []
+    # Paired runs: each round also times a 1-token generate just before its long one, in the same
+    # host state: the round's own baseline, and a first-token comparison with an interval (the
+    # three baselines above, taken once per process, made LOAD's decode-only rate 3 % high at
+    # 9ae1f57 while the whole generates took the same time).
+    firsts: list[dict[str, Any]] = []
     cut = False
     for i in range(reps):
         if gate is not None:
             if not gate.wait(i):
                 cut = True
                 break
+            firsts.append(timed(1))
         elif (
             deadline is not None and len(longs) >= 2 and wall() + 1.3 * max(x["s"] for x in longs) > deadline
         ):
@@ -462,13 +468,15 @@ def measure_decode(
         longs.append(timed(tokens + 1))
         if gate is not None:
             gate.done(i)
-    tok_s = [(x["tokens"] - n_short) / (x["s"] - t_short) if x["s"] > t_short else None for x in longs]
+    bases = [f["s"] for f in firsts] if firsts else [t_short] * len(longs)
+    tok_s = [(x["tokens"] - n_short) / (x["s"] - b) if x["s"] > b else None for x, b in zip(longs, bases)]
     out: dict[str, Any] = {
         "decode_prompts": len(prompts),
         "decode_tokens": statistics.median(x["tokens"] for x in longs) - n_short if longs else None,
         "warmup_s": round(warm["s"], 4),
         "timed_short_s": [round(s["s"], 4) for s in short],
         "timed_long_s": [round(x["s"], 4) for x in longs],
+        "timed_round_short_s": [round(f["s"], 4) for f in firsts],
         "reps_done": len(longs),
         "reps_cut": cut,
         "decode_tok_s_reps": [round(v, 1) if v is not None else None for v in tok_s],
@@ -697,10 +705,11 @@ def paired_stats(a: dict[str, Any] | None, b: dict[str, Any] | None, rounds: int
 
     ``e2e_tok_s_ratio`` is the throughput ratio of the whole generates, ``a``'s wall time over
     ``b``'s (both decode the same prompts to the same length): unlike ``tok_s_ratio`` it subtracts
-    no per-run baseline. Each run's baseline is the median of three 1-token generates, a few tens of
-    ms measured once, and at 87eda11 SGLang's stock had 85 ms where LOAD had 37 ms: that alone made
-    LOAD 3 % slower in ``tok_s_ratio`` (0.971) while their whole generates took the same time
-    (1.002)."""
+    no baseline. Before per-round baselines, each run's baseline was the median of three 1-token
+    generates measured once, and at 87eda11 SGLang's stock had 85 ms where LOAD had 37 ms: that alone
+    made LOAD 3 % slower in ``tok_s_ratio`` (0.971) while their whole generates took the same time
+    (1.002). ``first_token_ratio`` compares the rounds' 1-token generates (prefill of every prompt
+    and its first token) the same way as the whole generates: b's speed over a's."""
 
     def per_round(run: dict[str, Any] | None, key: str) -> list[Any]:
         run = run or {}
@@ -708,6 +717,8 @@ def paired_stats(a: dict[str, Any] | None, b: dict[str, Any] | None, rounds: int
             values = run.get("decode_tok_s_reps") or []
         elif key == "e2e_s":
             values = run.get("timed_long_s") or []
+        elif key == "first_s":
+            values = run.get("timed_round_short_s") or []
         else:
             values = [w.get(key) for w in run.get("replay_windows") or []]
         return list(values[:rounds])
@@ -720,6 +731,7 @@ def paired_stats(a: dict[str, Any] | None, b: dict[str, Any] | None, rounds: int
     out: dict[str, Any] = {"rounds": rounds}
     for key, name, how in (
         ("e2e_s", "e2e_tok_s_ratio", "inverse"),
+        ("first_s", "first_token_ratio", "inverse"),
         ("tok_s", "tok_s_ratio", "ratio"),
         ("device_us", "replay_device_ratio", "ratio"),
         ("host_us", "replay_host_diff_us", "diff"),
@@ -765,6 +777,7 @@ def paired_lines(paired: dict[str, Any] | None) -> list[str]:
     return [
         f"  paired, {paired.get('rounds', 0)} rounds ({paired.get('stopped')}): LOAD/stock tok/s "
         f"end to end {cell(paired.get('e2e_tok_s_ratio'))}, decode {cell(paired.get('tok_s_ratio'))}, "
+        f"1-token generate {cell(paired.get('first_token_ratio'))}, "
         f"device {cell(paired.get('replay_device_ratio'))}, "
         f"host LOAD-stock {cell(paired.get('replay_host_diff_us'), ' us')}"
     ]

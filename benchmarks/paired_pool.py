@@ -30,6 +30,7 @@ from typing import Any
 #: Round-by-round measures of a paired result (``engine_steps.paired_stats``) and how each compares.
 MEASURES = {
     "e2e_tok_s_ratio": "ratio",
+    "first_token_ratio": "ratio",
     "tok_s_ratio": "ratio",
     "replay_device_ratio": "ratio",
     "replay_host_diff_us": "diff",

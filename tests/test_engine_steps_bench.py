@@ -862,3 +862,39 @@ def test_vllm_paired_run_starts_stock_once_load_waits_and_alternates(tmp_path):
     assert [steps.reps_of(run, alike) for run in ("save", "stock", "load")] == [7, 7, 7]
     with pytest.raises(SystemExit):
         bench.parse_args(["--out", "o", "--logs", "l", "--save-reps", "0"])
+
+
+def test_paired_rounds_time_their_own_first_token_and_baseline(steps):
+    """Under a gate each round also times a 1-token generate right before its long one: the round's
+    baseline for the decode-only rate, and the first-token comparison of paired_stats."""
+
+    class Gate:
+        def __init__(self):
+            self.opened = []
+
+        def wait(self, i):
+            self.opened.append(i)
+            return i < 3
+
+        def done(self, i):
+            pass
+
+    eng = FakeEngine(None, [0.001], prefill_s=0.05)
+    # warm-up, three baselines, then per round a 1-token and a long generate
+    prefills = iter([0.05, 0.05, 0.05, 0.05, 0.05, 0.05, 0.06, 0.05, 0.05, 0.05])
+    plain = eng.generate
+
+    def generate(prompts, n):  # the second round's 1-token generate meets a slow host
+        eng.prefill_s = next(prefills)
+        return plain(prompts, n)
+
+    got = steps.measure_decode(generate, [[1, 2]] * 4, 16, 10, clock=eng.clock, mono=eng.clock, gate=Gate())
+    assert got["reps_done"] == 3 and got["reps_cut"]
+    assert got["timed_round_short_s"] == [0.05, 0.06, 0.05]
+    long_s = 0.05 + 16 * 0.001  # prefill, then 16 decode steps
+    expected = [(4 * 17 - 4) / (long_s - b) for b in (0.05, 0.06, 0.05)]
+    assert got["decode_tok_s_reps"] == pytest.approx(expected, rel=1e-3), "each round its own baseline"
+    stock, load = {"timed_round_short_s": [0.05, 0.06, 0.05]}, {"timed_round_short_s": [0.07, 0.06, 0.05]}
+    assert steps.paired_stats(stock, load, 3)["first_token_ratio"]["values"] == [0.7143, 1.0, 1.0]
+    unpaired = steps.measure_decode(plain, [[1, 2]] * 4, 16, 2, clock=eng.clock, mono=eng.clock)
+    assert unpaired["timed_round_short_s"] == [], "without a gate: the three baselines, as before"
