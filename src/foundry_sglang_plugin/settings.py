@@ -20,7 +20,9 @@ from typing import Any
 
 ENABLE_ATTR = "enable_foundry"
 CONFIG_ATTR = "foundry_config"
-MODE_ATTR = "foundry_mode"  # the concrete mode (save|load) the launcher decided for "auto"
+MODE_ATTR = (
+    "foundry_mode"  # the concrete mode the launcher decided for "auto" (save|load, or one per DP replica)
+)
 ENV_MARKER = "FOUNDRY_SGLANG"
 #: The launcher's modes of the data-parallel replicas where they differ (``load,save``:
 #: archive.decide_mode); FOUNDRY_MODE, read by foundry_core's config, keeps the configured mode then.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pickle
@@ -83,19 +84,26 @@ def test_launch_check_settles_auto_and_exports_settings(parse, foundry_toml):
     assert os.environ["FOUNDRY_CONFIG"] == str(foundry_toml.resolve())
 
 
-def test_launch_check_loads_when_every_rank_has_a_matching_archive(parse, foundry_toml):
+@contextlib.contextmanager
+def _rank0_archive(sa, foundry_toml):
+    """Rank 0's finished archive for ``sa``'s configuration in the shared archive_dir, for the block."""
     from foundry_core.config import load_config
     from foundry_sglang_plugin import archive
 
-    sa = parse(*BASE_ARGV)
-    sa.resolve_once()
     cfg = load_config(foundry_toml)
     archive.write_sidecar(cfg, 0, {"fingerprint": archive.fingerprint(sa, cfg), "slots": {}, "outputs": {}})
     try:
-        sa.check_server_args()
-        assert sa.foundry_mode == "load"
+        yield
     finally:
         archive.drop_sidecar(cfg, 0)
+
+
+def test_launch_check_loads_when_every_rank_has_a_matching_archive(parse, foundry_toml):
+    sa = parse(*BASE_ARGV)
+    sa.resolve_once()
+    with _rank0_archive(sa, foundry_toml):
+        sa.check_server_args()
+        assert sa.foundry_mode == "load"
 
 
 def test_config_without_enable_is_refused(parse, foundry_toml):
@@ -230,23 +238,22 @@ def test_launch_check_settles_each_data_parallel_replica(parse, foundry_toml):
     """--dp-size 2 with replica 0's archive complete and replica 1's missing: the launcher settles
     ``load,save``, and each scheduler gets its replica's mode, through the record or the environment
     (foundry_core's FOUNDRY_MODE keeps the configured mode)."""
-    from foundry_core.config import load_config
-    from foundry_sglang_plugin import archive, settings
+    from foundry_sglang_plugin import settings
     from foundry_sglang_plugin.session import settle
 
     sa = parse(*BASE_ARGV, "--dp-size", "2")
     sa.resolve_once()
-    cfg = load_config(foundry_toml)
-    archive.write_sidecar(cfg, 0, {"fingerprint": archive.fingerprint(sa, cfg), "slots": {}, "outputs": {}})
     try:
-        sa.check_server_args()
-        assert sa.foundry_mode == "load,save"
-        assert os.environ["FOUNDRY_MODE"] == "auto" and os.environ[settings.REPLICA_MODES_ENV] == "load,save"
-        assert [settle(sa, replica=r)[1] for r in (0, 1)] == ["load", "save"]
-        assert settle(sa)[1] == "load,save", "the launcher keeps every replica's"
-        sa.__dict__.pop(settings.MODE_ATTR)  # a record that lost the launcher's mode: the environment's
-        assert [settle(sa, replica=r)[1] for r in (0, 1)] == ["load", "save"]
+        with _rank0_archive(sa, foundry_toml):
+            sa.check_server_args()
+            assert sa.foundry_mode == "load,save"
+            assert (
+                os.environ["FOUNDRY_MODE"] == "auto" and os.environ[settings.REPLICA_MODES_ENV] == "load,save"
+            )
+            assert [settle(sa, replica=r)[1] for r in (0, 1)] == ["load", "save"]
+            assert settle(sa)[1] == "load,save", "the launcher keeps every replica's"
+            sa.__dict__.pop(settings.MODE_ATTR)  # a record that lost the launcher's mode: the environment's
+            assert [settle(sa, replica=r)[1] for r in (0, 1)] == ["load", "save"]
     finally:
-        archive.drop_sidecar(cfg, 0)
         settings.clear_env()
     assert settings.REPLICA_MODES_ENV not in os.environ
