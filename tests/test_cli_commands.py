@@ -4,7 +4,6 @@ the core imports no tool. Stand-in distributions (a ``.dist-info`` on ``sys.path
 from __future__ import annotations
 
 import argparse
-import ast
 import sys
 from pathlib import Path
 
@@ -20,25 +19,6 @@ except ImportError:  # Python 3.10
     import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
-CORE = ROOT / "src" / "foundry_core"
-
-
-def test_no_core_module_imports_the_tools():
-    """Read from the source: every import in foundry_core, the CLI's included."""
-    offenders = []
-    for path in sorted(CORE.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            names = []
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names = [node.module]
-            offenders += [
-                f"{path.relative_to(ROOT)}:{node.lineno} {n}"
-                for n in names
-                if n.split(".")[0] == "foundry_tools"
-            ]
-    assert offenders == []
 
 
 def test_the_parser_loads_no_tool_when_none_is_registered(monkeypatch, capsys):
