@@ -129,6 +129,9 @@ def test_an_archive_dir_is_verified_rank_by_rank(tmp_path, machine, capsys):
     assert str(tmp_path / "rank1") in capsys.readouterr().out and machine == [0, 1, 1]
     assert cli.main(["verify", str(tmp_path), "--rank", "2"]) == 1
     assert f"no rank2 archive under {tmp_path}" in capsys.readouterr().err
+    # A digest pins one archive: given a directory of several, it needs --rank.
+    assert cli.main(["verify", str(tmp_path), "--digest", "ab" * 32]) == 2
+    assert "--digest pins one archive" in capsys.readouterr().err
 
 
 def test_an_archive_dir_missing_a_rank_or_holding_another_rank_is_refused(tmp_path, machine, capsys):
@@ -146,6 +149,9 @@ def test_inspect_takes_an_archive_dir(tmp_path, capsys):
     assert cli.main(["inspect", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "== rank0 ==" in out and "== rank1 ==" in out and out.count("decode/bs=1") == 2
+    assert "kernel\n" not in out  # the kernel list only with --kernels
+    assert cli.main(["inspect", "--kernels", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.count("kernel\n") == 2
     assert cli.main(["inspect", str(tmp_path / "rank1")]) == 0  # one rank, as before
     assert "== rank" not in capsys.readouterr().out
     (tmp_path / "rank1" / "manifest.json").unlink()  # through the symlink: that rank's archive damaged
@@ -211,4 +217,8 @@ def test_a_machine_that_cannot_be_asked_is_not_checked(tmp_path, monkeypatch, ca
     monkeypatch.setattr(api, "current_fingerprint", no_driver)
     save(tmp_path / "rank0")
     assert cli.main(["verify", str(tmp_path / "rank0")]) == 2
-    assert capsys.readouterr().err.strip() == "foundry verify: NOT CHECKED: CUDA driver not found"
+    err = capsys.readouterr().err.strip()
+    assert (
+        err
+        == "foundry verify: NOT CHECKED: CUDA driver not found (--integrity-only checks the archive alone)"
+    )

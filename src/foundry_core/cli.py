@@ -84,7 +84,7 @@ def cmd_inspect(args) -> int:
     for rank, path in ranks:
         if rank is not None:  # one block per rank, a blank line between
             print(("" if rank == ranks[0][0] else "\n") + f"== rank{rank} ==")
-        code, fingerprint = _inspect_one(path, args.kernels)
+        code, fingerprint = _inspect_one(path, list_kernels=args.kernels)
         worst = max(worst, code)
         if rank is not None and fingerprint is not None:
             world_sizes[rank] = fingerprint.get("world_size", 1)
@@ -94,7 +94,7 @@ def cmd_inspect(args) -> int:
     return worst
 
 
-def _inspect_one(path: Path, kernels: bool) -> tuple[int, dict | None]:
+def _inspect_one(path: Path, *, list_kernels: bool) -> tuple[int, dict | None]:
     """Print one archive; its exit code and fingerprint (None when it could not be opened)."""
     from .archive import ArchiveError, open_archive
     from .graph_codec import read_description
@@ -166,7 +166,7 @@ def _inspect_one(path: Path, kernels: bool) -> tuple[int, dict | None]:
         )
     print()
     print(_table(rows, ["module", "kernels used", "bytes", "restored state"]))
-    if kernels:
+    if list_kernels:
         print()
         print(
             _table([[image[:16], name] for image, name, _ in meta.get("kernels", [])], ["module", "kernel"])
@@ -211,6 +211,13 @@ def _print_caches(archive) -> None:
 def cmd_verify(args) -> int:
     ranks = rank_archives(args.archive)
     several = ranks[0][0] is not None
+    if several and args.rank is None and args.digest is not None:
+        print(
+            f"foundry verify: --digest pins one archive; {args.archive} holds {len(ranks)} rank archives: "
+            "give one of them, or --rank",
+            file=sys.stderr,
+        )
+        return EXIT_NOT_CHECKED
     if several and args.rank is not None:  # one rank of an archive directory: that rank's archive
         ranks = [(rank, path) for rank, path in ranks if rank == args.rank]
         if not ranks:
@@ -242,6 +249,7 @@ def _verify_one(path: Path, rank_dir: int | None, args) -> tuple[int, dict | Non
     from .archive import ArchiveError, open_archive
     from .archive_check import check_structure
 
+    fingerprint = None
     try:
         # Checksums and structure first: no GPU needed, and a damaged archive is refused before the
         # machine is asked anything.
@@ -269,7 +277,9 @@ def _verify_one(path: Path, rank_dir: int | None, args) -> tuple[int, dict | Non
         print(f"foundry verify: REFUSED: {e}", file=sys.stderr)
         return EXIT_REFUSED, None
     except RuntimeError as e:
-        print(f"foundry verify: NOT CHECKED: {e}", file=sys.stderr)
+        print(
+            f"foundry verify: NOT CHECKED: {e} (--integrity-only checks the archive alone)", file=sys.stderr
+        )
         return EXIT_NOT_CHECKED, fingerprint
     print(f"foundry verify: OK: {path} ({graphs} graphs) matches this machine")
     return EXIT_OK, fingerprint
@@ -352,7 +362,9 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument(
         "--world-size", type=int, default=None, help="ranks of the launch (default: as it was saved)"
     )
-    v.add_argument("--digest", default=None, help="also require this archive digest (sha256)")
+    v.add_argument(
+        "--digest", default=None, help="also require this archive digest (sha256; one archive, or one --rank)"
+    )
     v.set_defaults(func=cmd_verify)
 
     for name, add in _subcommands():
