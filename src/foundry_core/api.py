@@ -1,4 +1,4 @@
-"""save / load / verify: the public entry points.
+"""save / prepare / load / verify: the public entry points (a LOAD: api -> restore -> rebuilding, tail).
 
 SAVE (in the process that captured)::
 
