@@ -131,7 +131,9 @@ class Work:
         recs = self.records()
         walls = [r["wall_s"] for r in recs if (r["mode"], r["variant"]) == (mode, variant) and "wall_s" in r]
         serve = [r["serving_wall_s"] for r in recs if r.get("serving_wall_s")]
-        return (max(walls) if walls else first_s) + ((max(serve) if serve else SERVING_S) if serving else 0.0)
+        return (max(walls) if walls else first_s) + (
+            (max(serve) if serve else min(SERVING_S, first_s)) if serving else 0.0
+        )
 
 
 def _replace(src: Path | None, dst: Path) -> None:

@@ -31,8 +31,16 @@ def client_argv(engine: str, base: str, model_dir: Path, rate: str, prompts: int
     common += ["--random-range-ratio", "1.0", "--tokenizer", str(model_dir)]
     if engine == "sglang":
         # random-ids: token ids drawn from the vocabulary, no dataset download
-        argv = [sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang-oai", "--base-url", base]
-        argv += ["--dataset-name", "random-ids", "--output-file", str(out), "--disable-tqdm"]
+        argv = [sys.executable, "-m", "sglang.benchmark.serving", "--backend", "sglang-oai"]
+        argv += [
+            "--base-url",
+            base,
+            "--dataset-name",
+            "random-ids",
+            "--output-file",
+            str(out),
+            "--disable-tqdm",
+        ]
         return [*argv, "--model", str(model_dir), *common]
     argv = [sys.executable, "-m", "vllm.entrypoints.cli.main", "bench", "serve", "--backend", "vllm"]
     argv += ["--base-url", base, "--model", str(model_dir), "--dataset-name", "random", "--disable-tqdm"]

@@ -3,7 +3,7 @@ HTTP server that logs the lines the real engines log at start, streams tokens, a
 requests with logprobs; plus a stand-in of each engine's benchmark client.
 
 tests/test_sxs_harness.py puts packages named ``sglang`` and ``vllm`` on the path whose entry modules
-(``sglang.launch_server``, ``sglang.bench_serving``, ``vllm.entrypoints.cli.main``) call :func:`main`,
+(``sglang.launch_server``, ``sglang.benchmark.serving``, ``vllm.entrypoints.cli.main``) call :func:`main`,
 so the harness runs the very command lines it runs on the GPU machine. ``STANDIN_REFUSE`` (a line)
 makes a start with upstream Foundry's variable set exit with that line, as a refusal would."""
 
@@ -144,7 +144,7 @@ def bench_client(engine: str, argv: list[str]) -> int:
 
 def main(entry: str) -> int:
     argv = sys.argv[1:]
-    if entry == "sglang.bench_serving":
+    if entry == "sglang.benchmark.serving":
         return bench_client("sglang", argv)
     if entry == "vllm.entrypoints.cli.main" and argv[:2] == ["bench", "serve"]:
         return bench_client("vllm", argv)
