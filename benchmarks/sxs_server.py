@@ -58,10 +58,19 @@ class ServerDied(RuntimeError):
     pass
 
 
+_PORTS_GIVEN: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free now and not handed out before by this process: servers started back to back bind
+    theirs only seconds later, and the kernel may offer a just-probed port again in between."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _PORTS_GIVEN:
+            _PORTS_GIVEN.add(port)
+            return port
 
 
 def http_json(url: str, body: dict | None = None, timeout: float = 5.0) -> tuple[int, Any]:

@@ -80,3 +80,13 @@ def test_peer_and_stock_default(tmp_path):
     assert modes.settings_diff(default, naive) == {"args": ["--cuda-graph-backend-prefill"], "env": []}
     with pytest.raises(ValueError, match="peer exists for sglang only"):
         modes.launch("vllm", "peer", _where(tmp_path), False, PARENT, ROOT / "src")
+
+
+@pytest.mark.parametrize("phase", ["save", "load"])
+def test_the_foundry_toml_of_the_harness_is_what_the_plugins_read(tmp_path, phase):
+    sys.path.insert(0, str(ROOT / "src"))
+    from foundry_core.config import load_config
+
+    path = modes.foundry_toml(tmp_path / "foundry.toml", phase, tmp_path / "archive", "96GiB")
+    cfg = load_config(path)
+    assert (cfg.mode, cfg.region_size, Path(cfg.archive_dir)) == (phase, 96 << 30, tmp_path / "archive")
