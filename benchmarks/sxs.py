@@ -127,20 +127,34 @@ class Work:
         return 1 + max((r.get("pair") or 0 for r in self.records()), default=0)
 
     def estimate(self, mode: str, variant: str, serving: bool, first_s: float) -> float:
-        """Seconds a start will take: the longest earlier one of the same kind, else ``first_s``."""
+        """Seconds a start will take: the longest earlier one of the same kind; else 1.5 times the
+        longest of any kind; else ``first_s``. Serving likewise."""
         recs = self.records()
-        walls = [r["wall_s"] for r in recs if (r["mode"], r["variant"]) == (mode, variant) and "wall_s" in r]
+        same = [r["wall_s"] for r in recs if (r["mode"], r["variant"]) == (mode, variant) and "wall_s" in r]
+        other = [1.5 * r["wall_s"] for r in recs if "wall_s" in r and "error" not in r]
         serve = [r["serving_wall_s"] for r in recs if r.get("serving_wall_s")]
-        return (max(walls) if walls else first_s) + (
-            (max(serve) if serve else min(SERVING_S, first_s)) if serving else 0.0
-        )
+        start = max(same) if same else min(max(other), first_s) if other else first_s
+        return start + ((max(serve) if serve else min(SERVING_S, first_s)) if serving else 0.0)
+
+
+def _not_files(folder: str, names: list[str]) -> list[str]:
+    """What a copy of caches leaves out: sockets and pipes an engine left in TMPDIR."""
+    return [
+        n
+        for n in names
+        if not (os.path.isdir(os.path.join(folder, n)) or os.path.isfile(os.path.join(folder, n)))
+    ]
+
+
+def _copy(src: Path, dst: Path) -> None:
+    shutil.copytree(src, dst, symlinks=True, ignore=_not_files)
 
 
 def _replace(src: Path | None, dst: Path) -> None:
     """``dst`` becomes a copy of ``src`` (an empty folder when ``src`` is None or missing)."""
     shutil.rmtree(dst, ignore_errors=True)
     if src is not None and src.is_dir():
-        shutil.copytree(src, dst, symlinks=True)
+        _copy(src, dst)
     dst.mkdir(parents=True, exist_ok=True)
 
 
@@ -151,7 +165,7 @@ def _keep(work: Work, name: str) -> None:
     kept.mkdir(parents=True)
     for live in (work.home, work.tmp):
         if live.is_dir():
-            shutil.copytree(live, kept / live.name, symlinks=True)
+            _copy(live, kept / live.name)
 
 
 def prepare(work: Work, caches: str) -> dict[str, Any]:

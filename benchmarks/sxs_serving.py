@@ -28,7 +28,9 @@ KEYS = {
 def client_argv(engine: str, base: str, model_dir: Path, rate: str, prompts: int, out: Path) -> list[str]:
     common = ["--num-prompts", str(prompts), "--request-rate", rate, "--seed", str(SEED)]
     common += ["--random-input-len", str(INPUT_LEN), "--random-output-len", str(OUTPUT_LEN)]
-    common += ["--random-range-ratio", "1.0", "--tokenizer", str(model_dir)]
+    # Every prompt and output at its full length: SGLang draws lengths from [ratio * len, len],
+    # vLLM from [(1 - ratio) * len, (1 + ratio) * len].
+    common += ["--random-range-ratio", "1.0" if engine == "sglang" else "0.0", "--tokenizer", str(model_dir)]
     if engine == "sglang":
         # random-ids: token ids drawn from the vocabulary, no dataset download
         argv = [sys.executable, "-m", "sglang.benchmark.serving", "--backend", "sglang-oai"]
