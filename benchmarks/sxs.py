@@ -340,9 +340,28 @@ class Runner:
             print(f"floor: {json.dumps(floor)}", flush=True)
         first = self.work.next_pair()
         for pair in range(first, first + self.opts.pairs):
+            need, left = self.pair_estimate(), self.deadline - time.monotonic()
+            # An incomplete pair compares nothing: leave it to the next call. Before any start was
+            # measured there is nothing to judge by: the starts' own checks decide.
+            if need > left and self.work.records():
+                print(f"stop before pair {pair}: it needs ~{need:.0f} s, {left:.0f} s left", flush=True)
+                return
             order = self.opts.modes if pair % 2 else list(reversed(self.opts.modes))
             for mode in order:
                 self.mode(mode, pair)
+
+    def pair_estimate(self) -> float:
+        """Seconds one pair of the chosen modes takes, the SAVEs it still needs included."""
+        first = min(FIRST_START_S, self.opts.timeout)
+        kinds = {"stock_naive": ["cold"], "stock_best": ["best"], "stock_default": ["default"]}
+        kinds.update(foundry=["cold", "warm"], peer=["cold"])
+        total = 0.0
+        for mode in self.opts.modes:
+            serving = self.opts.serving and mode in self.opts.serving_modes
+            total += sum(self.work.estimate(mode, v, serving and v != "warm", first) for v in kinds[mode])
+            if mode in ("foundry", "peer") and not self.work.saved(mode):
+                total += self.work.estimate(mode, "save", False, first)
+        return total
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -234,7 +234,8 @@ def chart(result: dict[str, Any], path: Path) -> str | None:
             f"{result['engine']} {result.get('engine_version')}, {shape}: launch to first streamed token"
         )
         ax.set_xlabel("seconds (bars: median phases; mark: TTFT median and range)")
-        ax.legend(loc="lower right", fontsize=7, ncol=3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(loc="lower right", fontsize=7, ncol=3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -106,6 +106,10 @@ def test_budget_and_bad_input(standin, capsys):
     work = standin / "work"
     assert _run(work, "sglang", "stock_naive", "--budget", "5", "--no-floor") == 0
     assert "skip stock_naive/cold pair 1: needs ~30 s, 5 s left" in capsys.readouterr().out
+    assert _run(work, "sglang", "stock_naive,foundry", "--no-floor") == 0
+    assert _run(work, "sglang", "stock_naive,foundry", "--no-floor", "--budget", "1") == 0
+    assert "stop before pair 2: it needs ~" in capsys.readouterr().out  # no half pair
+    assert len(list((work / "tiny" / "starts").glob("*.json"))) == 4  # naive, SAVE, cold, warm
     with pytest.raises(SystemExit):
         _run(work, "sglang", "stock_naive,fast")
     assert "--modes: unknown fast" in capsys.readouterr().err
