@@ -7,7 +7,8 @@ parser's result is where each check stops.
     VLLM_TARGET_DEVICE=cpu PYTHONPATH=$PWD/src /work/main/.venv-vllm/bin/python -m pytest -q tests/test_sxs_engine_args.py
 """
 
-import importlib.util
+import contextlib
+import importlib.metadata
 import json
 import os
 import subprocess
@@ -49,8 +50,10 @@ print("SXS-REPORT " + json.dumps(report))
 
 
 def _engine() -> str:
+    # the installed distribution, not a module: tests/sglang and tests/vllm are on the path too
     for engine in modes.ENGINES:
-        if importlib.util.find_spec(engine) is not None:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            importlib.metadata.version(engine)
             return engine
     pytest.skip("neither SGLang nor vLLM is installed here (run in an engine's venv)")
 
