@@ -6,7 +6,7 @@
 # (earlier calls on the same warm machine included) and copies result, chart and logs to $OUT.
 # From the repository root:
 #   ENGINE=sglang|vllm SHAPE=qwen3-1.7b MODES=stock_naive,stock_best,foundry,peer PAIRS=1 \
-#     BUDGET_S=570 [SERVING=1] [FOUNDRY_COMMIT=<hash>] bash benchmarks/run_sxs_h200.sh
+#     BUDGET_S=570 [SERVING=1] [START_TIMEOUT_S=300] [FOUNDRY_COMMIT=<hash>] bash benchmarks/run_sxs_h200.sh
 # BUDGET_S is the whole call, install included (default 570); the starts get what is left less 25 s
 # for the merge. The work dir /tmp/sxs-$ENGINE outlives the call while the machine stays warm.
 set -u
@@ -29,7 +29,7 @@ cmd="ENGINE=$engine SHAPE=${SHAPE:-qwen3-1.7b} MODES=${MODES:-} PAIRS=${PAIRS:-1
 if [ "$left" -gt 60 ]; then
   python3 benchmarks/sxs.py run --engine "$engine" --shape "${SHAPE:-qwen3-1.7b}" \
     --modes "${MODES:-stock_naive,stock_best,foundry}" --pairs "${PAIRS:-1}" --workdir "$work" \
-    --budget "$left" --peer-site /tmp/site-peer "${serving[@]}"
+    --budget "$left" --timeout "${START_TIMEOUT_S:-300}" --peer-site /tmp/site-peer "${serving[@]}"
   echo "sxs run rc=$?"
 else
   echo "no time left for starts ($left s)"
