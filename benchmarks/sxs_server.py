@@ -27,8 +27,9 @@ MARKS: dict[str, dict[str, str]] = {
         "imports_done": r"server_args=ServerArgs\(",
         "weights_begin": r"Load weight begin",
         "weights_end": r"Load weight end",
-        "graphs_begin": r"Capture (?:target )?decode .{0,20}?graph begin|Foundry.*(?:restor|load)ing",
-        "graphs_end": r"Capture (?:target )?decode .{0,20}?graph end|Foundry.*restored",
+        # a LOAD runs SGLang's capture step too (installing the restored graphs): same lines
+        "graphs_begin": r"Capture (?:target )?decode .{0,20}?graph begin",
+        "graphs_end": r"Capture (?:target )?decode .{0,20}?graph end",
         "ready_log": r"The server is fired up and ready to roll",
     },
     "vllm": {
@@ -36,7 +37,7 @@ MARKS: dict[str, dict[str, str]] = {
         "weights_begin": r"Starting to load model",
         "weights_end": r"Model loading took|Loading weights took",
         "compile_end": r"torch\.compile (?:takes|took) [\d.]+ s in total",
-        "graphs_begin": r"Capturing CUDA graphs|Foundry rank 0: (?:restoring|loading)",
+        "graphs_begin": r"Capturing CUDA graphs",
         "graphs_end": r"Graph capturing finished|Foundry rank 0: restored",
         "ready_log": r"Application startup complete",
     },
@@ -50,6 +51,7 @@ PHASES = {
     "graphs": ("graphs_begin", "graphs_end"),
     "warmups": ("graphs_end", "ready"),
 }
+_RESTORED = re.compile(r"Foundry rank 0: restored \d+ decode graphs in ([\d.]+) s")
 _STAMP = re.compile(r"^\[\s*(\d+(?:\.\d+)?)\] ?(.*)$")
 _HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # no proxy for 127.0.0.1
 
@@ -125,6 +127,9 @@ def phases(lines: list[tuple[float, str]], engine: str, ready_s: float | None) -
     out: dict[str, Any] = {}
     for name, (a, b) in PHASES.items():
         out[name] = round(marks[b] - marks[a], 3) if a in marks and b in marks else None
+    if out["graphs"] is None:  # vLLM's LOAD logs no begin: the restore line says its seconds
+        took = [float(m.group(1)) for _, line in lines if (m := _RESTORED.search(line))]
+        out["graphs"] = took[0] if took else None
     out["marks"] = marks
     return out
 

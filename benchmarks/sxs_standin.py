@@ -91,11 +91,7 @@ def serve(engine: str, argv: list[str]) -> int:
     if engine == "sglang":
         say(f"server_args=ServerArgs(model_path={_arg(argv, '--model-path')!r})")
         lines = ["Load weight begin. avail mem=139 GB", "Load weight end. elapsed=0.05 s"]
-        graphs = (
-            ["Foundry: restoring 52 decode graphs", "Foundry: restored 52 decode graphs"]
-            if loading
-            else ["Capture decode graph begin. bs=[1, 2, 4, 8]", "Capture decode graph end. elapsed=0.05 s"]
-        )
+        graphs = ["Capture decode graph begin. bs=[1, 2, 4, 8]", "Capture decode graph end. elapsed=0.05 s"]
         ready = "The server is fired up and ready to roll!"
     else:
         say(f"non-default args: {{'model': {argv[argv.index('serve') + 1]!r}}}")
@@ -105,7 +101,7 @@ def serve(engine: str, argv: list[str]) -> int:
             "torch.compile takes 0.05 s in total",
         ]
         graphs = (
-            ["Foundry rank 0: restoring", "Foundry rank 0: restored 51 decode graphs in 0.05 s"]
+            ["Foundry rank 0: restored 51 decode graphs in 0.05 s (no warmup, no capture)"]
             if loading
             else ["Capturing CUDA graphs (decode, FULL): 51/51", "Graph capturing finished in 0.05 secs"]
         )

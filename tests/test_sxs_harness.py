@@ -91,7 +91,8 @@ def test_vllm_and_a_peer_refusal(standin, monkeypatch):
     work = standin / "work"
     assert _run(work, "vllm", "stock_naive,foundry") == 0
     result = _merge(work, "vllm", standin / "vllm.json")
-    assert result["shapes"]["tiny"]["modes"]["foundry"]["phases"]["compile"] is not None
+    phases = result["shapes"]["tiny"]["modes"]["foundry"]["phases"]
+    assert phases["compile"] is not None and phases["graphs"] == 0.05  # LOAD: the restore line's seconds
     assert result["shapes"]["tiny"]["ratios"]["foundry_vs_stock_naive"]["n"] == 1
 
     work2 = standin / "work2"
