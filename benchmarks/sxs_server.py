@@ -24,12 +24,12 @@ TOP_LOGPROBS = 5
 #: Moments (first matching line) that split a start into phases, in the order they happen.
 MARKS: dict[str, dict[str, str]] = {
     "sglang": {
-        "imports_done": r"server_args=ServerArgs\(",
+        "imports_done": r"server_args=",  # 0.5.23 logs a dict, earlier releases ServerArgs(...)
         "weights_begin": r"Load weight begin",
         "weights_end": r"Load weight end",
         # a LOAD runs SGLang's capture step too (installing the restored graphs): same lines
-        "graphs_begin": r"Capture (?:target )?decode .{0,20}?graph begin",
-        "graphs_end": r"Capture (?:target )?decode .{0,20}?graph end",
+        "graphs_begin": r"Capture (?:\w+ )?decode .{0,20}?graph begin",
+        "graphs_end": r"Capture (?:\w+ )?decode .{0,20}?graph end",
         "ready_log": r"The server is fired up and ready to roll",
     },
     "vllm": {

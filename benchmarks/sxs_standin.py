@@ -89,9 +89,12 @@ def serve(engine: str, argv: list[str]) -> int:
         return 1
     loading = toml.is_file() and 'mode = "load"' in toml.read_text()
     if engine == "sglang":
-        say(f"server_args=ServerArgs(model_path={_arg(argv, '--model-path')!r})")
+        say(f"server_args={{'model_path': {_arg(argv, '--model-path')!r}}}")
         lines = ["Load weight begin. avail mem=139 GB", "Load weight end. elapsed=0.05 s"]
-        graphs = ["Capture decode graph begin. bs=[1, 2, 4, 8]", "Capture decode graph end. elapsed=0.05 s"]
+        graphs = [
+            "Capture target decode CUDA graph begin. bs=[1, 2]",
+            "Capture target decode CUDA graph end. elapsed=0.05 s",
+        ]
         ready = "The server is fired up and ready to roll!"
     else:
         say(f"non-default args: {{'model': {argv[argv.index('serve') + 1]!r}}}")
