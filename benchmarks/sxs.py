@@ -5,6 +5,7 @@ Foundry (peer) and with Foundry, in alternating pairs, across device calls of at
         --pairs 1 --workdir /tmp/sxs-sglang --budget 500 [--serving]
     python benchmarks/sxs.py merge --engine sglang --workdir /tmp/sxs-sglang \\
         --out benchmarks/results/sxs-sglang-h200.json
+    python benchmarks/sxs.py chart benchmarks/results/sxs-sglang-h200.json   # where merge drew none
 
 Modes (what each launches: benchmarks/sxs_modes.py):
 
@@ -78,6 +79,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     m.add_argument("--workdir", type=Path, required=True)
     m.add_argument("--out", type=Path, required=True)
     m.add_argument("--command", default=None, help="the device command line(s) recorded in the result")
+    c = sub.add_parser("chart", help="draw the PNG beside a result JSON (where the device had no matplotlib)")
+    c.add_argument("result", type=Path)
     opts = p.parse_args(argv)
     if opts.cmd == "run":
         opts.modes = [x.strip() for x in opts.modes.split(",") if x.strip()]
@@ -366,10 +369,10 @@ class Runner:
 
 def main(argv: list[str] | None = None) -> int:
     opts = parse_args(argv)
-    if opts.cmd == "merge":
+    if opts.cmd in ("merge", "chart"):
         import sxs_merge
 
-        return sxs_merge.main(opts)
+        return sxs_merge.main(opts) if opts.cmd == "merge" else sxs_merge.chart_main(opts.result)
     deadline = time.monotonic() + opts.budget
     work = Work(opts.workdir, opts.engine, opts.shape)
     meta = work.root / "meta.json"

@@ -272,3 +272,14 @@ def main(opts: argparse.Namespace) -> int:
     why = chart(result, opts.out.with_suffix(".png"))
     print(f"wrote {opts.out}" + (f" ({why})" if why else f" and {opts.out.with_suffix('.png')}"))
     return 0
+
+
+def chart_main(result_path: Path) -> int:
+    try:
+        result = json.loads(result_path.read_text())
+    except (OSError, ValueError) as e:
+        print(f"{result_path}: not a result ({e})", file=sys.stderr)
+        return 2
+    why = chart(result, result_path.with_suffix(".png"))
+    print(why or f"wrote {result_path.with_suffix('.png')}")
+    return 1 if why else 0

@@ -85,6 +85,11 @@ def test_sglang_calls_accumulate_pairs_and_merge(standin):
     order = {p: [s["mode"] for s in starts if s["pair"] == p and s["variant"] != "warm"] for p in (1, 2)}
     assert order[2] == list(reversed(order[1]))
     assert (standin / "out" / "sxs-sglang-h200.json").stat().st_size < 200_000
+    png = standin / "out" / "sxs-sglang-h200.png"
+    png.unlink(missing_ok=True)
+    assert (
+        sxs.main(["chart", str(standin / "out" / "sxs-sglang-h200.json")]) == 0 and png.stat().st_size > 1000
+    )
 
 
 def test_vllm_and_a_peer_refusal(standin, monkeypatch):
