@@ -229,6 +229,13 @@ def chart(result: dict[str, Any], path: Path) -> str | None:
                 t["median"], y, xerr=[[t["median"] - t["min"]], [t["max"] - t["median"]]], fmt="k|", ms=14
             )
             ax.text(t["median"], y, f"  {t['median']:.1f} s", va="center")
+        floor = result["shapes"][shape].get("floor") or {}
+        parts = [
+            (floor.get(k) or {}).get("median")
+            for k in ("import_entry_module_s", "read_weights_s", "cuda_context_s")
+        ]
+        if any(parts):  # the floor: what any start pays before it can answer
+            ax.axvline(sum(p for p in parts if p), color="k", ls="--", lw=1, label="floor")
         ax.set_yticks(range(len(rows)), [m for m, _ in rows])
         ax.set_title(
             f"{result['engine']} {result.get('engine_version')}, {shape}: launch to first streamed token"
