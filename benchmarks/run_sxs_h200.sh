@@ -8,7 +8,10 @@
 #   ENGINE=sglang|vllm SHAPE=qwen3-1.7b MODES=stock_naive,stock_best,foundry,peer PAIRS=1 \
 #     BUDGET_S=570 [SERVING=1] [START_TIMEOUT_S=300] [FOUNDRY_COMMIT=<hash>] bash benchmarks/run_sxs_h200.sh
 # BUDGET_S is the whole call, install included (default 570); the starts get what is left less 25 s
-# for the merge. The work dir /tmp/sxs-$ENGINE outlives the call while the machine stays warm.
+# for the merge. The work dir /tmp/sxs-$ENGINE outlives the call while the machine stays warm; on a
+# fresh machine RESUME_FROM=<an earlier call's sxs-$ENGINE-h200-logs.tar.gz, carried in the tree>
+# brings its starts back (not its archives or caches: SAVEs and kept caches are made again), so
+# that pairs keep adding up across leases.
 set -u
 out=${OUT:?set OUT to the results folder}
 engine=${ENGINE:?ENGINE=sglang or vllm}
@@ -16,6 +19,9 @@ t0=$(date +%s)
 work=/tmp/sxs-$engine
 logs=/tmp/sxs-install-$engine
 mkdir -p "$logs"
+if [ -n "${RESUME_FROM:-}" ] && [ ! -f "$work/meta.json" ]; then
+  mkdir -p "$work" && tar -xzf "$RESUME_FROM" -C "$work" || exit 5
+fi
 source benchmarks/device_site.sh
 engine_ready "$engine" "$logs" "$t0"  # exits 2 (install) or 3 (native build) on failure
 case ",${MODES:-}," in

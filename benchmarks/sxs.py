@@ -36,6 +36,7 @@ import argparse
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -120,7 +121,11 @@ class Work:
         (self.starts / f"{seq:04d}-{rec['mode']}-{rec['variant']}.json").write_text(json.dumps(rec, indent=1))
 
     def saved(self, mode: str) -> dict[str, Any] | None:
-        """The SAVE start of foundry or peer that worked, if any."""
+        """The SAVE start of foundry or peer that worked and whose archive is still here, if any (records
+        resumed on a fresh machine come without their archives)."""
+        archive = self.archive if mode == "foundry" else self.peer_archive
+        if not (archive.is_dir() and any(archive.iterdir())):
+            return None
         return next(
             (r for r in self.records() if r["mode"] == mode and r["variant"] == "save" and "error" not in r),
             None,
@@ -255,6 +260,7 @@ class Runner:
         """One start, recorded whatever happens; None when it did not fit the budget (recorded too)."""
         eng = self.opts.engine
         rec: dict[str, Any] = {"mode": mode, "variant": variant, "pair": pair, "shape": self.opts.shape}
+        rec["host"] = socket.gethostname()  # calls resumed on another machine say so
         need = self.work.estimate(mode, variant, serving, min(FIRST_START_S, self.opts.timeout))
         left = self.deadline - time.monotonic()
         if need > left:
@@ -296,7 +302,7 @@ class Runner:
         """foundry/peer: a SAVE that worked exists (runs one when none does; a refusal stays)."""
         if self.work.saved(mode):
             return True
-        if any(r["mode"] == mode and r["variant"] == "save" for r in self.work.records()):
+        if any(r["mode"] == mode and r["variant"] == "save" and "error" in r for r in self.work.records()):
             return False  # refused or failed before: the record says why; not retried
         shutil.rmtree(self.work.archive if mode == "foundry" else self.work.peer_archive, ignore_errors=True)
         rec = self.start(mode, "save", None, "empty", self.toml(mode, "save"))

@@ -123,3 +123,20 @@ def test_budget_and_bad_input(standin, capsys):
         _run(work, "vllm", "peer")
     assert _run(work, "vllm", "stock_naive", "--no-floor") == 2  # one work dir per engine
     assert "holds another engine's runs" in capsys.readouterr().err
+
+
+def test_resumed_starts_on_a_fresh_machine_make_their_save_again(standin):
+    work, fresh = standin / "work", standin / "fresh"
+    assert _run(work, "sglang", "stock_naive,foundry", "--no-floor") == 0
+    # what run_sxs_h200.sh's logs tarball carries: meta and starts, no archive and no kept caches
+    (fresh / "tiny").mkdir(parents=True)
+    (fresh / "meta.json").write_text((work / "meta.json").read_text())
+    (fresh / "tiny" / "starts").symlink_to(work / "tiny" / "starts", target_is_directory=True)
+    assert _run(fresh, "sglang", "stock_naive,foundry", "--no-floor") == 0
+    starts = [json.loads(p.read_text()) for p in sorted((fresh / "tiny" / "starts").glob("*.json"))]
+    assert [(s["mode"], s["variant"], s["pair"]) for s in starts[4:]] == [
+        ("foundry", "save", None),  # the archive did not come along: SAVE again
+        ("foundry", "cold", 2),
+        ("foundry", "warm", 2),
+        ("stock_naive", "cold", 2),
+    ]
