@@ -228,6 +228,7 @@ class Runner:
         self.region = sxs_model.SHAPES[opts.shape][2]
         self.shim = modes.write_shim(work.root / "shim", opts.engine)
         self.baseline = _gpu_used_mib()
+        self.others = tuple(modes.installed_plugins(opts.engine))
 
     def where(self, mode: str, toml: Path | None = None) -> modes.Where:
         return modes.Where(
@@ -267,7 +268,7 @@ class Runner:
             print(f"skip {mode}/{variant} pair {pair}: needs ~{need:.0f} s, {left:.0f} s left", flush=True)
             return None
         rec.update(prepare(self.work, caches))
-        launch = modes.launch(eng, mode, self.where(mode, toml), self.dummy, self.parent, SRC)
+        launch = modes.launch(eng, mode, self.where(mode, toml), self.dummy, self.parent, SRC, self.others)
         rec["argv"] = launch.argv[1:]  # the interpreter's path says nothing
         rec["env"] = env_record(launch.env, self.parent)
         log = self.work.logs / f"{len(list(self.work.starts.glob('*.json'))):04d}-{mode}-{variant}.log"
@@ -339,7 +340,7 @@ class Runner:
 
     def run(self) -> None:
         if not self.opts.no_floor:
-            env = modes.base_env(self.parent, self.opts.engine, self.where("stock_naive"), SRC)
+            env = modes.base_env(self.parent, self.opts.engine, self.where("stock_naive"), SRC, self.others)
             floor = sxs_floor.measure(self.opts.engine, self.work.model, env)
             floor_dir = self.work.dir / "floor"
             floor_dir.mkdir(exist_ok=True)

@@ -126,7 +126,17 @@ def base_argv(engine: str, where: Where, dummy: bool, mode: str) -> list[str]:
     return [*argv, "--port", str(where.port), "--host", "127.0.0.1"]
 
 
-def base_env(parent: dict[str, str], engine: str, where: Where, repo_src: Path) -> dict[str, str]:
+def installed_plugins(engine: str) -> list[str]:
+    """The engine's general plugins installed beside it, ours left out (no engine import): a stock
+    user's engine loads them, so every mode allows them."""
+    from importlib.metadata import entry_points
+
+    return sorted({ep.name for ep in entry_points(group=PLUGIN_GROUPS[engine])} - {PLUGIN_NAME})
+
+
+def base_env(
+    parent: dict[str, str], engine: str, where: Where, repo_src: Path, others: tuple[str, ...] = ()
+) -> dict[str, str]:
     env = {k: v for k, v in parent.items() if k not in SCRUBBED_ENV}
     parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     if str(repo_src) not in parts:
@@ -143,21 +153,28 @@ def base_env(parent: dict[str, str], engine: str, where: Where, repo_src: Path) 
     )
     if engine == "vllm":
         env.update(VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
-    # Both variables are allow-lists: a name no plugin has keeps every plugin out.
-    env[ALLOW_VAR[engine]] = "none"
+    # Both variables are allow-lists: the other plugins stay in, ours (or upstream's, same name)
+    # out; "none", a name no plugin has, keeps every plugin out.
+    env[ALLOW_VAR[engine]] = ",".join(others) or "none"
     return env
 
 
 def launch(
-    engine: str, mode: str, where: Where, dummy: bool, parent: dict[str, str], repo_src: Path
+    engine: str,
+    mode: str,
+    where: Where,
+    dummy: bool,
+    parent: dict[str, str],
+    repo_src: Path,
+    others: tuple[str, ...] = (),
 ) -> Launch:
-    """The command and environment of one start of ``mode``."""
+    """The command and environment of one start of ``mode``; ``others``: :func:`installed_plugins`."""
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r} (one of {', '.join(MODES)})")
     if mode == "peer" and engine not in PEER_ENGINES:
         raise ValueError(f"mode peer exists for {', '.join(PEER_ENGINES)} only")
     argv = base_argv(engine, where, dummy, mode)
-    env = base_env(parent, engine, where, repo_src)
+    env = base_env(parent, engine, where, repo_src, others)
     if mode in ("stock_best", "foundry"):
         env.update(STOCK_BEST_ENV[engine])
     if mode == "foundry":
@@ -165,13 +182,13 @@ def launch(
             raise ValueError("mode foundry needs its TOML and the entry-point shim")
         argv += ["--enable-foundry", "--foundry-config", str(where.toml)]
         env["PYTHONPATH"] = os.pathsep.join([str(where.shim), env["PYTHONPATH"]])
-        env[ALLOW_VAR[engine]] = PLUGIN_NAME
+        env[ALLOW_VAR[engine]] = ",".join([*others, PLUGIN_NAME])
     if mode == "peer":
         if where.toml is None or where.peer_site is None:
             raise ValueError("mode peer needs its TOML and upstream Foundry's site")
         # Our src stays off the path's plugin list (no shim): only upstream's entry point exists.
         env["PYTHONPATH"] = os.pathsep.join([str(where.peer_site), env["PYTHONPATH"]])
-        env[ALLOW_VAR[engine]] = PLUGIN_NAME
+        env[ALLOW_VAR[engine]] = ",".join([*others, PLUGIN_NAME])
         env[PEER_CONFIG_ENV] = str(where.toml)
     return Launch(argv, env)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -87,7 +88,11 @@ def serve(engine: str, argv: list[str]) -> int:
     if os.environ.get("FOUNDRY_GRAPH_EXTENSION_CONFIG") and os.environ.get("STANDIN_REFUSE"):
         say(f"[Foundry] {os.environ['STANDIN_REFUSE']}")
         return 1
-    loading = toml.is_file() and 'mode = "load"' in toml.read_text()
+    text = toml.read_text() if toml.is_file() else ""
+    loading = 'mode = "load"' in text
+    archive = re.search(r'(?:archive_dir|workspace_root) = "([^"]+)"', text)
+    if 'mode = "save"' in text and archive:  # a SAVE leaves its archive, as the real ones do
+        Path(archive.group(1), "rank0").mkdir(parents=True, exist_ok=True)
     if engine == "sglang":
         say(f"server_args={{'model_path': {_arg(argv, '--model-path')!r}}}")
         lines = ["Load weight begin. avail mem=139 GB", "Load weight end. elapsed=0.05 s"]

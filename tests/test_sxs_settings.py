@@ -44,6 +44,14 @@ def test_stock_best_differs_from_foundry_only_where_allowed(tmp_path, engine, du
     assert "TRITON_CACHE_DIR" not in best.env and best.env["HOME"] == str(tmp_path / "h")
 
 
+def test_other_plugins_stay_allowed_in_every_mode(tmp_path):
+    others = ("smg-servicer", "smg-zmq")
+    for mode in ("stock_naive", "stock_best", "foundry", "peer"):
+        env = modes.launch("sglang", mode, _where(tmp_path), False, PARENT, ROOT / "src", others).env
+        allowed = env["SGLANG_PLUGINS"].split(",")
+        assert allowed[:2] == list(others) and (modes.PLUGIN_NAME in allowed) == (mode in ("foundry", "peer"))
+
+
 def test_a_difference_outside_the_list_is_caught(tmp_path):
     best = modes.launch("vllm", "stock_best", _where(tmp_path), False, PARENT, ROOT / "src")
     foundry = modes.launch("vllm", "foundry", _where(tmp_path), False, PARENT, ROOT / "src")
