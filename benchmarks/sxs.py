@@ -279,11 +279,13 @@ class Runner:
             with server:
                 if serving:
                     s0 = time.monotonic()
+                    # the client's own HOME: what it caches must not join the server's caches
+                    client_env = dict(launch.env, HOME=str(self.work.root / "client-home"))
                     rec["serving"] = sxs_serving.run(
                         eng,
                         server.base,
                         self.work.model,
-                        launch.env,
+                        client_env,
                         self.work.logs,
                         f"{mode}-{variant}-p{pair}",
                         max(30.0, self.deadline - s0),

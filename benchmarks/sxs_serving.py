@@ -78,14 +78,17 @@ def run(
         out.unlink(missing_ok=True)
         argv = client_argv(engine, base, model_dir, rate, prompts, out)
         t0 = time.monotonic()
-        with open(logs / f"{tag}-serving-{name}.log", "w") as log:
-            done = subprocess.run(
-                argv, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout, check=False
-            )
-        rec: dict[str, Any] = {"rate": rate, "prompts": prompts, "wall_s": round(time.monotonic() - t0, 1)}
+        rec: dict[str, Any] = {"rate": rate, "prompts": prompts}
         try:
+            with open(logs / f"{tag}-serving-{name}.log", "w") as log:
+                done = subprocess.run(
+                    argv, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout, check=False
+                )
             rec.update(read_result(engine, out))
+        except subprocess.TimeoutExpired:
+            rec["error"] = f"the client did not finish in {timeout:.0f} s"
         except (OSError, ValueError, IndexError) as e:
             rec["error"] = f"client exit {done.returncode}, no result: {e}"[:300]
+        rec["wall_s"] = round(time.monotonic() - t0, 1)
         results[name] = rec
     return results
