@@ -171,7 +171,12 @@ def _versions(python: str) -> dict[str, Any]:
 def _commit() -> str | None:
     if os.environ.get("FOUNDRY_COMMIT"):
         return os.environ["FOUNDRY_COMMIT"]
-    q = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=False)
+    try:
+        q = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=False
+        )
+    except OSError:  # no git on the machine: FOUNDRY_COMMIT says it
+        return None
     return q.stdout.strip() or None
 
 
