@@ -294,6 +294,8 @@ class Runner:
         except Exception as e:  # noqa: BLE001 - every failure is a result of its own
             server.rec.setdefault("error", f"{type(e).__name__}: {e}"[:500])
         rec.update(server.rec)
+        if mode == "peer" and "error" not in rec and "[Foundry]" not in log.read_text(errors="replace"):
+            rec["error"] = "upstream Foundry did not activate (no [Foundry] line in the log): a stock start"
         rec["wall_s"] = round(time.monotonic() - t0, 1)
         self.work.save(rec)
         wait_gpu_free(self.baseline)
@@ -301,8 +303,23 @@ class Runner:
         print(f"{eng} {self.opts.shape} {mode}/{variant} pair {pair}: {status}", flush=True)
         return rec
 
+    def peer_missing(self) -> str | None:
+        """Why upstream Foundry cannot run here (its site lacks it), or None. Without it the engine
+        would start stock under the peer's name."""
+        site = self.opts.peer_site
+        if (site / "foundry_sglang_plugin.py").is_file() and (site / "foundry").is_dir():
+            return None
+        return f"upstream Foundry (foundry-core 0.1.0rc3) is not installed in {site}"
+
     def ensure_saved(self, mode: str) -> bool:
         """foundry/peer: a SAVE that worked exists (runs one when none does; a refusal stays)."""
+        if mode == "peer" and (why := self.peer_missing()):
+            print(f"peer: {why}", flush=True)
+            if not any(r["mode"] == "peer" and r.get("error") == why for r in self.work.records()):
+                self.work.save(
+                    {"mode": "peer", "variant": "save", "pair": None, "error": why, "refusal": why}
+                )
+            return False
         if self.work.saved(mode):
             return True
         if any(r["mode"] == mode and r["variant"] == "save" and "error" in r for r in self.work.records()):

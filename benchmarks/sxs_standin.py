@@ -90,6 +90,8 @@ def serve(engine: str, argv: list[str]) -> int:
         return 1
     text = toml.read_text() if toml.is_file() else ""
     loading = 'mode = "load"' in text
+    if os.environ.get("FOUNDRY_GRAPH_EXTENSION_CONFIG"):
+        say(f"[Foundry] SGLang hooks installing: mode={'load' if loading else 'save'}")
     archive = re.search(r'(?:archive_dir|workspace_root) = "([^"]+)"', text)
     if 'mode = "save"' in text and archive:  # a SAVE leaves its archive, as the real ones do
         Path(archive.group(1), "rank0").mkdir(parents=True, exist_ok=True)

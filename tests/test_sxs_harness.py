@@ -41,11 +41,14 @@ def standin(tmp_path, monkeypatch):
     return tmp_path
 
 
-def _run(work: Path, engine: str, modes: str, *extra: str) -> int:
+def _run(work: Path, engine: str, modes: str, *extra: str, peer: bool = True) -> int:
+    """One call; ``peer``: a folder that looks like upstream Foundry's site (the stand-in plays it)."""
+    site = work.parent / ("site-peer" if peer else "no-peer")
+    if peer:
+        (site / "foundry").mkdir(parents=True, exist_ok=True)
+        (site / "foundry_sglang_plugin.py").touch()
     argv = ["run", "--engine", engine, "--shape", "tiny", "--modes", modes, "--workdir", str(work)]
-    return sxs.main(
-        [*argv, "--budget", "120", "--timeout", "30", "--peer-site", str(work / "no-peer"), *extra]
-    )
+    return sxs.main([*argv, "--budget", "120", "--timeout", "30", "--peer-site", str(site), *extra])
 
 
 def _merge(work: Path, engine: str, out: Path) -> dict:
@@ -106,6 +109,11 @@ def test_vllm_and_a_peer_refusal(standin, monkeypatch):
     peer = _merge(work2, "sglang", standin / "sg.json")["shapes"]["tiny"]["modes"]["peer"]
     assert peer["save"]["errors"][0]["refusal"].endswith("this sglang is too new")
     assert peer["starts"] == 1 and peer["ttft_cold_s"] is None  # the refused SAVE only: no LOAD tried
+
+    work3 = standin / "work3"  # no upstream Foundry where it should be: no start under its name
+    assert _run(work3, "sglang", "stock_naive,peer", peer=False) == 0
+    peer = _merge(work3, "sglang", standin / "sg3.json")["shapes"]["tiny"]["modes"]["peer"]
+    assert peer["save"]["errors"][0]["error"].startswith("upstream Foundry (foundry-core 0.1.0rc3) is not")
 
 
 def test_budget_and_bad_input(standin, capsys):
