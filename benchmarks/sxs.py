@@ -294,8 +294,10 @@ class Runner:
         except Exception as e:  # noqa: BLE001 - every failure is a result of its own
             server.rec.setdefault("error", f"{type(e).__name__}: {e}"[:500])
         rec.update(server.rec)
-        if mode == "peer" and "error" not in rec and "[Foundry]" not in log.read_text(errors="replace"):
-            rec["error"] = "upstream Foundry did not activate (no [Foundry] line in the log): a stock start"
+        # A plugin the engine did not load leaves a stock start under the mode's name.
+        mark = {"peer": "[Foundry]", "foundry": "Foundry"}.get(mode)
+        if mark and "error" not in rec and mark not in log.read_text(errors="replace"):
+            rec["error"] = f"the plugin did not activate (no {mark!r} in the log): a stock start"
         rec["wall_s"] = round(time.monotonic() - t0, 1)
         self.work.save(rec)
         wait_gpu_free(self.baseline)
