@@ -142,7 +142,8 @@ def shape_result(shape_dir: Path) -> dict[str, Any]:
     result["floor"] = {
         "import_entry_module_s": spread([(f.get("import_entry_module") or {}).get("wall_s") for f in floors]),
         "read_weights_s": spread([(f.get("read_weights") or {}).get("s") for f in floors]),
-        "cuda_context_s": spread([(f.get("cuda_context") or {}).get("wall_s") for f in floors]),
+        # the context alone: the interpreter start is in import_entry_module_s already
+        "cuda_context_s": spread([(f.get("cuda_context") or {}).get("inner_s") for f in floors]),
         "errors": sorted(
             {str(v["error"]) for f in floors for v in f.values() if isinstance(v, dict) and "error" in v}
         ),
