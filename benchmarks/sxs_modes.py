@@ -4,8 +4,9 @@ Every mode starts the same server command (:func:`base_argv`) with the same envi
 (:func:`base_env`); a mode only adds to them, and the additions are spelled out here, in one place:
 
 * ``stock_naive``: nothing added; HOME and TMPDIR (where every engine cache lives by default) empty.
-* ``stock_best``: :data:`STOCK_BEST_ENV`, every launch setting Foundry applies that a stock user can
-  apply too; the engine's own caches from an earlier stock start restored under HOME and TMPDIR.
+* ``stock_best``: :data:`STOCK_BEST_ENV` (and for vLLM :data:`STOCK_BEST_VLLM_COMPILE`), every launch
+  setting Foundry applies that a stock user can apply too; the engine's own caches from an earlier
+  stock start restored under HOME and TMPDIR.
 * ``foundry``: :data:`STOCK_BEST_ENV` as well (Foundry sets the same values itself) plus the plugin:
   :data:`ALLOWED_DIFF` lists everything in which it may differ from ``stock_best``;
   tests/test_sxs_settings.py fails on any other difference and on a setting of Foundry's missing
@@ -20,6 +21,7 @@ Every mode starts the same server command (:func:`base_argv`) with the same envi
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import sys
 from pathlib import Path
@@ -58,8 +60,14 @@ ALLOWED_DIFF: dict[str, dict[str, str]] = {
 }
 
 #: Graph settings every mode but stock_default shares: decode graphs at the engine's default batch
-#: sizes, prefill graphs off (neither Foundry nor upstream Foundry persists SGLang's piecewise ones).
+#: sizes, nothing else captured. SGLang: prefill graphs off (neither Foundry nor upstream Foundry
+#: persists its piecewise ones). vLLM: full decode graphs only, what Foundry's plugin requests
+#: (foundry_vllm_plugin.support.FOUNDRY_CUDAGRAPH_MODE) where vLLM would add piecewise graphs.
 GRAPH_ARGS = {"sglang": ["--cuda-graph-backend-prefill", "disabled"], "vllm": []}
+VLLM_GRAPH_CONFIG = {"cudagraph_mode": "FULL_DECODE_ONLY"}
+#: vLLM compilation-config entries Foundry's plugin sets (foundry_core.engine.inductor.pin into
+#: ``inductor_compile_config``), which a stock user can pass too: stock_best and foundry get them.
+STOCK_BEST_VLLM_COMPILE = {"inductor_compile_config": {"dynamic_scale_rblock": False}}
 
 PLUGIN_GROUPS = {"sglang": "sglang.srt.plugins", "vllm": "vllm.general_plugins"}
 PLUGIN_TARGETS = {"sglang": "foundry_sglang_plugin:register", "vllm": "foundry_vllm_plugin:register"}
@@ -123,6 +131,11 @@ def base_argv(engine: str, where: Where, dummy: bool, mode: str) -> list[str]:
         # The module rather than a ``vllm`` on PATH: the interpreter and site recorded here.
         argv = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(where.model_dir)]
         argv += [*load, *graphs, "--seed", "0", "--max-model-len", "4096"]
+    if engine == "vllm" and mode != "stock_default":
+        config = dict(
+            VLLM_GRAPH_CONFIG, **(STOCK_BEST_VLLM_COMPILE if mode in ("stock_best", "foundry") else {})
+        )
+        argv += ["--compilation-config", json.dumps(config, sort_keys=True)]
     return [*argv, "--port", str(where.port), "--host", "127.0.0.1"]
 
 

@@ -1,6 +1,7 @@
 """stock_best and foundry of the side-by-side harness (benchmarks/sxs_modes.py) differ only in what
 ALLOWED_DIFF lists, and stock_best applies every launch setting Foundry applies that a stock user can."""
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -61,6 +62,31 @@ def test_a_difference_outside_the_list_is_caught(tmp_path):
         "args": ["--max-num-seqs"],
         "env": ["VLLM_ENABLE_V1_MULTIPROCESSING"],
     }
+
+
+def test_vllm_graph_and_compile_settings_are_the_plugins(tmp_path):
+    """All modes but stock_default request the graphs Foundry's plugin requests; stock_best and foundry
+    compile with the Inductor entries the plugin pins (read from the plugin's code)."""
+    sys.path.insert(0, str(ROOT / "src"))
+    from foundry_core.engine import inductor
+    from foundry_vllm_plugin import support
+
+    def config(mode):
+        argv = modes.launch("vllm", mode, _where(tmp_path), False, PARENT, ROOT / "src").argv
+        return (
+            json.loads(argv[argv.index("--compilation-config") + 1])
+            if "--compilation-config" in argv
+            else None
+        )
+
+    pinned = {"inductor_compile_config": {k: v for k, (v, _env, _why) in inductor.PINNED.items()}}
+    assert config("stock_naive") == {"cudagraph_mode": support.FOUNDRY_CUDAGRAPH_MODE}
+    assert (
+        config("stock_best")
+        == config("foundry")
+        == {"cudagraph_mode": support.FOUNDRY_CUDAGRAPH_MODE, **pinned}
+    )
+    assert config("stock_default") is None
 
 
 def test_stock_best_applies_every_launch_setting_of_foundry(monkeypatch):
