@@ -3,7 +3,7 @@
     python benchmarks/engine_faults.py --engine sglang --out $OUT/faults-sglang-h200.json --logs $OUT/logs
 
 Every case starts real servers (``sglang.launch_server`` / ``vllm serve`` with ``--enable-foundry``,
-built by ``benchmarks/cold_start.py``: same command, environment, model directory and requests),
+built by ``benchmarks/engine_run.py``: same command, environment, model directory and requests),
 does something unkind to them or to their archive directory, and records a verdict (``pass``,
 ``fail``, ``inconclusive``, ``skipped``, ``error``) with the checks behind it, timings, each server's
 mode and the Foundry lines of its log. First, once, a **base** SAVE (``mode = "auto"``, empty archive
@@ -106,7 +106,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
-import cold_start as cs  # noqa: E402  (beside this file)
+import engine_run as cs  # noqa: E402  (beside this file)
 
 REPO = cs.REPO
 SRC = cs.SRC
@@ -221,13 +221,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--model",
         default="tiny",
-        help="tiny (examples/qwen3-tiny, 4 layers), 1.7b (cold_start's Qwen3-1.7B shape) or a config.json",
+        help="tiny (examples/qwen3-tiny, 4 layers), 1.7b (the Qwen3-1.7B shape) or a config.json",
     )
     p.add_argument(
         "--weights",
         choices=("dummy", "seeded"),
         default="dummy",
-        help="as in cold_start.py: dummy (the engines' own random weights, the path every GPU run so far "
+        help="dummy (the engines' own random weights, the path every GPU run so far "
         "took) or seeded (a checkpoint from foundry_tools.weights: outputs that differ more by prompt)",
     )
     p.add_argument("--seed", type=int, default=0)
@@ -237,7 +237,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=64,
         help="largest decode batch with a graph (SGLang --cuda-graph-max-bs-decode, vLLM --max-num-seqs); "
-        "0 keeps cold_start.py's 512",
+        "0 keeps engine_run.py's 512",
     )
     p.add_argument(
         "--kv-cache-gib",
@@ -336,7 +336,7 @@ class Watch:
 class Pump(threading.Thread):
     """Copies a server's output into its log, one line per ``\\n`` *or* ``\\r`` (a progress bar's
     updates are separate lines, seen as they come, not when the bar ends), each stamped with the
-    seconds since spawn as cold_start.py stamps them; :meth:`watch` is set by the first matching line."""
+    seconds since spawn; :meth:`watch` is set by the first matching line."""
 
     _SPLIT = re.compile(rb"[\r\n]")
 
@@ -945,7 +945,7 @@ class Server:
 @dataclasses.dataclass
 class Ctx:
     opts: argparse.Namespace
-    bench: Any  # cold_start.Bench
+    bench: Any  # engine_run.Bench
     engine: str
     logs: Path
     workdir: Path
@@ -2088,7 +2088,7 @@ def write_result(path: Path, data: dict[str, Any]) -> None:
 
 
 def setup_namespace(opts: argparse.Namespace) -> argparse.Namespace:
-    """The options cold_start.setup reads."""
+    """The options engine_run.setup reads."""
     return argparse.Namespace(
         workdir=opts.workdir,
         logs=opts.logs,

@@ -8,14 +8,15 @@ built here on the CPU from the results the device calls wrote; it measures nothi
         --engine vllm_tp=benchmarks/results/tp2-vllm-h200x2.json
 
 ``--core`` is ``foundry tp --reproduce --out`` (the embedded decoder, ``benchmarks/run_h200_core.sh``
-with ``CORE_PARTS=tp``); each ``--engine LABEL=FILE`` is a ``benchmarks/cold_start.py`` result
+with ``CORE_PARTS=tp``); each ``--engine LABEL=FILE`` is a result of the former ``benchmarks/cold_start.py``
 (SAVE, then LOAD in fresh processes; ``ranks`` holds every rank's start report). A part is ``ok``
 when every rank restored with no decode capture, no NCCL kernel in its graphs, and outputs equal
 to SAVE's (logits for the core; greedy tokens and top-5 logprobs for an engine, which answers as
 one server); an engine part whose SAVE was refused at startup is ``refused`` with the engine's line.
 
-The runs on ``nvidia-h200-x2``, one device call each after the wheel set (their result files are
-named by ``NAME``; ``FOUNDRY_COMMIT`` as usual):
+The runs on ``nvidia-h200-x2``, one device call each after the wheel set, with the scripts of commit
+f9f230b (``cold_start.py`` and ``run_cold_h200.sh`` were replaced by the single-GPU ``benchmarks/sxs.py``
+later; their result files stay; names by ``NAME``, ``FOUNDRY_COMMIT`` as usual):
 
     CORE_PARTS=tp bash benchmarks/run_h200_core.sh                     # -> tp-h200x2.json
     NAME=tp2-sglang-h200x2 COLD_ARGS='--runs save,load_cold --weights seeded --engine-arg=--tp-size=2
@@ -146,7 +147,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True)
     p.add_argument("--core", type=Path, help="foundry tp --out result")
-    p.add_argument("--engine", action="append", default=[], metavar="LABEL=FILE", help="cold_start.py result")
+    p.add_argument(
+        "--engine",
+        action="append",
+        default=[],
+        metavar="LABEL=FILE",
+        help="a result of the former cold_start.py",
+    )
     args = p.parse_args(argv)
     engines = {}
     for item in args.engine:

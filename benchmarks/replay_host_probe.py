@@ -64,13 +64,13 @@ def save(archive: str) -> None:
 
 
 def _pin() -> int | None:
-    """One core from the middle of those this process may use (engine_steps.pin, as the engine
-    benchmarks' --cpus does)."""
-    from engine_steps import pin  # beside this file
-
+    """Pin this process to one core from the middle of those it may use: unpinned, the scheduler moves
+    the timed loop between cores and its time per replay varies between repetitions."""
     cpus = sorted(os.sched_getaffinity(0))
-    pinned = pin(cpus[len(cpus) // 2 :][:1])
-    return pinned[0] if pinned else None
+    if not cpus:
+        return None
+    os.sched_setaffinity(0, {cpus[len(cpus) // 2]})
+    return sorted(os.sched_getaffinity(0))[0]
 
 
 def _time_batch(graph, batch: int) -> float:

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One engine's fault cases (benchmarks/engine_faults.py) on the GPU machine, in one call.
-# Same wheel set and engine site as run_cold_h200.sh: the wheels were sent beforehand as tar pieces
+# Same wheel set and engine site as run_sxs_h200.sh: the wheels were sent beforehand as tar pieces
 # into /tmp/dw (../shared/tools/device-wheels), .devwheels/lists/<engine>.list names the engine's
-# wheels (carry .devwheels/lists); a machine that already ran run_cold_h200.sh reuses its
+# wheels (carry .devwheels/lists); a machine that already ran run_sxs_h200.sh reuses its
 # /tmp/site-<engine>.
 # Usage on the device, from the repository root:
 #   FOUNDRY_COMMIT=<hash> bash benchmarks/run_faults_h200.sh sglang|vllm [seconds]

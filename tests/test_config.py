@@ -308,30 +308,3 @@ def test_the_load_table_switches_the_structure_check():
         config_from_dict({**base, "load": {"check_structure": "yes"}})
     with pytest.raises(ConfigError, match=r"\[load\]: unknown key 'check'"):
         config_from_dict({**base, "load": {"check": True}})
-
-
-def _benchmark(script: str):
-    import importlib.util
-    import sys
-
-    root = Path(__file__).resolve().parents[1]
-    spec = importlib.util.spec_from_file_location(script, root / "benchmarks" / f"{script}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[script] = module  # dataclasses in the script look their module up
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.modules.pop(script, None)
-    return module
-
-
-@pytest.mark.parametrize("script", ["sglang_h200", "vllm_h200"])
-def test_the_engine_benchmarks_write_a_config_the_plugins_read(script, tmp_path):
-    """benchmarks/<engine>_h200.py --check-structure turns [load] check_structure on in the runs'
-    foundry.toml; without it the file is the plain one."""
-    module = _benchmark(script)
-    for check in (False, True):
-        path = tmp_path / f"foundry-{check}.toml"
-        path.write_text(module.foundry_toml(tmp_path / "archive", "64GiB", check))
-        cfg = load_config(path)
-        assert cfg.check_structure is check and cfg.region_size == 64 << 30

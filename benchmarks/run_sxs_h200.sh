@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Side-by-side starts and serving of one engine (benchmarks/sxs.py) on the GPU machine, one call at a
+# time: installs the engine's site (and upstream Foundry's for MODES with peer) from the wheel pieces
+# sent beforehand into /tmp/dw (benchmarks/device_wheels.sh; carry .devwheels/lists), builds the native
+# library, runs the chosen modes and pairs within the budget, merges everything the work dir holds
+# (earlier calls on the same warm machine included) and copies result, chart and logs to $OUT.
+# From the repository root:
+#   ENGINE=sglang|vllm SHAPE=qwen3-1.7b MODES=stock_naive,stock_best,foundry,peer PAIRS=1 \
+#     BUDGET_S=570 [SERVING=1] [START_TIMEOUT_S=300] [FOUNDRY_COMMIT=<hash>] bash benchmarks/run_sxs_h200.sh
+# BUDGET_S is the whole call, install included (default 570); the starts get what is left less 25 s
+# for the merge. The work dir /tmp/sxs-$ENGINE outlives the call while the machine stays warm; on a
+# fresh machine RESUME_FROM=<an earlier call's sxs-$ENGINE-h200-logs.tar.gz, carried in the tree>
+# brings its starts back (not its archives or caches: SAVEs and kept caches are made again), so
+# that pairs keep adding up across leases.
+set -u
+out=${OUT:?set OUT to the results folder}
+engine=${ENGINE:?ENGINE=sglang or vllm}
+t0=$(date +%s)
+work=/tmp/sxs-$engine
+logs=/tmp/sxs-install-$engine
+mkdir -p "$logs"
+if [ -n "${RESUME_FROM:-}" ] && [ ! -f "$work/meta.json" ]; then
+  mkdir -p "$work" && tar -xzf "$RESUME_FROM" -C "$work" || exit 5
+fi
+source benchmarks/device_site.sh
+engine_ready "$engine" "$logs" "$t0"  # exits 2 (install) or 3 (native build) on failure
+case ",${MODES:-}," in
+  *,peer,*) engine_site peer "$logs/install-peer.log" || echo "peer site not installed: see install-peer.log" ;;
+esac
+export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site-$engine:$PWD/src
+left=$((${BUDGET_S:-570} - $(date +%s) + t0 - 25))
+serving=()
+[ "${SERVING:-0}" = 1 ] && serving=(--serving)
+cmd="ENGINE=$engine SHAPE=${SHAPE:-qwen3-1.7b} MODES=${MODES:-} PAIRS=${PAIRS:-1} SERVING=${SERVING:-0} bash benchmarks/run_sxs_h200.sh"
+if [ "$left" -gt 60 ]; then
+  python3 benchmarks/sxs.py run --engine "$engine" --shape "${SHAPE:-qwen3-1.7b}" \
+    --modes "${MODES:-stock_naive,stock_best,foundry}" --pairs "${PAIRS:-1}" --workdir "$work" \
+    --budget "$left" --timeout "${START_TIMEOUT_S:-300}" --peer-site /tmp/site-peer "${serving[@]}"
+  echo "sxs run rc=$?"
+else
+  echo "no time left for starts ($left s)"
+fi
+name=sxs-$engine-h200
+python3 benchmarks/sxs.py merge --engine "$engine" --workdir "$work" --out "$out/$name.json" \
+  --command "$cmd (calls accumulate in $work)"
+echo "sxs merge rc=$?"
+tar -czf "$out/$name-logs.tar.gz" -C "$work" --exclude=models --exclude=archive --exclude=peer-archive \
+  --exclude=kept-stock --exclude=kept-foundry --exclude=h --exclude=t --exclude=shim . 2>/dev/null
+ls -la "$out"

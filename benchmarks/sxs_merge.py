@@ -1,0 +1,298 @@
+"""The side-by-side result from a work directory of benchmarks/sxs.py: per shape, each mode's starts
+summed up, the floor, and Foundry's ratios with their spread over the alternating pairs; a chart
+beside the JSON. Measures nothing."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import sxs_modes as modes
+
+REPO = Path(__file__).resolve().parents[1]
+#: mode -> the variant its row in the result stands for (the others are listed beside it)
+MAIN_VARIANT = {
+    "stock_naive": "cold",
+    "stock_best": "best",
+    "foundry": "cold",
+    "peer": "cold",
+    "stock_default": "default",
+}
+#: ratio name -> (numerator (mode, variant), denominator, metric): below 1, Foundry is faster
+RATIOS = {
+    "foundry_vs_stock_best": (("foundry", "cold"), ("stock_best", "best")),
+    "foundry_vs_stock_naive": (("foundry", "cold"), ("stock_naive", "cold")),
+    "foundry_vs_peer": (("foundry", "cold"), ("peer", "cold")),
+    "foundry_warm_vs_stock_best": (("foundry", "warm"), ("stock_best", "best")),
+}
+
+
+def spread(values: list[float]) -> dict[str, Any] | None:
+    values = [v for v in values if isinstance(v, (int, float))]
+    if not values:
+        return None
+    return {
+        "median": round(statistics.median(values), 4),
+        "min": round(min(values), 4),
+        "max": round(max(values), 4),
+        "n": len(values),
+    }
+
+
+def _median_dict(dicts: list[dict[str, Any]]) -> dict[str, Any]:
+    keys = sorted(
+        {k for d in dicts for k, v in d.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    )
+    return {k: (spread([d.get(k) for d in dicts]) or {}).get("median") for k in keys}
+
+
+def _launch(rec: dict[str, Any]) -> modes.Launch:
+    """A recorded start's settings, its port and per-phase TOML path left out of the comparison."""
+    argv = list(rec.get("argv") or [])
+    if "--port" in argv:
+        argv[argv.index("--port") + 1] = "PORT"
+    return modes.Launch(argv, dict((rec.get("env") or {}).get("set") or {}))
+
+
+def summarize(
+    recs: list[dict[str, Any]], reference: dict[str, Any] | None, foundry: dict[str, Any] | None
+) -> dict[str, Any]:
+    ok = [r for r in recs if "error" not in r]
+    out: dict[str, Any] = {
+        "starts": len(recs),
+        "ttft_cold_s": spread([r.get("ttft_cold_s") for r in ok]),
+        "ready_s": spread([r.get("ready_s") for r in ok]),
+        "phases": _median_dict([r.get("phases") or {} for r in ok]),
+        "page_cache_dropped": sorted(
+            {str(r.get("page_cache_dropped")) for r in recs if "page_cache_dropped" in r}
+        ),
+    }
+    serving = [r["serving"] for r in ok if r.get("serving")]
+    if serving:
+        out["serving"] = {rate: _median_dict([s[rate] for s in serving if rate in s]) for rate in serving[0]}
+    ref = (reference or {}).get("outputs")
+    if ref is not None and ok:
+        out["outputs_identical_to_stock"] = all(
+            r.get("outputs", {}).get("tokens") == ref["tokens"]
+            and r.get("outputs", {}).get("top_logprobs") == ref["top_logprobs"]
+            for r in ok
+        )
+        out["outputs_differ_by_prompt"] = ref.get("prompts_differ")
+    if foundry is not None and recs:
+        out["settings_diff_from_foundry"] = modes.settings_diff(_launch(recs[-1]), _launch(foundry))
+    errors = [
+        {"error": r["error"], "refusal": r.get("refusal"), "log": r.get("log")} for r in recs if "error" in r
+    ]
+    if errors:
+        out["errors"] = errors[:3]
+    return out
+
+
+def paired(recs: list[dict[str, Any]], a: tuple[str, str], b: tuple[str, str], key) -> dict[str, Any] | None:
+    """``key(a) / key(b)`` per pair both have, with its spread."""
+    by = {}
+    for r in recs:
+        if "error" not in r and r.get("pair") is not None:
+            by.setdefault((r["mode"], r["variant"], r["pair"]), r)
+    values = []
+    for (mode, variant, pair), ra in sorted(by.items(), key=lambda kv: kv[0][2]):
+        rb = by.get((*b, pair))
+        if (mode, variant) == a and rb is not None:
+            x, y = key(ra), key(rb)
+            if isinstance(x, (int, float)) and isinstance(y, (int, float)) and y:
+                values.append(x / y)
+    s = spread(values)
+    return dict(s, pairs=[round(v, 4) for v in values]) if s else None
+
+
+def shape_result(shape_dir: Path) -> dict[str, Any]:
+    recs = [json.loads(p.read_text()) for p in sorted((shape_dir / "starts").glob("*.json"))]
+    floors = [json.loads(p.read_text()) for p in sorted((shape_dir / "floor").glob("*.json"))]
+    reference = next((r for r in recs if r["mode"] == "stock_naive" and r.get("outputs")), None)
+    foundry = next((r for r in recs if r["mode"] == "foundry" and r["variant"] == "cold"), None)
+    result: dict[str, Any] = {"modes": {}, "ratios": {}}
+    for mode in modes.MODES:
+        mine = [r for r in recs if r["mode"] == mode]
+        if not mine:
+            continue
+        main = [r for r in mine if r["variant"] == MAIN_VARIANT[mode]]
+        entry = summarize(main or mine, reference, foundry)
+        for variant in sorted({r["variant"] for r in mine} - {MAIN_VARIANT[mode]}):
+            entry[variant] = summarize([r for r in mine if r["variant"] == variant], reference, None)
+        result["modes"][mode] = entry
+    for name, (a, b) in RATIOS.items():
+        result["ratios"][name] = paired(recs, a, b, lambda r: r.get("ttft_cold_s"))
+    serving = {}
+    for rate in sxs_serving_rates(recs):
+        serving[rate] = paired(
+            recs,
+            ("foundry", "cold"),
+            ("stock_default", "default"),
+            lambda r, rate=rate: ((r.get("serving") or {}).get(rate) or {}).get("output_tok_s"),
+        )
+    result["ratios"]["serving_throughput_vs_stock_default"] = serving or None
+    result["floor"] = {
+        "import_entry_module_s": spread([(f.get("import_entry_module") or {}).get("wall_s") for f in floors]),
+        "read_weights_s": spread([(f.get("read_weights") or {}).get("s") for f in floors]),
+        # the context alone: the interpreter start is in import_entry_module_s already
+        "cuda_context_s": spread([(f.get("cuda_context") or {}).get("inner_s") for f in floors]),
+        "errors": sorted(
+            {str(v["error"]) for f in floors for v in f.values() if isinstance(v, dict) and "error" in v}
+        ),
+    }
+    model = shape_dir.parent / "models" / shape_dir.name / ".sxs-model.json"
+    result["model"] = json.loads(model.read_text()) if model.is_file() else None
+    return result
+
+
+def sxs_serving_rates(recs: list[dict[str, Any]]) -> list[str]:
+    return sorted({rate for r in recs for rate in (r.get("serving") or {})})
+
+
+def _versions(python: str) -> dict[str, Any]:
+    code = (
+        "import json\nfrom importlib.metadata import version as v\nout={}\n"
+        "for n in ('sglang','vllm','torch'):\n try: out[n]=v(n)\n except Exception: out[n]=None\nprint(json.dumps(out))"
+    )
+    try:
+        q = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+        return json.loads(q.stdout)
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return {}
+
+
+def _commit() -> str | None:
+    if os.environ.get("FOUNDRY_COMMIT"):
+        return os.environ["FOUNDRY_COMMIT"]
+    try:
+        q = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=False
+        )
+    except OSError:  # no git on the machine: FOUNDRY_COMMIT says it
+        return None
+    return q.stdout.strip() or None
+
+
+def _machine() -> str:
+    try:
+        q = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+        gpus = [r for r in q.stdout.splitlines() if r.strip()]
+    except OSError:
+        gpus = []
+    return (
+        f"{len(gpus)}x {gpus[0]}; host {socket.gethostname()}"
+        if gpus
+        else f"no GPU seen; host {socket.gethostname()}"
+    )
+
+
+def chart(result: dict[str, Any], path: Path) -> str | None:
+    """Per shape, each mode's median start split into its phases, the TTFT marked; None or why not."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        return f"no chart: {e}"
+    shapes = list(result["shapes"])
+    if not shapes:
+        return "no chart: no shapes"
+    fig, axes = plt.subplots(len(shapes), 1, figsize=(10, 1.2 + 2.4 * len(shapes)), squeeze=False)
+    colors = {
+        "imports": "#8da0cb",
+        "spawn": "#a6d854",
+        "weights": "#ffd92f",
+        "compile": "#e78ac3",
+        "graphs": "#fc8d62",
+        "warmups": "#66c2a5",
+    }
+    for ax, shape in zip(axes[:, 0], shapes):
+        rows = [(m, e) for m, e in result["shapes"][shape]["modes"].items() if e.get("ttft_cold_s")]
+        for y, (_mode, entry) in enumerate(rows):
+            left = 0.0
+            for phase, color in colors.items():
+                v = entry["phases"].get(phase)
+                if v:
+                    ax.barh(y, v, left=left, color=color, label=phase if y == 0 else None)
+                    left += v
+            t = entry["ttft_cold_s"]
+            ax.errorbar(
+                t["median"], y, xerr=[[t["median"] - t["min"]], [t["max"] - t["median"]]], fmt="k|", ms=14
+            )
+            ax.text(t["median"], y, f"  {t['median']:.1f} s", va="center")
+        floor = result["shapes"][shape].get("floor") or {}
+        parts = [
+            (floor.get(k) or {}).get("median")
+            for k in ("import_entry_module_s", "read_weights_s", "cuda_context_s")
+        ]
+        if any(parts):  # the floor: what any start pays before it can answer
+            ax.axvline(sum(p for p in parts if p), color="k", ls="--", lw=1, label="floor")
+        ax.set_yticks(range(len(rows)), [m for m, _ in rows])
+        ax.set_title(
+            f"{result['engine']} {result.get('engine_version')}, {shape}: launch to first streamed token"
+        )
+        ax.set_xlabel("seconds (bars: median phases; mark: TTFT median and range)")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(loc="lower right", fontsize=7, ncol=3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return None
+
+
+def main(opts: argparse.Namespace) -> int:
+    root = opts.workdir.resolve()
+    meta_path = root / "meta.json"
+    if not meta_path.is_file():
+        print(f"{root}: no runs (meta.json missing)", file=sys.stderr)
+        return 2
+    meta = json.loads(meta_path.read_text())
+    if meta.get("engine") != opts.engine:
+        print(f"{root} holds {meta.get('engine')}'s runs, not {opts.engine}'s", file=sys.stderr)
+        return 2
+    versions = _versions(meta.get("python") or sys.executable)
+    result: dict[str, Any] = {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "commit": _commit(),
+        "machine": _machine(),
+        "command": opts.command or os.environ.get("SXS_COMMAND"),
+        "engine": opts.engine,
+        "engine_version": versions.get(opts.engine),
+        "torch_version": versions.get("torch"),
+        "allowed_diff_stock_best_vs_foundry": modes.ALLOWED_DIFF,
+        "stock_best_env": modes.STOCK_BEST_ENV[opts.engine],
+        "shapes": {},
+    }
+    for shape_dir in sorted(p for p in root.iterdir() if (p / "starts").is_dir()):
+        result["shapes"][shape_dir.name] = shape_result(shape_dir)
+    opts.out.parent.mkdir(parents=True, exist_ok=True)
+    opts.out.write_text(json.dumps(result, indent=1) + "\n")
+    why = chart(result, opts.out.with_suffix(".png"))
+    print(f"wrote {opts.out}" + (f" ({why})" if why else f" and {opts.out.with_suffix('.png')}"))
+    return 0
+
+
+def chart_main(result_path: Path) -> int:
+    try:
+        result = json.loads(result_path.read_text())
+    except (OSError, ValueError) as e:
+        print(f"{result_path}: not a result ({e})", file=sys.stderr)
+        return 2
+    why = chart(result, result_path.with_suffix(".png"))
+    print(why or f"wrote {result_path.with_suffix('.png')}")
+    return 1 if why else 0

@@ -1,0 +1,254 @@
+"""One server start: spawn, log with a clock, wait for health, time the first streamed token, read
+the phases of the start from the engine's log, take its greedy outputs, stop it."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+#: Four different prompts as token ids inside the small tokenizer's vocabulary.
+PROMPTS = [[3 + (37 * i + 11 * j) % 4096 for j in range(6 + 5 * i)] for i in range(4)]
+OUTPUT_TOKENS = 32
+TOP_LOGPROBS = 5
+
+#: Moments (first matching line) that split a start into phases, in the order they happen.
+MARKS: dict[str, dict[str, str]] = {
+    "sglang": {
+        "imports_done": r"server_args=",  # 0.5.23 logs a dict, earlier releases ServerArgs(...)
+        "weights_begin": r"Load weight begin",
+        "weights_end": r"Load weight end",
+        # a LOAD runs SGLang's capture step too (installing the restored graphs): same lines
+        "graphs_begin": r"Capture (?:\w+ )?decode .{0,20}?graph begin",
+        "graphs_end": r"Capture (?:\w+ )?decode .{0,20}?graph end",
+        "ready_log": r"The server is fired up and ready to roll",
+    },
+    "vllm": {
+        "imports_done": r"non-default args:",
+        "weights_begin": r"Starting to load model",
+        "weights_end": r"Model loading took|Loading weights took",
+        "compile_end": r"torch\.compile (?:takes|took) [\d.]+ s in total",
+        "graphs_begin": r"Capturing CUDA graphs",
+        "graphs_end": r"Graph capturing finished|Foundry rank 0: restored",
+        "ready_log": r"Application startup complete",
+    },
+}
+#: Phase -> (start mark, end mark); a phase with a missing mark is None.
+PHASES = {
+    "imports": ("spawn", "imports_done"),
+    "spawn": ("imports_done", "weights_begin"),
+    "weights": ("weights_begin", "weights_end"),
+    "compile": ("weights_end", "compile_end"),
+    "graphs": ("graphs_begin", "graphs_end"),
+    "warmups": ("graphs_end", "ready"),
+}
+_RESTORED = re.compile(r"Foundry rank 0: restored \d+ decode graphs in ([\d.]+) s")
+_STAMP = re.compile(r"^\[\s*(\d+(?:\.\d+)?)\] ?(.*)$")
+_HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # no proxy for 127.0.0.1
+
+
+class ServerDied(RuntimeError):
+    pass
+
+
+_PORTS_GIVEN: set[int] = set()
+
+
+def free_port() -> int:
+    """A port free now and not handed out before by this process: servers started back to back bind
+    theirs only seconds later, and the kernel may offer a just-probed port again in between."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _PORTS_GIVEN:
+            _PORTS_GIVEN.add(port)
+            return port
+
+
+def http_json(url: str, body: dict | None = None, timeout: float = 5.0) -> tuple[int, Any]:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with _HTTP.open(req, timeout=timeout) as resp:
+            raw, status = resp.read(), resp.status
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")[:2000]
+    try:
+        return status, json.loads(raw) if raw else None
+    except ValueError:
+        return status, raw.decode(errors="replace")[:2000]
+
+
+class LogPump(threading.Thread):
+    """Copies the server's stdout+stderr into its log, each line stamped with seconds since spawn."""
+
+    def __init__(self, stream: Any, path: Path, t0: float):
+        super().__init__(daemon=True)
+        self.stream, self.path, self.t0 = stream, path, t0
+
+    def run(self) -> None:
+        with open(self.path, "w", encoding="utf-8") as f:
+            for raw in iter(self.stream.readline, b""):
+                line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+                f.write(f"[{time.monotonic() - self.t0:9.3f}] {line}\n")
+                f.flush()
+
+
+def read_log(path: Path) -> list[tuple[float, str]]:
+    out, t = [], 0.0
+    for line in path.read_text(errors="replace").splitlines() if path.is_file() else []:
+        m = _STAMP.match(line)
+        if m:
+            t, line = float(m.group(1)), m.group(2)
+        out.append((t, line))
+    return out
+
+
+def phases(lines: list[tuple[float, str]], engine: str, ready_s: float | None) -> dict[str, Any]:
+    """Each mark's first time and each phase's seconds (None where a mark is missing)."""
+    marks: dict[str, float] = {"spawn": 0.0}
+    patterns = {k: re.compile(v) for k, v in MARKS[engine].items()}
+    for t, line in lines:
+        for key, rx in patterns.items():
+            if key not in marks and rx.search(line):
+                marks[key] = round(t, 3)
+    if ready_s is not None:
+        marks["ready"] = ready_s
+    out: dict[str, Any] = {}
+    for name, (a, b) in PHASES.items():
+        out[name] = round(marks[b] - marks[a], 3) if a in marks and b in marks else None
+    if out["graphs"] is None:  # vLLM's LOAD logs no begin: the restore line says its seconds
+        took = [float(m.group(1)) for _, line in lines if (m := _RESTORED.search(line))]
+        out["graphs"] = took[0] if took else None
+    out["marks"] = marks
+    return out
+
+
+def refusal(lines: list[tuple[float, str]]) -> str | None:
+    """The line that says why a server stopped: the last Foundry line, exception or error."""
+    for _, line in reversed(lines):
+        if re.search(r"\[Foundry\]|Foundry:|SystemExit|Error|error:|refus", line):
+            return line.strip()[-400:]
+    return lines[-1][1].strip()[-400:] if lines else None
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """End the server and everything it spawned, SIGTERM then SIGKILL."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline:
+            proc.poll()  # reap the leader, or its zombie keeps the group "alive"
+            try:
+                os.killpg(proc.pid, 0)
+            except (ProcessLookupError, PermissionError):
+                return
+            time.sleep(0.2)
+
+
+def wait_ready(base: str, proc: subprocess.Popen, deadline: float) -> str:
+    """Poll every 50 ms until /health and /v1/models answer 200; returns the model id."""
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise ServerDied(f"server exited with status {proc.returncode} before it was ready")
+        try:
+            if http_json(base + "/health", timeout=2.0)[0] == 200:
+                status, models = http_json(base + "/v1/models", timeout=2.0)
+                if status == 200 and isinstance(models, dict) and models.get("data"):
+                    return models["data"][0]["id"]
+        except (OSError, urllib.error.URLError):
+            pass
+        time.sleep(0.05)
+    raise TimeoutError("server not ready before the start's timeout")
+
+
+def first_streamed_token(base: str, model: str, timeout: float) -> float:
+    """POST a streamed completion; the monotonic time its first chunk with text or a token came."""
+    body = {"model": model, "prompt": PROMPTS[0], "max_tokens": 8, "temperature": 0, "stream": True}
+    req = urllib.request.Request(
+        base + "/v1/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    with _HTTP.open(req, timeout=timeout) as resp:
+        for raw in resp:
+            line = raw.decode(errors="replace").strip()
+            if not line.startswith("data:") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[5:])
+            choices = chunk.get("choices") or [{}]
+            if choices[0].get("text") is not None or choices[0].get("token_ids"):
+                return time.monotonic()
+    raise RuntimeError("the streamed completion ended without a token")
+
+
+def outputs(base: str, engine: str, model: str, timeout: float) -> dict[str, Any]:
+    """Greedy tokens and top-5 logprobs of :data:`PROMPTS` (one request, one choice per prompt)."""
+    body: dict[str, Any] = {"model": model, "prompt": PROMPTS, "max_tokens": OUTPUT_TOKENS, "temperature": 0}
+    body.update(logprobs=TOP_LOGPROBS, ignore_eos=True, return_token_ids=True)
+    if engine == "vllm":
+        body["return_tokens_as_token_ids"] = True
+    status, resp = http_json(base + "/v1/completions", body, timeout=timeout)
+    if status != 200:
+        raise RuntimeError(f"/v1/completions answered {status}: {str(resp)[:300]}")
+    out: dict[str, Any] = {"tokens": [], "top_logprobs": []}
+    for c in sorted(resp.get("choices") or [], key=lambda c: c.get("index", 0)):
+        lp = c.get("logprobs") or {}
+        out["tokens"].append(c.get("token_ids") or lp.get("tokens") or [])
+        out["top_logprobs"].append(
+            [sorted((str(k), v) for k, v in (d or {}).items()) for d in lp.get("top_logprobs") or []]
+        )
+    out["prompts_differ"] = len({json.dumps(t) for t in out["tokens"]}) > 1
+    return out
+
+
+class Server:
+    """A started server: ``with Server(...) as s:`` measures ready and TTFT on entry, stops on exit."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], log: Path, engine: str, timeout_s: float):
+        self.argv, self.env, self.log, self.engine, self.timeout_s = argv, env, log, engine, timeout_s
+        self.rec: dict[str, Any] = {}
+        self.proc: subprocess.Popen | None = None
+        self.base = f"http://127.0.0.1:{argv[argv.index('--port') + 1]}"
+
+    def __enter__(self) -> Server:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        deadline = time.monotonic() + self.timeout_s
+        t0 = time.monotonic()
+        self.proc = subprocess.Popen(
+            self.argv, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        self.pump = LogPump(self.proc.stdout, self.log, t0)
+        self.pump.start()
+        try:
+            self.model = wait_ready(self.base, self.proc, deadline)
+            self.rec["ready_s"] = round(time.monotonic() - t0, 3)
+            t_first = first_streamed_token(self.base, self.model, max(5.0, deadline - time.monotonic()))
+            self.rec["ttft_cold_s"] = round(t_first - t0, 3)
+            self.rec["outputs"] = outputs(
+                self.base, self.engine, self.model, max(5.0, deadline - time.monotonic())
+            )
+        except BaseException as e:
+            self.__exit__(None, None, None)
+            self.rec["error"] = f"{type(e).__name__}: {e}"[:500]
+            self.rec["refusal"] = refusal(read_log(self.log))
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.proc is not None:
+            kill_group(self.proc)
+            self.pump.join(timeout=5.0)
+            self.rec["phases"] = phases(read_log(self.log), self.engine, self.rec.get("ready_s"))
+            self.proc = None

@@ -1,0 +1,150 @@
+"""benchmarks/sxs.py end to end on the CPU, against stand-in engines (benchmarks/sxs_standin.py) that
+answer the harness's real command lines: calls that add pairs to one work dir, the merge's result
+fields and ratios, a peer refusal, the budget, and bad input."""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import sxs  # noqa: E402  (benchmarks/ is no package)
+import sxs_model  # noqa: E402
+import sxs_serving  # noqa: E402
+
+ENTRIES = {
+    "sglang": ("sglang.launch_server", "sglang.benchmark.serving"),
+    "vllm": ("vllm.entrypoints.cli.main", "vllm.entrypoints.openai.api_server"),
+}
+STUB = 'if __name__ == "__main__":\n    import sys\n\n    import sxs_standin\n\n    sys.exit(sxs_standin.main({!r}))\n'
+
+
+@pytest.fixture
+def standin(tmp_path, monkeypatch):
+    """Packages named like the engines whose entry modules run the stand-in."""
+    stubs = tmp_path / "stubs"
+    for modules in ENTRIES.values():
+        for module in modules:
+            parts = module.split(".")
+            for i in range(1, len(parts)):
+                pkg = stubs.joinpath(*parts[:i])
+                pkg.mkdir(parents=True, exist_ok=True)
+                (pkg / "__init__.py").touch()
+            stubs.joinpath(*parts[:-1], parts[-1] + ".py").write_text(STUB.format(module))
+    path = os.pathsep.join([str(stubs), str(ROOT / "benchmarks")])
+    monkeypatch.setenv("PYTHONPATH", path)
+    monkeypatch.setitem(sxs_model.SHAPES, "tiny", (ROOT / "examples/qwen3-tiny/config.json", "dummy", "1GiB"))
+    monkeypatch.setattr(sxs_serving, "RATES", {"saturating": ("inf", 8), "steady": ("4", 4)})
+    return tmp_path
+
+
+def _run(work: Path, engine: str, modes: str, *extra: str, peer: bool = True) -> int:
+    """One call; ``peer``: a folder that looks like upstream Foundry's site (the stand-in plays it)."""
+    site = work.parent / ("site-peer" if peer else "no-peer")
+    if peer:
+        (site / "foundry").mkdir(parents=True, exist_ok=True)
+        (site / "foundry_sglang_plugin.py").touch()
+    argv = ["run", "--engine", engine, "--shape", "tiny", "--modes", modes, "--workdir", str(work)]
+    return sxs.main([*argv, "--budget", "120", "--timeout", "30", "--peer-site", str(site), *extra])
+
+
+def _merge(work: Path, engine: str, out: Path) -> dict:
+    assert sxs.main(["merge", "--engine", engine, "--workdir", str(work), "--out", str(out)]) == 0
+    return json.loads(out.read_text())
+
+
+def test_sglang_calls_accumulate_pairs_and_merge(standin):
+    work = standin / "work"
+    modes = "stock_naive,stock_best,foundry,peer,stock_default"
+    assert _run(work, "sglang", modes, "--serving") == 0
+    assert _run(work, "sglang", modes, "--pairs", "2", "--no-floor") == 0
+    result = _merge(work, "sglang", standin / "out" / "sxs-sglang-h200.json")
+    shape = result["shapes"]["tiny"]
+    assert {"date", "commit", "machine", "command", "engine_version", "torch_version"} <= set(result)
+    assert set(shape["modes"]) == {"stock_naive", "stock_best", "foundry", "peer", "stock_default"}
+    foundry = shape["modes"]["foundry"]
+    assert foundry["ttft_cold_s"]["n"] == 3 and foundry["warm"]["ttft_cold_s"]["n"] == 3
+    assert foundry["save"]["starts"] == 1  # one SAVE for three pairs
+    assert foundry["ttft_cold_s"]["min"] >= foundry["ready_s"]["min"] > 0
+    assert foundry["phases"]["graphs"] is not None and foundry["phases"]["weights"] is not None
+    for name in ("foundry_vs_stock_best", "foundry_vs_stock_naive", "foundry_vs_peer"):
+        assert shape["ratios"][name]["n"] == 3 and len(shape["ratios"][name]["pairs"]) == 3, name
+    serving = shape["ratios"]["serving_throughput_vs_stock_default"]
+    assert serving["saturating"]["median"] == 1.0 and serving["steady"]["n"] == 1  # serving in call 1 only
+    assert shape["modes"]["stock_default"]["serving"]["saturating"]["output_tok_s"] == 1000.0
+    best = shape["modes"]["stock_best"]
+    assert best["outputs_identical_to_stock"] is True and best["outputs_differ_by_prompt"] is True
+    assert best["settings_diff_from_foundry"] == {
+        "args": ["--enable-foundry", "--foundry-config"],
+        "env": ["PYTHONPATH", "SGLANG_PLUGINS"],
+    }
+    assert "FOUNDRY_GRAPH_EXTENSION_CONFIG" in shape["modes"]["peer"]["settings_diff_from_foundry"]["env"]
+    assert shape["floor"]["import_entry_module_s"]["n"] == 1
+    # pairs alternate: pair 2 ran its modes in the reverse order of pair 1
+    starts = [json.loads(p.read_text()) for p in sorted((work / "tiny" / "starts").glob("*.json"))]
+    order = {p: [s["mode"] for s in starts if s["pair"] == p and s["variant"] != "warm"] for p in (1, 2)}
+    assert order[2] == list(reversed(order[1]))
+    assert (standin / "out" / "sxs-sglang-h200.json").stat().st_size < 200_000
+    png = standin / "out" / "sxs-sglang-h200.png"
+    png.unlink(missing_ok=True)
+    assert (
+        sxs.main(["chart", str(standin / "out" / "sxs-sglang-h200.json")]) == 0 and png.stat().st_size > 1000
+    )
+
+
+def test_vllm_and_a_peer_refusal(standin, monkeypatch):
+    work = standin / "work"
+    assert _run(work, "vllm", "stock_naive,foundry") == 0
+    result = _merge(work, "vllm", standin / "vllm.json")
+    phases = result["shapes"]["tiny"]["modes"]["foundry"]["phases"]
+    assert phases["compile"] is not None and phases["graphs"] == 0.05  # LOAD: the restore line's seconds
+    assert result["shapes"]["tiny"]["ratios"]["foundry_vs_stock_naive"]["n"] == 1
+
+    work2 = standin / "work2"
+    monkeypatch.setenv("STANDIN_REFUSE", "sglang plugin failed to activate: this sglang is too new")
+    assert _run(work2, "sglang", "stock_naive,peer") == 0
+    peer = _merge(work2, "sglang", standin / "sg.json")["shapes"]["tiny"]["modes"]["peer"]
+    assert peer["save"]["errors"][0]["refusal"].endswith("this sglang is too new")
+    assert peer["starts"] == 1 and peer["ttft_cold_s"] is None  # the refused SAVE only: no LOAD tried
+
+    work3 = standin / "work3"  # no upstream Foundry where it should be: no start under its name
+    assert _run(work3, "sglang", "stock_naive,peer", peer=False) == 0
+    peer = _merge(work3, "sglang", standin / "sg3.json")["shapes"]["tiny"]["modes"]["peer"]
+    assert peer["save"]["errors"][0]["error"].startswith("upstream Foundry (foundry-core 0.1.0rc3) is not")
+
+
+def test_budget_and_bad_input(standin, capsys):
+    work = standin / "work"
+    assert _run(work, "sglang", "stock_naive", "--budget", "5", "--no-floor") == 0
+    assert "skip stock_naive/cold pair 1: needs ~30 s, 5 s left" in capsys.readouterr().out
+    assert _run(work, "sglang", "stock_naive,foundry", "--no-floor") == 0
+    assert _run(work, "sglang", "stock_naive,foundry", "--no-floor", "--budget", "1") == 0
+    assert "stop before pair 2: it needs ~" in capsys.readouterr().out  # no half pair
+    assert len(list((work / "tiny" / "starts").glob("*.json"))) == 4  # naive, SAVE, cold, warm
+    with pytest.raises(SystemExit):
+        _run(work, "sglang", "stock_naive,fast")
+    assert "--modes: unknown fast" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        _run(work, "vllm", "peer")
+    assert _run(work, "vllm", "stock_naive", "--no-floor") == 2  # one work dir per engine
+    assert "holds another engine's runs" in capsys.readouterr().err
+
+
+def test_resumed_starts_on_a_fresh_machine_make_their_save_again(standin):
+    work, fresh = standin / "work", standin / "fresh"
+    assert _run(work, "sglang", "stock_naive,foundry", "--no-floor") == 0
+    # what run_sxs_h200.sh's logs tarball carries: meta and starts, no archive and no kept caches
+    (fresh / "tiny").mkdir(parents=True)
+    (fresh / "meta.json").write_text((work / "meta.json").read_text())
+    (fresh / "tiny" / "starts").symlink_to(work / "tiny" / "starts", target_is_directory=True)
+    assert _run(fresh, "sglang", "stock_naive,foundry", "--no-floor") == 0
+    starts = [json.loads(p.read_text()) for p in sorted((fresh / "tiny" / "starts").glob("*.json"))]
+    assert [(s["mode"], s["variant"], s["pair"]) for s in starts[4:]] == [
+        ("foundry", "save", None),  # the archive did not come along: SAVE again
+        ("foundry", "cold", 2),
+        ("foundry", "warm", 2),
+        ("stock_naive", "cold", 2),
+    ]
