@@ -38,7 +38,8 @@ for engine in "${@:-sglang vllm}"; do
     rm -rf "$dl/parts" ".devwheels/parts-$e" "$dl/send" && mkdir -p ".devwheels/parts-$e" "$dl/send"
     ls "$dl/cache" | grep '\.whl$' | grep -Eiv "$DROP" >"$dl/keep"
     grep -Ev "$PEER" "$dl/keep" >".devwheels/lists/$e.list"
-    grep -E "$PEER" "$dl/keep" >".devwheels/lists/peer.list" || true
+    # only the set that holds upstream's wheel (SGLang's) writes its list
+    if grep -Eq "$PEER" "$dl/keep"; then grep -E "$PEER" "$dl/keep" >.devwheels/lists/peer.list; fi
     while read -r w; do ln -f "$dl/cache/$w" "$dl/send/$w"; done <"$dl/keep"
     tar -cf - -C "$dl/send" . | split -b "${piece}m" - ".devwheels/parts-$e/part-"
     echo "$e ($list): $(wc -l <"$dl/keep") wheels, $(du -sh "$dl/send" | cut -f1)," \
