@@ -1,5 +1,6 @@
 # Sourced by the benchmarks' device scripts (run_sxs_h200.sh, run_faults_h200.sh): an engine's own
-# Python site on the GPU machine, from the wheel set that was sent beforehand as tar pieces into /tmp/dw (made here, with the lists, by benchmarks/device_wheels.sh);
+# Python site on the GPU machine, from the wheel set that was sent beforehand as tar pieces into
+# /tmp/dw (made here, with the lists, by benchmarks/device_wheels.sh);
 # the repository's .devwheels/lists/<engine>.list names the engine's wheels (carry .devwheels/lists).
 #   engine_site ENGINE LOG   installs into /tmp/site-ENGINE once per machine; returns 1 on failure
 #                            (ENGINE peer: upstream Foundry alone, for the side-by-side peer mode)
