@@ -173,6 +173,9 @@ def _wrap_create_engine_config(orig):
                 **self.additional_config,
                 settings.ADDITIONAL_CONFIG_KEY: settings.make_entry(entry["config"]),
             }
+            from foundry_core.engine import release
+
+            release.gate("vllm", settings.foundry_config(self.additional_config), logger)
             prepare_engine_args(self)
             launch_caches(self.additional_config)
             config = orig(self, *args, **kwargs)
