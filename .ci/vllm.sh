@@ -20,12 +20,17 @@ if [ ! -x "$venv/bin/python" ]; then
     "$python" -m venv "$venv"
 fi
 
-want="$vllm_spec $(cat pyproject.toml setup.py native/* 2>/dev/null | sha256sum | cut -c1-16)"
+want="$vllm_spec $(cat pyproject.toml setup.py packages/*/pyproject.toml native/* 2>/dev/null | sha256sum | cut -c1-16)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     echo "vllm.sh: installing $vllm_spec and this repository into $venv" >&2
     "$venv/bin/python" -m pip install --quiet "$vllm_spec"
-    # The test extra brings pytest (and what the core tests import: hypothesis, transformers).
-    "$venv/bin/python" -m pip install --quiet -e ".[test]"
+    # Editable installs: the core (foundry-graphs; the test extra brings pytest and what the core
+    # tests import: hypothesis, transformers) and the vLLM plugin (foundry-graphs-vllm: registers the
+    # vllm.general_plugins entry point; its vllm range is checked against the one installed).
+    "$venv/bin/python" -m pip install --quiet -e ".[test]" -e packages/vllm
+    # The SGLang plugin's modules only, without SGLang: some core tests read its records. Nothing
+    # loads it here (no SGLang, so no sglang.srt.plugins loader).
+    "$venv/bin/python" -m pip install --quiet --no-deps -e packages/sglang
     echo "$want" > "$stamp"
 fi
 
