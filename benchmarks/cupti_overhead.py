@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     import foundry_core as fc
-    from foundry_core.cli import _git_commit
+    from foundry_tools.commands import git_commit as _git_commit
     from foundry_tools.soak_gpu import machine_info
 
     x = torch.zeros(256, device="cuda")

@@ -3,6 +3,7 @@
 # sent beforehand as tar pieces into /tmp/dw (made here, with the lists, by benchmarks/device_wheels.sh);
 # the repository's .devwheels/lists/<engine>.list names the engine's wheels (carry .devwheels/lists).
 #   engine_site ENGINE LOG   installs into /tmp/site-ENGINE once per machine; returns 1 on failure
+#                            (ENGINE peer: upstream Foundry alone, for the side-by-side peer mode)
 #   engine_ready ENGINE LOGS T0   the site and the native library for a one-engine run, or exit:
 #                                 2 when the install failed (its log's tail shown), 3 when the build did
 # Each engine gets its own --target site, so the two engines' pins never meet.

@@ -1,40 +1,47 @@
 #!/usr/bin/env bash
-# Here (not on the device): the engines' wheel sets for the GPU machine, cut into pieces that one
-# device call carries, and the lists benchmarks/device_site.sh installs from.
-#   bash benchmarks/device_wheels.sh
-# Downloads each engine's resolved list (../shared/tools/device-wheels/lists) with that folder's
-# fetch.sh into .devwheels/<engine>/cache, then writes
+# Here (not on the device): the current engines' wheel sets for the GPU machine, cut into pieces that
+# one device call carries, and the lists benchmarks/device_site.sh installs from.
+#   bash benchmarks/device_wheels.sh            # both engines
+#   bash benchmarks/device_wheels.sh sglang     # one
+# Downloads each engine's resolved list (../shared/tools/device-wheels/lists: SGLang 0.5.23 with
+# torch 2.14.1 and upstream foundry-core 0.1.0rc3; vLLM 0.33.0 with torch 2.14.0) with that folder's
+# fetch.sh into .devwheels/dl-<engine>/cache, then writes
 #   .devwheels/lists/<engine>.list   the engine's wheel file names (carry .devwheels/lists)
-#   .devwheels/parts-<engine>/part-* one engine's wheels in pieces (40 MiB on 2026-12-03: SGLang 27,
-#                                    vLLM 23): a lease that runs one engine sends only these
-#   .devwheels/parts-both/part-*     both engines' wheels (37 pieces): a lease that runs both
-# A call carries the whole tracked tree (~20 MB on 2026-12-03, mostly benchmarks/results, whose large
-# results cold_start.results_text writes with number lists on one line) beside its
-# piece, and the device refuses more than 64 MiB in all: the pieces are cut to what the tree leaves
-# (less 4 MiB of margin), at most 44 MiB. Cut them again when benchmarks/results has grown.
-# Send each piece of one set with its own call, carrying only that piece, e.g.
-#   run(command="mkdir -p /tmp/dw && cp .devwheels/parts-sglang/* /tmp/dw/ && ls /tmp/dw | wc -l",
-#       carry=[".devwheels/parts-sglang/part-aa"])
-# and never pieces of two sets to one machine (device_site.sh concatenates every /tmp/dw/part-*).
+#   .devwheels/lists/peer.list       upstream Foundry's wheel, installed into a site of its own: it
+#                                    registers an SGLang plugin, so it must never sit in stock's site
+#   .devwheels/parts-<engine>/part-* the set in pieces; send each with its own call, carrying only it:
+#     run(command="mkdir -p /tmp/dw && cp .devwheels/parts-sglang/* /tmp/dw/ && ls /tmp/dw | wc -l",
+#         carry=[".devwheels/parts-sglang/part-aa"])
+#   and never pieces of two sets to one machine (device_site.sh concatenates every /tmp/dw/part-*).
+# Left out of every set (DROP below): wheels whose libraries the device image already holds under the
+# same soname for its CUDA 13 torch (cuDNN, cuFFT, cuRAND, cuSOLVER, cuSPARSE, cuSPARSELt: torch 2.14
+# preloads each from the first site on sys.path that has it, the image's when ours lacks it; none is
+# on a decode step's path), the CUDA 12 build of the CUTLASS DSL libraries (the device runs CUDA 13),
+# and media and solver wheels no serving start imports (torchcodec, PyNvVideoCodec, z3).
+# A call carries the whole tracked tree beside its piece and the device takes 64 MiB in all: pieces
+# are cut to what the tree leaves, less 4 MiB of margin.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 shared=../shared/tools/device-wheels
+DROP='^(nvidia_cudnn_cu13|nvidia_cufft|nvidia_curand|nvidia_cusolver|nvidia_cusparse|nvidia_cusparselt_cu13|nvidia_cutlass_dsl_libs_cu12|torchcodec|pynvvideocodec|z3_solver)-'
+PEER='^foundry_core-'
 grep -qx '/.devwheels/' .git/info/exclude 2>/dev/null || echo /.devwheels/ >>.git/info/exclude
-mkdir -p .devwheels/lists .devwheels/union
+mkdir -p .devwheels/lists
 tree_mib=$(($(git ls-files -z | du --files0-from=- -cb | tail -n 1 | cut -f1) / 1048576 + 1))
 piece=$((64 - tree_mib - 4))
-[ "$piece" -gt 44 ] && piece=44
 [ "$piece" -ge 16 ] || { echo "the tracked tree takes ${tree_mib} MiB: too little is left for a piece" >&2; exit 1; }
-piece=${piece}m
-for engine in sglang vllm; do
-  list=$(ls "$shared/lists" | grep "^$engine-")
-  bash "$shared/fetch.sh" "$shared/lists/$list" ".devwheels/$engine" >/dev/null
-  rm -rf ".devwheels/$engine/parts"
-  ls ".devwheels/$engine/cache" | grep '\.whl$' >".devwheels/lists/$engine.list"
-  cp -ln ".devwheels/$engine/cache/"*.whl .devwheels/union/ 2>/dev/null || true
-  rm -rf ".devwheels/parts-$engine" && mkdir -p ".devwheels/parts-$engine"
-  tar -cf - -C ".devwheels/$engine/cache" . | split -b "$piece" - ".devwheels/parts-$engine/part-"
+for engine in "${@:-sglang vllm}"; do
+  for e in $engine; do
+    list=$(ls "$shared/lists" | grep "^$e-" | sort -V | tail -n 1)
+    dl=.devwheels/dl-$e
+    bash "$shared/fetch.sh" "$shared/lists/$list" "$dl" >/dev/null
+    rm -rf "$dl/parts" ".devwheels/parts-$e" "$dl/send" && mkdir -p ".devwheels/parts-$e" "$dl/send"
+    ls "$dl/cache" | grep '\.whl$' | grep -Eiv "$DROP" >"$dl/keep"
+    grep -Ev "$PEER" "$dl/keep" >".devwheels/lists/$e.list"
+    grep -E "$PEER" "$dl/keep" >".devwheels/lists/peer.list" || true
+    while read -r w; do ln -f "$dl/cache/$w" "$dl/send/$w"; done <"$dl/keep"
+    tar -cf - -C "$dl/send" . | split -b "${piece}m" - ".devwheels/parts-$e/part-"
+    echo "$e ($list): $(wc -l <"$dl/keep") wheels, $(du -sh "$dl/send" | cut -f1)," \
+      "$(ls ".devwheels/parts-$e" | wc -l) pieces of ${piece} MiB; left out: $(ls "$dl/cache" | grep -Eic "$DROP")"
+  done
 done
-rm -rf .devwheels/parts50 .devwheels/parts-both && mkdir -p .devwheels/parts-both
-tar -cf - -C .devwheels/union . | split -b "$piece" - .devwheels/parts-both/part-
-for set in parts-sglang parts-vllm parts-both; do echo "$set: $(ls .devwheels/$set | wc -l) pieces"; done

@@ -56,13 +56,16 @@ def test_bench_list_is_long():
     assert max(bench.BENCH_BATCH_SIZES) == 256
 
 
-def test_the_load_options_reach_the_load_worker_only():
+def test_the_load_options_reach_the_load_worker_only(tmp_path, monkeypatch):
     """bench/demo --upload and --no-prepare are LOAD options: the SAVE worker never gets them (the
     probe runs of benchmarks/run_h200_core.sh compare them), the LOAD worker always does."""
     import argparse
 
     from foundry_core.cli import build_parser
     from foundry_tools import demo
+    from tool_commands import register_tool_commands
+
+    register_tool_commands(monkeypatch, tmp_path)  # bench comes through foundry_graphs.commands
 
     load_options = ["--upload", "--no-prepare", "--check-structure", "--reinstantiate"]
     args = build_parser().parse_args(["bench", *load_options])

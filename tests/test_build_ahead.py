@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import foundry_core as fc
-from foundry_core import _native, graph_build, graph_codec, graphs, restore, standin
+from foundry_core import _native, graph_build, graph_codec, graphs, rebuilding, standin
 from foundry_core.graphs import GraphError
 
 KERNELS = [["img-a", "k_add", {}]]
@@ -464,16 +464,16 @@ def driver(monkeypatch):
     )
     d = _Driver(archive)
     _StandIn.made = []
-    monkeypatch.setattr(restore, "builder_choice", lambda: "auto")
-    monkeypatch.setattr(restore.NativeBuilder, "create", d.create)
-    monkeypatch.setattr(restore, "StandIn", _StandIn)
-    monkeypatch.setattr(restore, "retarget", d.retarget)
+    monkeypatch.setattr(rebuilding, "builder_choice", lambda: "auto")
+    monkeypatch.setattr(rebuilding.NativeBuilder, "create", d.create)
+    monkeypatch.setattr(rebuilding, "StandIn", _StandIn)
+    monkeypatch.setattr(rebuilding, "retarget", d.retarget)
     return d
 
 
 def test_memory_nodes_are_built_against_a_stand_in_and_re_pointed_after_the_mapping(driver):
     archive = driver.archive
-    ahead = restore.rebuild_archive(archive, progress=False, ahead=True)
+    ahead = rebuilding.rebuild_archive(archive, progress=False, ahead=True)
     (made,) = _StandIn.made
     assert made.size == 8192 and ahead.timings["standin_bytes"] == 8192.0  # the largest need it may meet
     assert list(ahead.graphs) == ["decode/bs=1", "decode/bs=8", "decode/bs=16"]
@@ -484,7 +484,7 @@ def test_memory_nodes_are_built_against_a_stand_in_and_re_pointed_after_the_mapp
     assert len(archive.reads) == 4  # each encoding read once: the scan's reads are reused
 
     driver.mapped = True
-    timings = restore.finish_rebuild(archive, ahead, progress=False)
+    timings = rebuilding.finish_rebuild(archive, ahead, progress=False)
     assert driver.retargeted == ["decode/bs=8", "decode/bs=16"] and made.freed and ahead.standin is None
     assert list(ahead.graphs) == [
         "decode/bs=1",
@@ -499,10 +499,10 @@ def test_memory_nodes_are_built_against_a_stand_in_and_re_pointed_after_the_mapp
 
 def test_a_graph_the_driver_will_not_re_point_is_rebuilt_from_scratch(driver):
     archive = driver.archive
-    ahead = restore.rebuild_archive(archive, progress=False, ahead=True)
+    ahead = rebuilding.rebuild_archive(archive, progress=False, ahead=True)
     first = ahead.graphs["decode/bs=16"][0]
     driver.mapped, driver.refuse_retarget = True, {"decode/bs=16"}
-    timings = restore.finish_rebuild(archive, ahead, progress=False)
+    timings = rebuilding.finish_rebuild(archive, ahead, progress=False)
     assert first.destroyed and not ahead.graphs["decode/bs=16"][0].ahead
     assert timings["retargeted_graphs"] == 1.0 and timings["deferred_graphs"] == 2.0
     assert _StandIn.made[0].freed
@@ -512,17 +512,17 @@ def test_without_stand_in_memory_the_graphs_with_memory_nodes_wait_for_the_mappi
     def no_memory(nbytes):
         raise fc.CudaError("cuMemCreate", 2)
 
-    monkeypatch.setattr(restore, "StandIn", no_memory)
-    ahead = restore.rebuild_archive(driver.archive, progress=False, ahead=True)
+    monkeypatch.setattr(rebuilding, "StandIn", no_memory)
+    ahead = rebuilding.rebuild_archive(driver.archive, progress=False, ahead=True)
     assert list(ahead.graphs) == ["decode/bs=1"] and len(ahead.deferred) == 3 and ahead.standin is None
     assert driver.built == ["decode/bs=1"]  # the others not even tried before the mapping
     driver.mapped = True
-    timings = restore.finish_rebuild(driver.archive, ahead, progress=False)
+    timings = rebuilding.finish_rebuild(driver.archive, ahead, progress=False)
     assert timings["deferred_graphs"] == 3.0 and len(ahead.graphs) == 4
 
 
 def test_discarding_a_rebuild_ahead_frees_its_stand_in(driver):
-    ahead = restore.rebuild_archive(driver.archive, progress=False, ahead=True)
+    ahead = rebuilding.rebuild_archive(driver.archive, progress=False, ahead=True)
     built = [rebuilt for rebuilt, _rng, _nodes in ahead.graphs.values()]
     ahead.discard()
     assert _StandIn.made[0].freed and all(b.destroyed for b in built) and not ahead.moved
@@ -530,5 +530,5 @@ def test_discarding_a_rebuild_ahead_frees_its_stand_in(driver):
 
 def test_not_ahead_of_the_memory_no_stand_in_is_made(driver):
     driver.mapped = True
-    done = restore.rebuild_archive(driver.archive, progress=False)
+    done = rebuilding.rebuild_archive(driver.archive, progress=False)
     assert not _StandIn.made and len(done.graphs) == 4 and not done.moved

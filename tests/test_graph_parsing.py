@@ -9,7 +9,7 @@ import types
 
 import pytest
 
-from foundry_core import graphs, modules
+from foundry_core import graph_build, graph_compare, graphs, modules
 from foundry_core.region import PlacementError, Region, Segment
 
 
@@ -256,12 +256,12 @@ def test_launch_makes_one_stream_handle_per_stream_and_names_the_error(monkeypat
             launched.append((exec_, stream.value))
             return (CUresult.CUDA_ERROR_ILLEGAL_ADDRESS if stream.value == 9 else CUresult.CUDA_SUCCESS,)
 
-    monkeypatch.setattr(graphs, "cu", lambda: FakeDriver)
-    rebuilt = graphs.Rebuilt("graph", "exec", [], [])
+    monkeypatch.setattr(graph_build, "cu", lambda: FakeDriver)
+    rebuilt = graph_build.Rebuilt("graph", "exec", [], [])
     for stream in (5, 5, 5, 7, 7):
         rebuilt.launch(stream)
     assert made == [5, 7] and launched == [("exec", 5)] * 3 + [("exec", 7)] * 2
-    with pytest.raises(graphs.CudaError, match="cuGraphLaunch failed: CUDA_ERROR_ILLEGAL_ADDRESS"):
+    with pytest.raises(graph_build.CudaError, match="cuGraphLaunch failed: CUDA_ERROR_ILLEGAL_ADDRESS"):
         rebuilt.launch(9)
 
 
@@ -306,40 +306,40 @@ def _as_built(saved):
 
 def test_compare_a_restored_graph_with_its_description():
     saved = _saved_graph()
-    assert graphs.compare(saved, _as_built(saved)) is None
+    assert graph_compare.compare(saved, _as_built(saved)) is None
 
     built = _as_built(saved)
     built["nodes"][0]["grid"] = [8, 1, 1]
-    assert graphs.compare(saved, built) == "node 0 (gemm): grid [4, 1, 1] saved, [8, 1, 1] built"
+    assert graph_compare.compare(saved, built) == "node 0 (gemm): grid [4, 1, 1] saved, [8, 1, 1] built"
 
     built = _as_built(saved)
     built["nodes"][0]["attrs"] = {}  # a launch attribute lost
-    assert "attrs {'priority': 1} saved, {} built" in graphs.compare(saved, built)
+    assert "attrs {'priority': 1} saved, {} built" in graph_compare.compare(saved, built)
 
     built = _as_built(saved)
     built["edges"] = built["edges"][:1]  # a dependency lost: kernels could overlap
-    why = graphs.compare(saved, built)
+    why = graph_compare.compare(saved, built)
     assert why.startswith("graph top: 2 edges saved, 1 built") and "first saved only" in why
 
     built = _as_built(saved)
     next(e for e in built["edges"] if e[4] == 1)[4] = 0  # a programmatic edge became a plain one
-    assert "edges" in graphs.compare(saved, built)
+    assert "edges" in graph_compare.compare(saved, built)
 
     built = _as_built(saved)
     built["nodes"][2]["graph"]["nodes"][1]["type"] = "event_record"
-    assert graphs.compare(saved, built) == "node 2.1: event_wait saved, event_record built"
+    assert graph_compare.compare(saved, built) == "node 2.1: event_wait saved, event_record built"
 
     built = _as_built(saved)
     built["nodes"].pop()
-    assert graphs.compare(saved, built) == "graph top: 3 nodes saved, 2 built"
+    assert graph_compare.compare(saved, built) == "graph top: 3 nodes saved, 2 built"
 
     # Addresses (parameter bytes, memset and copy pointers) differ in a graph captured elsewhere:
     # compared unless told not to.
     built = _as_built(saved)
     built["nodes"][0]["params"] = "AAAAAAAAcAA="
     built["nodes"][1]["dst"] = 0x700000001000
-    assert "params" in graphs.compare(saved, built)
-    assert graphs.compare(saved, built, addresses=False) is None
+    assert "params" in graph_compare.compare(saved, built)
+    assert graph_compare.compare(saved, built, addresses=False) is None
 
 
 def test_restored_check_reads_every_graph_back(monkeypatch):
@@ -352,10 +352,10 @@ def test_restored_check_reads_every_graph_back(monkeypatch):
     wrong = _as_built(saved)
     wrong["nodes"][0]["block"] = [64, 1, 1]
     held = {"g-ok": _as_built(saved), "g-wrong": wrong}
-    import foundry_core.restore as restore
+    import foundry_core.rebuilding as rebuilding
 
-    monkeypatch.setattr(restore, "structure", lambda graph: held[graph])
-    monkeypatch.setattr(restore, "described", lambda archive, entry: saved)
+    monkeypatch.setattr(rebuilding, "structure", lambda graph: held[graph])
+    monkeypatch.setattr(rebuilding, "described", lambda archive, entry: saved)
     archive = types.SimpleNamespace(meta={"graphs": [{"name": "g-ok"}, {"name": "g-wrong"}]})
     graphs_ = {name: api.RestoredGraph(name, types.SimpleNamespace(graph=name), 0, None, 3) for name in held}
     restored = api.Restored(archive, None, graphs_, {}, {}, [], None, {})

@@ -2,10 +2,10 @@
 
     foundry_sglang_plugin, foundry_vllm_plugin  ->  foundry_core  <-  foundry_tools
 
-The library (every module under src/foundry_core) imports neither plugin nor any tool. The one
-exception is the ``foundry`` command line (foundry_core/cli.py): it reaches foundry_tools for its
-demo, bench and soak subcommands, lazily, inside functions, never when it is imported. Read from the
-source with ``ast`` (imports inside functions count too), so a lazy import cannot slip through.
+The library (every module under src/foundry_core) imports neither plugin nor any tool, the
+``foundry`` command line (foundry_core/cli.py) included: it finds the tools' subcommands through the
+entry-point group ``foundry_graphs.commands``. Read from the source with ``ast`` (imports inside
+functions count too), so a lazy import cannot slip through.
 """
 
 from __future__ import annotations
@@ -21,8 +21,6 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 CORE = "foundry_core"
 TOOLS = "foundry_tools"
 PLUGINS = ("foundry_sglang_plugin", "foundry_vllm_plugin")
-# foundry_core files allowed to import foundry_tools, and only inside a function.
-LAZY_TOOL_IMPORTS = {"foundry_core/cli.py"}
 
 
 def imports(source: str) -> list[tuple[str, int, bool]]:
@@ -67,14 +65,12 @@ def _files(package: str) -> list[Path]:
     return files
 
 
-def _violations(package: str, forbidden: tuple[str, ...], allow_lazy: set[str] = frozenset()) -> list[str]:
+def _violations(package: str, forbidden: tuple[str, ...]) -> list[str]:
     out = []
     for path in _files(package):
         rel = path.relative_to(SRC).as_posix()
         for module, line, eager in imports(path.read_text()):
             if _top(module) not in forbidden:
-                continue
-            if rel in allow_lazy and _top(module) == TOOLS and not eager:
                 continue
             out.append(f"{rel}:{line} imports {module}" + (" at import time" if eager else ""))
     return out
@@ -111,14 +107,7 @@ def test_the_scan_sees_every_kind_of_import():
 
 
 def test_the_library_imports_no_plugin_and_no_tool():
-    assert _violations(CORE, (TOOLS, *PLUGINS), allow_lazy=LAZY_TOOL_IMPORTS) == []
-
-
-def test_the_command_line_reaches_the_tools_only_lazily():
-    cli = (SRC / "foundry_core" / "cli.py").read_text()
-    tool_imports = [(m, line, eager) for m, line, eager in imports(cli) if _top(m) == TOOLS]
-    assert tool_imports, "foundry_core/cli.py no longer imports foundry_tools: update LAZY_TOOL_IMPORTS"
-    assert [i for i in tool_imports if i[2]] == []
+    assert _violations(CORE, (TOOLS, *PLUGINS)) == []
 
 
 def test_tools_and_plugins_do_not_import_each_other():
@@ -139,8 +128,12 @@ def test_the_tools_import_foundry_core_absolutely():
     assert wrong == []
 
 
-def test_version_and_help_import_neither_torch_nor_the_tools():
-    """``foundry --version`` / ``--help`` (and each subcommand's help) build the parser only."""
+def test_version_and_help_import_neither_torch_nor_the_tools(tmp_path, monkeypatch):
+    """``foundry --version`` / ``--help`` (and each subcommand's help) build the parser only: of the
+    tools, the entries of ``foundry_graphs.commands`` and the options they add."""
+    from tool_commands import register_tool_commands
+
+    register_tool_commands(monkeypatch, tmp_path)  # the child process finds them on PYTHONPATH
     script = textwrap.dedent(
         """
         import json, sys
@@ -163,5 +156,100 @@ def test_version_and_help_import_neither_torch_nor_the_tools():
     seen = json.loads(proc.stdout.strip().splitlines()[-1])
     assert set(seen) == {"--version", "--help", "demo --help", "bench --help", "soak --help", "tp --help"}
     for argv, modules in seen.items():
-        assert modules == ["foundry_tools", "foundry_tools.options"] or modules == [], (argv, modules)
+        assert modules == ["foundry_tools", "foundry_tools.commands", "foundry_tools.options"], (
+            argv,
+            modules,
+        )
     assert "usage: foundry soak" in proc.stdout and "(default: 10000)" in proc.stdout
+
+
+def _file_of(name: str) -> Path | None:
+    """The source file of the foundry_core module ``name`` (a package's __init__.py); None outside."""
+    if _top(name) != CORE:
+        return None
+    base = SRC.joinpath(*name.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+def _imported_files(path: Path) -> set[Path]:
+    """The foundry_core files that ``path`` imports, relative imports resolved, lazy ones and those
+    under ``TYPE_CHECKING`` included (each is an arrow a reader has to follow)."""
+    package = path.relative_to(SRC).with_suffix("").parts[:-1]  # a package's own, for its __init__.py too
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = ".".join(package[: len(package) - node.level + 1])
+                module = f"{base}.{node.module}" if node.module else base
+            else:
+                module = node.module or ""
+            # ``from package import name``: the submodule ``name`` where there is one, else the package
+            names = [f"{module}.{a.name}" if _file_of(f"{module}.{a.name}") else module for a in node.names]
+        out.update(f for f in map(_file_of, names) if f is not None and f != path)
+    return out
+
+
+def _circles() -> list[list[str]]:
+    """Every set of foundry_core files that import each other in a loop (Tarjan's strongly connected
+    components of the import graph), each as sorted relative paths."""
+    graph = {p: _imported_files(p) for p in _files(CORE)}
+    index: dict[Path, int] = {}
+    low: dict[Path, int] = {}
+    stack: list[Path] = []
+    found: list[list[str]] = []
+
+    def strong(v: Path) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w.relative_to(SRC).as_posix())
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            strong(v)
+    return sorted(found)
+
+
+def test_no_import_circles_in_the_library():
+    assert _circles() == []
+
+
+def test_the_circle_finder_sees_a_circle(tmp_path, monkeypatch):
+    """A loop through a lazy import and one under TYPE_CHECKING, as the LOAD path had them."""
+    package = tmp_path / CORE
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("from .b import thing\n")
+    (package / "b.py").write_text("def f():\n    from . import c\n")
+    (package / "c.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .a import x\n"
+    )
+    (package / "d.py").write_text("from . import a\n")
+    monkeypatch.setattr(sys.modules[__name__], "SRC", tmp_path)
+    assert _circles() == [[f"{CORE}/a.py", f"{CORE}/b.py", f"{CORE}/c.py"]]
+
+
+def test_no_library_module_is_over_700_lines():
+    long = {
+        p.relative_to(SRC).as_posix(): n for p in _files(CORE) if (n := len(p.read_text().splitlines())) > 700
+    }
+    assert long == {}

@@ -1,4 +1,4 @@
-"""The rebuild ahead of a LOAD (foundry_core.restore.prepare) and the engine layer's use of it, on
+"""The rebuild ahead of a LOAD (foundry_core.prepare, foundry_core/restore.py) and the engine layer's use of it, on
 the CPU: who owns what the thread made, what happens when it fails, and that a refused archive
 never leaves it loaded. The rebuild itself (modules, graphs) runs on the GPU: tests/gpu."""
 
@@ -10,7 +10,8 @@ import threading
 import pytest
 
 import foundry_core as fc
-from foundry_core import restore
+from foundry_core import rebuilding, restore
+from foundry_core import restored as restored_module
 from foundry_core.archive import Archive, ArchiveError
 from foundry_core.config import config_from_dict
 from foundry_core.engine import prepare as engine_prepare
@@ -149,7 +150,9 @@ def test_discard_unloads_what_the_thread_made(tmp_path, monkeypatch, no_device):
 
 
 def test_an_archive_outside_the_trusted_root_starts_no_thread(tmp_path, monkeypatch):
-    monkeypatch.setattr(restore, "Prepared", lambda *a, **k: pytest.fail("a thread was started"))
+    import foundry_core.api as api
+
+    monkeypatch.setattr(api, "Prepared", lambda *a, **k: pytest.fail("a thread was started"))
     (tmp_path / "root").mkdir()
     (tmp_path / "elsewhere").mkdir()
     with pytest.raises(ArchiveLocationError):
@@ -335,23 +338,23 @@ def test_ahead_of_the_memory_a_refused_graph_is_deferred_and_built_once_the_memo
         built.append(desc["name"])
         return _Built(desc["name"])
 
-    monkeypatch.setattr(restore, "builder_choice", lambda: "python")
-    monkeypatch.setattr(restore, "rebuild", fake_rebuild)
+    monkeypatch.setattr(rebuilding, "builder_choice", lambda: "python")
+    monkeypatch.setattr(rebuilding, "rebuild", fake_rebuild)
     archive = _Archive(["decode/bs=1", "decode/bs=8", "decode/bs=16"])
-    ahead = restore.rebuild_archive(archive, progress=False, ahead=True)
+    ahead = rebuilding.rebuild_archive(archive, progress=False, ahead=True)
     assert list(ahead.graphs) == ["decode/bs=1", "decode/bs=16"]
     assert list(ahead.deferred) == ["decode/bs=8"] and isinstance(ahead.deferred["decode/bs=8"], fc.CudaError)
     mapped["now"] = True
-    timings = restore.finish_rebuild(archive, ahead, progress=False)
+    timings = rebuilding.finish_rebuild(archive, ahead, progress=False)
     assert list(ahead.graphs) == ["decode/bs=1", "decode/bs=8", "decode/bs=16"] and not ahead.deferred
     assert timings["deferred_graphs"] == 1.0 and built == ["decode/bs=1", "decode/bs=16", "decode/bs=8"]
-    assert "deferred_graphs" not in restore.finish_rebuild(archive, ahead, progress=False)  # nothing left
+    assert "deferred_graphs" not in rebuilding.finish_rebuild(archive, ahead, progress=False)  # nothing left
 
     # Not ahead of the memory, a refusal is the error it always was, and nothing stays built.
     mapped["now"] = False
     built.clear()
     with pytest.raises(fc.CudaError, match="cuGraphAddMemcpyNode"):
-        restore.rebuild_archive(archive, progress=False)
+        rebuilding.rebuild_archive(archive, progress=False)
 
 
 # --- a LOAD that does not wait for the whole rebuild ------------------------------------------------
@@ -371,8 +374,8 @@ def _gated_rebuild(monkeypatch, gates, built, fail=None):
         built.append(name)
         return _Built(name)
 
-    monkeypatch.setattr(restore, "builder_choice", lambda: "python")
-    monkeypatch.setattr(restore, "rebuild", fake_rebuild)
+    monkeypatch.setattr(rebuilding, "builder_choice", lambda: "python")
+    monkeypatch.setattr(rebuilding, "rebuild", fake_rebuild)
 
 
 def _wait_for(cond):
@@ -459,7 +462,7 @@ def test_after_the_hand_over_a_refused_graph_is_built_once_the_memory_is_mapped(
 
 def test_a_thread_that_fails_after_the_hand_over_keeps_what_it_handed_over(monkeypatch, no_device):
     gate, built, unloaded = threading.Event(), [], []
-    monkeypatch.setattr(restore.LoadedModules, "unload", lambda self: unloaded.append(self))
+    monkeypatch.setattr(rebuilding.LoadedModules, "unload", lambda self: unloaded.append(self))
     _gated_rebuild(monkeypatch, {"decode/bs=8": gate}, built, fail={"decode/bs=8": RuntimeError("lost")})
     prepared = restore.Prepared("/archive", 0, _Archive(NAMES), {})
     prepared.building()
@@ -513,17 +516,18 @@ def test_load_returns_before_the_thread_ends_and_each_replay_waits_for_its_own_g
         built.append(desc["name"])
         return Built(desc["name"])
 
-    monkeypatch.setattr(restore, "builder_choice", lambda: "python")
-    monkeypatch.setattr(restore, "rebuild", fake_rebuild)
-    monkeypatch.setattr(restore, "decode", lambda data, kernels: {"name": data.decode(), "rng": None})
+    monkeypatch.setattr(rebuilding, "builder_choice", lambda: "python")
+    monkeypatch.setattr(rebuilding, "rebuild", fake_rebuild)
+    monkeypatch.setattr(rebuilding, "decode", lambda data, kernels: {"name": data.decode(), "rng": None})
     monkeypatch.setattr(api, "current_fingerprint", lambda *a, **k: {})
     monkeypatch.setattr(api, "_check_verified", lambda *a: None)
     monkeypatch.setattr(api, "_require_graph_archive", lambda *a: None)
-    monkeypatch.setattr(api, "_current_stream_getter", lambda: lambda device: 7)
+    monkeypatch.setattr(restored_module, "_current_stream_getter", lambda: lambda device: 7)
     cuda = types.SimpleNamespace(
         synchronize=lambda *a: None, current_stream=lambda d: types.SimpleNamespace(cuda_stream=7)
     )
-    monkeypatch.setattr(api, "_torch", lambda: types.SimpleNamespace(cuda=cuda))
+    for module in (api, restored_module):  # load's synchronize, unload's
+        monkeypatch.setattr(module, "_torch", lambda: types.SimpleNamespace(cuda=cuda))
 
     class Archive_:
         path = str(tmp_path)
@@ -531,7 +535,7 @@ def test_load_returns_before_the_thread_ends_and_each_replay_waits_for_its_own_g
             "images": [],
             "kernels": [],
             "graphs": [
-                {"name": n, "file": f"graphs/{n}", "nodes": 1, "encoding": restore.ENCODING} for n in NAMES
+                {"name": n, "file": f"graphs/{n}", "nodes": 1, "encoding": rebuilding.ENCODING} for n in NAMES
             ],
             "device": 0,
             "layout": {"segments": []},

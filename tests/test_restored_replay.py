@@ -9,7 +9,7 @@ pytest.importorskip("cuda.bindings.driver")
 
 from cuda.bindings import driver  # noqa: E402
 
-from foundry_core import api, graphs  # noqa: E402
+from foundry_core import api, graph_build, restored  # noqa: E402
 from foundry_core.driver import CudaError  # noqa: E402
 
 
@@ -24,7 +24,7 @@ class _Launches:
 
 
 def _restored(streams):
-    rebuilt = graphs.Rebuilt(graph=None, exec_="exec-handle", events=[], keepalive=[])
+    rebuilt = graph_build.Rebuilt(graph=None, exec_="exec-handle", events=[], keepalive=[])
     rebuilt._launch = launches = _Launches()
     graph = api.RestoredGraph("decode_bs8", rebuilt, 0, None, 3)
     graph._current_stream = lambda device: streams[-1]
@@ -64,7 +64,7 @@ def test_destroy_takes_the_launch_back():
 
 
 def test_a_graph_with_random_state_keeps_its_bookkeeping_on_every_replay(monkeypatch):
-    rebuilt = graphs.Rebuilt(graph=None, exec_="exec-handle", events=[], keepalive=[])
+    rebuilt = graph_build.Rebuilt(graph=None, exec_="exec-handle", events=[], keepalive=[])
     rebuilt._launch = launches = _Launches()
     graph = api.RestoredGraph.__new__(api.RestoredGraph)
     graph.name, graph.device, graph.nodes = "sampled", 0, 3
@@ -100,7 +100,7 @@ def test_a_graph_with_random_state_keeps_its_bookkeeping_on_every_replay(monkeyp
         class cuda:
             default_generators = [gen]
 
-    monkeypatch.setattr(api, "_torch", lambda: _Torch)
+    monkeypatch.setattr(restored, "_torch", lambda: _Torch)
     graph.replay()
     graph.replay()
     assert "replay" not in vars(graph)

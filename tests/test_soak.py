@@ -292,7 +292,10 @@ def test_crash_wrappers_classify_what_each_kill_left():
     assert c.counts()["kill_points"] == 3 and c.counts()["kill_loadable_partial"] == 1
 
 
-def test_cli_soak_without_a_gpu_says_so(monkeypatch, capsys):
+def test_cli_soak_without_a_gpu_says_so(monkeypatch, capsys, tmp_path):
+    from tool_commands import register_tool_commands
+
+    register_tool_commands(monkeypatch, tmp_path)  # soak, through foundry_graphs.commands
     monkeypatch.setattr("foundry_tools.demo.gpu_available", lambda: False)
     assert cli.main(["soak", "--replays", "10", "--cycles", "2"]) == 2
     assert "no NVIDIA GPU" in capsys.readouterr().out
@@ -312,8 +315,11 @@ def test_cli_soak_defaults():
 
 
 @pytest.mark.gpu
-def test_soak_end_to_end(tmp_path):
+def test_soak_end_to_end(tmp_path, monkeypatch):
     """SAVE, LOAD + soak + cycles in fresh processes, on the tiny preset (the CPU suite is left out)."""
+    from tool_commands import register_tool_commands
+
+    register_tool_commands(monkeypatch, tmp_path / "entry_points")  # soak, through foundry_graphs.commands
     out = tmp_path / "soak.json"
     cmd = [
         sys.executable,

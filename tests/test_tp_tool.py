@@ -56,8 +56,11 @@ def test_shared_gpus_reach_every_rank_and_let_torch_allow_it(tmp_path, monkeypat
     assert all("TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES" not in env for _cmd, env in started)
 
 
-def test_the_cli_says_how_many_gpus_a_run_needs(capsys):
+def test_the_cli_says_how_many_gpus_a_run_needs(capsys, tmp_path, monkeypatch):
     from foundry_core import cli
+    from tool_commands import register_tool_commands
+
+    register_tool_commands(monkeypatch, tmp_path)  # tp comes through foundry_graphs.commands
 
     assert cli.main(["tp", "--world-size", "2"]) == 2
     assert "needs 2 NVIDIA GPUs" in capsys.readouterr().out

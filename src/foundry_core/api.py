@@ -1,4 +1,4 @@
-"""save / load / verify: the public entry points.
+"""save / prepare / load / verify: the public entry points (a LOAD: api -> restore -> rebuilding, tail).
 
 SAVE (in the process that captured)::
 
@@ -26,7 +26,6 @@ LOAD (in a fresh process)::
 from __future__ import annotations
 
 import ctypes
-import functools
 import os
 import re
 import time
@@ -49,7 +48,6 @@ from .graph_build import check_rebuilds
 from .graph_codec import ENCODING, encode, kernel_ids
 from .graphs import (
     GraphError,
-    Rebuilt,
     Segments,
     WalkMemo,
     block_auditor,
@@ -62,8 +60,10 @@ from .graphs import (
 )
 from .modules import ModuleError, Recorded, recording
 from .progress import progress_bar
+from .rebuilding import finish_rebuild, rebuild_archive
 from .region import Region, RegionError, Segment, restore_snapshot, snapshot
-from .restore import Prepared, differences, drop, finish_rebuild, rebuild_archive, take_whole
+from .restore import Prepared, drop, take_whole
+from .restored import Restored, RestoredGraph, tensor_at
 from .symmetric import SymmetricBuffer, require_idle
 from .symmetric import check as check_symmetric
 from .symmetric import ranges as symmetric_ranges
@@ -80,10 +80,6 @@ def _torch():
     import torch
 
     return torch
-
-
-def _signed64(value: int) -> int:
-    return value - (1 << 64) if value >= 1 << 63 else value
 
 
 def _read_words(addrs: list[int]) -> list[int]:
@@ -189,29 +185,6 @@ def _tensor_record(t) -> dict:
         "stride": list(t.stride()),
         "dtype": str(t.dtype).replace("torch.", ""),
     }
-
-
-class _DeviceSpan:
-    """An owner of nothing: presents [addr, addr + nbytes) to torch.as_tensor."""
-
-    def __init__(self, addr: int, nbytes: int):
-        self.__cuda_array_interface__ = {
-            "shape": (nbytes,),
-            "typestr": "|u1",
-            "data": (addr, False),
-            "version": 3,
-        }
-
-
-def tensor_at(addr: int, shape, stride, dtype, device: int):
-    """A tensor over memory Foundry mapped (it does not own it: keep the Restored object alive)."""
-    torch = _torch()
-    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-    item = torch.empty((), dtype=dtype, device="meta").element_size()
-    extent = 1 + sum((n - 1) * s for n, s in zip(shape, stride)) if all(shape) else 0
-    nbytes = max(extent, 1) * item
-    flat = torch.as_tensor(_DeviceSpan(addr, nbytes), device=f"cuda:{device}")
-    return flat.view(dtype).as_strided(tuple(shape), tuple(stride))
 
 
 def save(
@@ -470,6 +443,42 @@ def _require_device(archive, path, device: int) -> None:
         )
 
 
+def prepare(
+    path: str | os.PathLike,
+    *,
+    device: int = 0,
+    archive: Archive | None = None,
+    fingerprint_model: dict | None = None,
+    rank: int = 0,
+    world_size: int = 1,
+    expected_digest: str | None = None,
+    trusted_root: str | os.PathLike | None = None,
+) -> Prepared:
+    """Start rebuilding the archive at ``path`` (its modules and graphs) on a background thread.
+
+    Call it once the archive is accepted and the region is reserved (the thread's own driver
+    allocations, code and executable graphs, must not take the region's fixed addresses), before
+    the engine's own setup; pass the result to :func:`foundry_core.load` as ``prepared=``. ``archive``:
+    what :func:`~foundry_core.verify` returned for ``path``; without it the thread reads and verifies
+    the archive first, as :func:`~foundry_core.verify` does with the same ``fingerprint_model``,
+    ``rank``, ``world_size`` and ``expected_digest`` (give them as ``load`` will get them). The
+    location under ``trusted_root`` is checked here, before the thread starts. Nothing is launched
+    on the GPU.
+    """
+    if trusted_root is not None:
+        check_location(path, trusted_root)
+    if archive is not None and not isinstance(archive, Archive):
+        raise ArchiveError(f"archive= takes what verify() returned, not {type(archive).__name__}")
+    verify_args = {
+        "fingerprint_model": fingerprint_model,
+        "rank": rank,
+        "world_size": world_size,
+        "expected_digest": expected_digest,
+        "trusted_root": trusted_root,
+    }
+    return Prepared(path, int(device), archive, verify_args, verify=verify)
+
+
 def _check_verified(archive, path, expected: dict, expected_digest: str | None) -> None:
     """What :func:`load` checks on an archive :func:`verify` already read: same place, pinned digest,
     and this process's fingerprint (verify may have been asked with other model facts)."""
@@ -502,118 +511,6 @@ def _check_nvshmem_heap(archive, path) -> None:
     if not (isinstance(record, dict) and all(isinstance(record.get(k), int) for k in ("base", "size"))):
         raise ArchiveError(f"archive {path}: manifest.json has a damaged NVSHMEM heap record: {record!r}")
     nvshmem.check_recorded(record)
-
-
-@functools.cache
-def _current_stream_getter():
-    """``device -> raw handle of its current stream``, as torch's own replay reads it: no Stream
-    object per replay (replay is on the serving loop's host path)."""
-    torch = _torch()
-    return getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
-        lambda device: torch.cuda.current_stream(device).cuda_stream
-    )
-
-
-class RestoredGraph:
-    """A graph rebuilt from an archive; replays on the current torch stream like ``torch.cuda.CUDAGraph``."""
-
-    def __init__(
-        self, name: str, rebuilt: Rebuilt | None, device: int, rng: dict | None, nodes: int, pending=None
-    ):
-        self.name, self.device, self.nodes = name, device, nodes
-        self._rebuilt = rebuilt
-        # Still being rebuilt in the background when load() returned (restore.Pending): the first
-        # replay waits for this graph; waited_s says how long it did.
-        self._pending = pending
-        self.waited_s = 0.0
-        self._rng = rng
-        self._current_stream = _current_stream_getter()
-        if rng:
-            self._seed = tensor_at(rng["seed_ptr"], (1,), (1,), "int64", device)
-            self._offset = tensor_at(rng["offset_ptr"], (1,), (1,), "int64", device)
-
-    def _take(self) -> Rebuilt:
-        """The graph, waiting for it (or building it now) when it was handed over unfinished."""
-        if self._rebuilt is None:
-            t0 = time.perf_counter()
-            self._rebuilt = self._pending.take()
-            self.waited_s = time.perf_counter() - t0
-        return self._rebuilt
-
-    def replay(self) -> None:
-        rebuilt = self._rebuilt or self._take()
-        if self._rng:
-            # What torch's own replay does before launching: publish seed and offset, then advance.
-            gen = _torch().cuda.default_generators[self.device]
-            offset = gen.get_offset()
-            self._seed.fill_(_signed64(gen.initial_seed()))
-            self._offset.fill_(offset)
-            gen.set_offset(offset + self._rng["increment"])
-            rebuilt.launch(self._current_stream(self.device))
-            return
-        # No random state (the engines' decode graphs): from now on ``replay`` is the launch alone,
-        # an instance attribute over this method, so the serving loop's host path does what torch's
-        # replay does and nothing more. _destroy removes it again.
-        self.replay = rebuilt.launcher(self._current_stream, self.device)
-        self.replay()
-
-    def _destroy(self) -> None:
-        self.__dict__.pop("replay", None)  # a replay after unload goes through the checks above
-        rebuilt = self._rebuilt or (self._pending.rebuilt if self._pending is not None else None)
-        if rebuilt is not None:
-            rebuilt.destroy()
-
-    def __repr__(self) -> str:
-        return f"RestoredGraph({self.name!r}, nodes={self.nodes})"
-
-
-class Restored:
-    """What :func:`load` hands back: graphs, named tensors, engine slots, and timing."""
-
-    def __init__(
-        self, archive, region: Region, graphs, tensors, slots, mapped: list[Segment], modules, timings
-    ):
-        self.archive, self.region = archive, region
-        self.graphs: dict[str, RestoredGraph] = graphs
-        self.tensors: dict = tensors
-        self.slots: dict = slots
-        self.timings: dict[str, float] = timings
-        self._builders: set[str] = set()  # the rebuild's, filled while a background rebuild builds
-        self._background = None  # the prepared rebuild still finishing graphs after load() returned
-        self._mapped, self._modules = mapped, modules
-
-    @property
-    def digest(self) -> str:
-        return self.archive.digest
-
-    @property
-    def builder(self) -> str:
-        """Which graph builder(s) rebuilt the graphs so far: native, python, native+python or none."""
-        return "+".join(sorted(self._builders)) or "none"
-
-    def wait_rebuilt(self) -> None:
-        """Wait until every graph is rebuilt and ``timings`` is complete: with ``prepared=``, ``load``
-        may return while the background thread still builds some (each replay waits for its own)."""
-        if self._background is not None:
-            self._background.wait()
-
-    def check(self) -> dict[str, str]:
-        """Read every graph back from the driver and compare it with the description the archive
-        holds (:func:`foundry_core.graphs.compare`): node for node, edge for edge, with parameter
-        bytes and memory addresses. Returns ``{graph name: first difference}``, empty when each
-        graph is what SAVE saved. Takes about as long as SAVE's walk of the same graphs."""
-        self.wait_rebuilt()
-        return differences(self.archive, lambda name: self.graphs[name]._take().graph)
-
-    def unload(self) -> None:
-        """Destroy the graphs, unload their modules and unmap the memory they owned."""
-        self.wait_rebuilt()
-        _torch().cuda.synchronize(self.region.device)
-        for g in self.graphs.values():
-            g._destroy()
-        self._modules.unload()
-        self.region.unmap(self._mapped)
-        self.graphs, self.tensors, self._mapped = {}, {}, []
 
 
 def load(

@@ -1,23 +1,35 @@
-"""The ``foundry`` command: demo, bench, soak, inspect, verify.
+"""The ``foundry`` command: inspect and verify, and the subcommands other packages add.
 
-``demo``, ``bench`` and ``soak`` are tools beside the library (the ``foundry_tools`` package): they
-are imported here only inside their subcommand functions, and their options come from
-``foundry_tools.options``, which imports no torch, so ``foundry --version`` and ``foundry --help``
-stay quick. The library itself (every other ``foundry_core`` module) never imports ``foundry_tools``.
+``inspect`` and ``verify`` are the core's own. Other subcommands (``demo``, ``bench``, ``soak`` and
+``tp``, from the ``foundry_tools`` package) are found through the entry-point group
+``foundry_graphs.commands``: each entry names a callable that adds its subparser to the ``foundry``
+parser's subparsers. The core never imports ``foundry_tools``; ``foundry --version`` and ``foundry
+--help`` import no torch (an entry's module must be cheap to load, and the tools import theirs when
+their subcommand runs).
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import subprocess
+import re
 import sys
 from collections import Counter
 from pathlib import Path
 
 from . import __version__
+
+COMMANDS_GROUP = "foundry_graphs.commands"
+
+# Exit codes of inspect and verify (the --help epilog and docs/api.md list them).
+EXIT_OK, EXIT_REFUSED, EXIT_NOT_CHECKED = 0, 1, 2
+EXIT_CODES = """exit codes:
+  0  every archive checked is sound (verify: and matches this machine)
+  1  an archive was refused: missing, damaged, not a graph archive, a rank absent or saved for
+     another rank, or (verify) saved for another machine, device or launch
+  2  an archive could not be checked here (verify without --integrity-only: no GPU or driver to
+     read this machine's fingerprint from); also a usage error"""
 
 
 def _human(n: int) -> str:
@@ -36,21 +48,68 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
     return "\n".join(out)
 
 
+_RANK_DIR = re.compile(r"rank(\d+)")
+
+
+def rank_archives(path: str | Path) -> list[tuple[int | None, Path]]:
+    """The archives that ``path`` names: itself when it is one archive (or not one: opening it then
+    says why), else each ``rank<N>`` of an engine's archive directory, by rank (None: one archive)."""
+    p = Path(path)
+    if not p.is_dir() or (p / "manifest.json").exists() or (p / "manifest.json").is_symlink():
+        return [(None, p)]
+    ranks = []
+    for child in p.iterdir():
+        found = _RANK_DIR.fullmatch(child.name)
+        if found and (child.is_dir() or child.is_symlink()):  # a dangling link is reported when opened
+            ranks.append((int(found.group(1)), child))
+    return sorted(ranks) or [(None, p)]
+
+
+def _missing_ranks(ranks: list[tuple[int | None, Path]], world_sizes: dict[int, int]) -> list[str]:
+    """What a set of rank archives lacks or holds wrong: every rank below each one's world size,
+    one world size for all (a rank archive's own rank is checked by its fingerprint)."""
+    if not world_sizes:
+        return []
+    sizes = set(world_sizes.values())
+    if len(sizes) > 1:
+        shown = ", ".join(f"rank{r}: {w}" for r, w in sorted(world_sizes.items()))
+        return [f"the rank archives were saved for different world sizes ({shown}); SAVE again"]
+    present = {rank for rank, _ in ranks}
+    return [f"rank{r} of {max(sizes)} is missing; SAVE again" for r in range(max(sizes)) if r not in present]
+
+
 def cmd_inspect(args) -> int:
+    ranks = rank_archives(args.archive)
+    worst, world_sizes = EXIT_OK, {}
+    for rank, path in ranks:
+        if rank is not None:  # one block per rank, a blank line between
+            print(("" if rank == ranks[0][0] else "\n") + f"== rank{rank} ==")
+        code, fingerprint = _inspect_one(path, list_kernels=args.kernels)
+        worst = max(worst, code)
+        if rank is not None and fingerprint is not None:
+            world_sizes[rank] = fingerprint.get("world_size", 1)
+    for why in _missing_ranks(ranks, world_sizes):
+        print(f"foundry inspect: {Path(args.archive)}: {why}", file=sys.stderr)
+        worst = EXIT_REFUSED
+    return worst
+
+
+def _inspect_one(path: Path, *, list_kernels: bool) -> tuple[int, dict | None]:
+    """Print one archive; its exit code and fingerprint (None when it could not be opened)."""
     from .archive import ArchiveError, open_archive
     from .graph_codec import read_description
 
     try:
-        archive = open_archive(args.archive)
+        archive = open_archive(path)
     except ArchiveError as e:
         print(f"foundry inspect: {e}", file=sys.stderr)
-        return 1
+        return EXIT_REFUSED, None
     meta, fp = archive.meta, archive.fingerprint
     if meta.get("kind") == "foundry-caches":
         print(f"archive   {archive.path} (carried compile caches)")
         print(f"digest    {archive.digest}")
         _print_caches(archive)
-        return 0
+        return EXIT_OK, fp
     print(f"archive   {archive.path}")
     print(f"digest    {archive.digest}")
     stored = sum(entry["size"] for entry in archive.manifest["files"].values())
@@ -107,7 +166,7 @@ def cmd_inspect(args) -> int:
         )
     print()
     print(_table(rows, ["module", "kernels used", "bytes", "restored state"]))
-    if args.kernels:
+    if list_kernels:
         print()
         print(
             _table([[image[:16], name] for image, name, _ in meta.get("kernels", [])], ["module", "kernel"])
@@ -127,7 +186,7 @@ def cmd_inspect(args) -> int:
         else:
             print(f"\ncaches    {carried}, digest {caches.digest}")
             _print_caches(caches)
-    return 0
+    return EXIT_OK, fp
 
 
 def _print_caches(archive) -> None:
@@ -150,261 +209,169 @@ def _print_caches(archive) -> None:
 
 
 def cmd_verify(args) -> int:
+    ranks = rank_archives(args.archive)
+    several = ranks[0][0] is not None
+    if several and args.rank is None and args.digest is not None:
+        print(
+            f"foundry verify: --digest pins one archive; {args.archive} holds {len(ranks)} rank archives: "
+            "give one of them, or --rank",
+            file=sys.stderr,
+        )
+        return EXIT_NOT_CHECKED
+    if several and args.rank is not None:  # one rank of an archive directory: that rank's archive
+        ranks = [(rank, path) for rank, path in ranks if rank == args.rank]
+        if not ranks:
+            print(
+                f"foundry verify: REFUSED: no rank{args.rank} archive under {args.archive}", file=sys.stderr
+            )
+            return EXIT_REFUSED
+    codes, world_sizes = [], {}
+    for rank, path in ranks:
+        code, fingerprint = _verify_one(path, rank, args)
+        codes.append(code)
+        if rank is not None and fingerprint is not None:
+            world_sizes[rank] = fingerprint.get("world_size", 1)
+    if several and args.rank is None:
+        for why in _missing_ranks(ranks, world_sizes):
+            print(f"foundry verify: REFUSED: {Path(args.archive)}: {why}", file=sys.stderr)
+            codes.append(EXIT_REFUSED)
+    worst = EXIT_REFUSED if EXIT_REFUSED in codes else max(codes)
+    if several:
+        ok = codes.count(EXIT_OK)
+        verdict = "OK" if worst == EXIT_OK else ("REFUSED" if worst == EXIT_REFUSED else "NOT CHECKED")
+        print(f"foundry verify: {verdict}: {ok} of {len(ranks)} rank archives under {args.archive} sound")
+    return worst
+
+
+def _verify_one(path: Path, rank_dir: int | None, args) -> tuple[int, dict | None]:
+    """Check one archive; its exit code and fingerprint (None when it was refused unread)."""
     from .api import verify
     from .archive import ArchiveError, open_archive
+    from .archive_check import check_structure
 
+    fingerprint = None
     try:
+        # Checksums and structure first: no GPU needed, and a damaged archive is refused before the
+        # machine is asked anything.
+        saved = open_archive(path, expected_digest=args.digest)
+        check_structure(saved)
+        fingerprint = saved.fingerprint
+        if rank_dir is not None and args.rank is None and fingerprint.get("rank", 0) != rank_dir:
+            raise ArchiveError(
+                f"archive {path} was saved by rank {fingerprint.get('rank', 0)}, not rank {rank_dir}; SAVE again"
+            )
+        graphs = len(saved.meta["graphs"])
+        if args.integrity_only:
+            print(
+                f"foundry verify: OK: {path} ({graphs} graphs): checksums and structure sound "
+                "(this machine not compared: --integrity-only)"
+            )
+            return EXIT_OK, fingerprint
         # A multi-GPU launch keeps an archive per rank, each saved on its own device: unless told
         # otherwise, check each as its own rank would load it (rank, world size, device ordinal).
-        saved = open_archive(args.archive)
-        rank = saved.fingerprint.get("rank", 0) if args.rank is None else args.rank
-        world_size = saved.fingerprint.get("world_size", 1) if args.world_size is None else args.world_size
+        rank = fingerprint.get("rank", 0) if args.rank is None else args.rank
+        world_size = fingerprint.get("world_size", 1) if args.world_size is None else args.world_size
         device = saved.meta.get("device", 0) if args.device is None else args.device
-        archive = verify(
-            args.archive, device=device, rank=rank, world_size=world_size, expected_digest=args.digest
-        )
+        verify(path, device=device, rank=rank, world_size=world_size, expected_digest=args.digest)
     except ArchiveError as e:
         print(f"foundry verify: REFUSED: {e}", file=sys.stderr)
-        return 1
+        return EXIT_REFUSED, None
     except RuntimeError as e:
-        print(f"foundry verify: {e}", file=sys.stderr)
-        return 2
-    print(f"foundry verify: OK: {archive.path} ({len(archive.meta['graphs'])} graphs) matches this machine")
-    return 0
-
-
-def _git_commit() -> str:
-    if os.environ.get("FOUNDRY_COMMIT"):  # set where the tree travels without its .git (the GPU runs)
-        return os.environ["FOUNDRY_COMMIT"]
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short=12", "HEAD"],
-            capture_output=True,
-            text=True,
-            cwd=Path(__file__).resolve().parent,
-            check=True,
-        )
-        return out.stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
-def cmd_demo(args) -> int:
-    from foundry_tools.demo import gpu_available, orchestrate, print_summary
-
-    if not gpu_available():
         print(
-            "foundry demo: no NVIDIA GPU is visible on this machine (torch.cuda.is_available() is False). "
-            "The demo captures and restores CUDA graphs, so it needs one; nothing was run."
+            f"foundry verify: NOT CHECKED: {e} (--integrity-only checks the archive alone)", file=sys.stderr
         )
-        return 2
-    result = orchestrate(args)
-    print_summary(result)
-    if args.out:
-        import torch
-
-        result = {
-            "date": datetime.date.today().isoformat(),
-            "commit": _git_commit(),
-            "machine": torch.cuda.get_device_name(args.device),
-            "command": "foundry " + " ".join(sys.argv[1:]),
-            "foundry_version": __version__,
-            **result,
-        }
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-        print(f"  results written to {args.out}")
-    ok = (
-        result["bit_exact_all"]
-        and result["load_stream_captures"] == 0
-        and result["load_warmup_forwards"] == 0
-    )
-    return 0 if ok else 1
+        return EXIT_NOT_CHECKED, fingerprint
+    print(f"foundry verify: OK: {path} ({graphs} graphs) matches this machine")
+    return EXIT_OK, fingerprint
 
 
-def cmd_tp(args) -> int:
-    from foundry_tools.tp import orchestrate, visible_gpus
+def _subcommands() -> list[tuple[str, object]]:
+    """The subcommands other packages register in ``foundry_graphs.commands``: (name, adder), by name.
 
-    gpus = visible_gpus()
-    needed = 1 if args.share_gpus else args.world_size
-    if gpus < needed:
-        print(
-            f"foundry tp: --world-size {args.world_size} needs {needed} NVIDIA GPU{'s' if needed > 1 else ''}"
-            f"{' (--share-gpus)' if args.share_gpus else ''}, this machine shows {gpus}; nothing was run."
-        )
-        return 2
-    result = orchestrate(args)
-    for r in result["ranks"]:
-        print(
-            f"  rank {r['rank']}: {r['graphs']} graph, {r['symm_mem_collectives']} symmetric-memory "
-            f"collective kernels, {r['nccl_kernels']} NCCL; capture {r['capture_s']:.3f} s, restore "
-            f"{r['restore_s']:.3f} s; {r['steps_identical']}/{r['steps']} steps identical to SAVE, "
-            f"{r['load_decode_captures']} captures at LOAD"
-        )
-    if "reproduce" in result:
-        rep = result["reproduce"]
-        print(
-            f"  second SAVE: fingerprints equal {rep['fingerprints_equal']}, offsets equal {rep['offsets_equal']}"
-        )
-    failed = f": {result['failed']}" if result.get("failed") else ""
-    print(f"foundry tp: {'OK' if result['ok'] else 'FAILED'} (world size {result['world_size']}){failed}")
-    if args.out:
-        import torch
+    A name registered twice (a stale install beside a fresh one) is taken once; one that fails to
+    load is left out with a one-line note on stderr, so that it cannot take inspect and verify down.
+    """
+    from importlib.metadata import entry_points
 
-        result = {
-            "date": datetime.date.today().isoformat(),
-            "commit": _git_commit(),
-            "machine": f"{torch.cuda.device_count()}x {torch.cuda.get_device_name(0)}",
-            "command": "foundry " + " ".join(sys.argv[1:]),
-            "foundry_version": __version__,
-            **result,
-        }
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-        print(f"  results written to {args.out}")
-    return 0 if result["ok"] else 1
+    found: dict[str, object] = {}
+    for ep in entry_points(group=COMMANDS_GROUP):
+        if ep.name in found or ep.name in ("inspect", "verify"):
+            continue
+        try:
+            found[ep.name] = ep.load()
+        except Exception as e:  # a broken or half-installed package
+            print(
+                f"foundry: subcommand {ep.name!r} ({ep.value}) not loaded: {type(e).__name__}: {e}",
+                file=sys.stderr,
+            )
+    return sorted(found.items())
 
 
-def cmd_bench(args) -> int:
-    from foundry_tools.bench import plot, print_table, summarize
-    from foundry_tools.demo import gpu_available, orchestrate
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Defaults shown where there is one (not None, not a flag's False); the epilog kept as written."""
 
-    if not gpu_available():
-        print("foundry bench: no NVIDIA GPU is visible on this machine; nothing was run.")
-        return 2
-    summary = summarize(orchestrate(args))
-    print_table(summary)
-    import torch
-
-    record = {
-        "date": datetime.date.today().isoformat(),
-        "commit": _git_commit(),
-        "machine": torch.cuda.get_device_name(args.device),
-        "command": "foundry " + " ".join(sys.argv[1:]),
-        "preset": args.preset,
-        "replays_per_size": args.replays,
-        **summary,
-    }
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(record, indent=2) + "\n")
-        print(f"  results written to {args.out}")
-        png = str(Path(args.out).with_suffix(".png"))
-        if plot(summary, png):
-            print(f"  plot written to {png}")
-        else:
-            print("  (matplotlib is not installed: no plot)")
-    return 0 if summary["bit_exact_all"] else 1
-
-
-def cmd_soak(args) -> int:
-    from foundry_tools.demo import gpu_available
-    from foundry_tools.soak import orchestrate, print_summary
-
-    if not gpu_available():
-        print("foundry soak: no NVIDIA GPU is visible on this machine; nothing was run.")
-        return 2
-    record, status = orchestrate(args, commit=_git_commit(), command="foundry " + " ".join(sys.argv[1:]))
-    print_summary(record)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(record, indent=2) + "\n")
-        print(f"  results written to {args.out}")
-    return status
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``foundry`` parser. Imports no torch and no tool: only ``foundry_tools.options``."""
-    from foundry_tools.options import (
-        BENCH_BATCH_SIZES,
-        CHECK_STRUCTURE_HELP,
-        NO_PREPARE_HELP,
-        REINSTANTIATE_HELP,
-        HelpFormatter,
-        add_arguments,
-        add_soak_arguments,
-        add_tp_arguments,
-    )
-
-    fmt = HelpFormatter
+    """The ``foundry`` parser: inspect, verify, and the subcommands of ``foundry_graphs.commands``."""
+    fmt = _HelpFormatter
     p = argparse.ArgumentParser(
-        prog="foundry", description="CUDA-graph persistence for LLM serving engines", formatter_class=fmt
+        prog="foundry",
+        description="CUDA-graph persistence for LLM serving engines",
+        formatter_class=fmt,
+        epilog=f"inspect and verify {EXIT_CODES}",
     )
     p.add_argument("--version", action="version", version=f"foundry {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
-    what = "SAVE the embedded model's decode graphs, LOAD them in a fresh process, compare"
-    d = sub.add_parser("demo", help=what, description=what, formatter_class=fmt)
-    add_arguments(d)
-    d.set_defaults(preset="1.7b")
-    d.add_argument("--workdir", default=None, help="where the archive and reference outputs go")
-    d.add_argument("--out", default=None, help="write the results as JSON here")
-    d.add_argument("--no-prepare", action="store_true", help=NO_PREPARE_HELP)
-    d.add_argument("--check-structure", action="store_true", help=CHECK_STRUCTURE_HELP)
-    d.set_defaults(func=cmd_demo)
-
-    what = "native capture vs restore, and replay parity, in one run"
-    b = sub.add_parser("bench", help=what, description=what, formatter_class=fmt)
-    add_arguments(b)
-    b.set_defaults(preset="1.7b", batch_sizes=list(BENCH_BATCH_SIZES))
-    b.add_argument("--replays", type=int, default=200, help="timed replays per batch size (median)")
-    b.add_argument("--workdir", default=None, help="where the archives and reference outputs go")
-    b.add_argument("--out", default=None, help="JSON results (a PNG plot is written beside it)")
-    b.add_argument("--no-prepare", action="store_true", help=NO_PREPARE_HELP)
-    b.add_argument(
-        "--upload", action="store_true", help="LOAD: upload each graph to the device as it is restored"
+    where = (
+        "an archive directory: one archive, or an engine's archive_dir holding one per rank "
+        "(rank0, rank1, ...), each taken in turn"
     )
-    b.add_argument("--check-structure", action="store_true", help=CHECK_STRUCTURE_HELP)
-    b.add_argument("--reinstantiate", action="store_true", help=REINSTANTIATE_HELP)
-    b.add_argument(
-        "--presets",
-        default=None,
-        help="other model sizes to save and restore too, for restore time against nodes (e.g. tiny,small)",
-    )
-    b.set_defaults(func=cmd_bench)
-
-    what = (
-        "10,000 replays of restored graphs, load/unload cycles with memory curves, and (with --tests) the "
-        "CPU reliability tests, into one JSON record"
-    )
-    s = sub.add_parser("soak", help=what, description=what, formatter_class=fmt)
-    add_arguments(s)
-    add_soak_arguments(s)
-    s.set_defaults(preset="1.7b", func=cmd_soak)
-
-    what = (
-        "the embedded model tensor-parallel over this host's GPUs: SAVE per rank, LOAD in fresh processes, "
-        "all-reduce through torch symmetric memory inside the graph, outputs compared"
-    )
-    t = sub.add_parser("tp", help=what, description=what, formatter_class=fmt)
-    add_tp_arguments(t)
-    t.add_argument("--workdir", default=None, help="where the archives and reference outputs go")
-    t.add_argument("--out", default=None, help="write the results as JSON here")
-    t.add_argument("--reproduce", action="store_true", help="SAVE twice; fingerprints and offsets must match")
-    t.add_argument("--timeout", type=float, default=600.0, help="seconds each phase may take")
-    t.set_defaults(func=cmd_tp)
-
     what = "show an archive's graphs, kernels, modules, bytes and fingerprint"
-    i = sub.add_parser("inspect", help=what, description=what, formatter_class=fmt)
-    i.add_argument("archive", help="archive directory (or its carried caches, ARCHIVE.caches)")
+    i = sub.add_parser("inspect", help=what, description=what, formatter_class=fmt, epilog=EXIT_CODES)
+    i.add_argument("archive", help=f"{where}; or carried caches, ARCHIVE.caches")
     i.add_argument("--kernels", action="store_true", help="also list every kernel by name")
     i.set_defaults(func=cmd_inspect)
 
     what = "check an archive's integrity and fingerprint against this machine"
-    v = sub.add_parser("verify", help=what, description=what, formatter_class=fmt)
-    v.add_argument("archive", help="archive directory")
+    v = sub.add_parser("verify", help=what, description=what, formatter_class=fmt, epilog=EXIT_CODES)
+    v.add_argument("archive", help=where)
+    v.add_argument(
+        "--integrity-only",
+        action="store_true",
+        help="check checksums and structure only (every member, field, image, snapshot and graph a LOAD "
+        "reads); needs no GPU and does not compare this machine",
+    )
     v.add_argument(
         "--device",
         type=int,
         default=None,
         help="CUDA device index it would be loaded on (default: the one it was saved on)",
     )
-    v.add_argument("--rank", type=int, default=None, help="rank it would be loaded as (default: its own)")
+    v.add_argument(
+        "--rank",
+        type=int,
+        default=None,
+        help="rank it would be loaded as (default: its own); of an archive_dir, only that rank's archive",
+    )
     v.add_argument(
         "--world-size", type=int, default=None, help="ranks of the launch (default: as it was saved)"
     )
-    v.add_argument("--digest", default=None, help="also require this archive digest (sha256)")
+    v.add_argument(
+        "--digest", default=None, help="also require this archive digest (sha256; one archive, or one --rank)"
+    )
     v.set_defaults(func=cmd_verify)
+
+    for name, add in _subcommands():
+        try:
+            add(sub)
+        except Exception as e:  # its parser is left out; the others still work
+            print(f"foundry: subcommand {name!r} not added: {type(e).__name__}: {e}", file=sys.stderr)
     return p
 
 

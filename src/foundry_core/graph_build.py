@@ -21,10 +21,58 @@ from cuda.bindings import driver as _drv
 from . import _native
 from .driver import CudaError, call, cu
 from .graph_codec import _HEADER, encoded_events
-from .graphs import INSTANTIATE_FLAGS, NODE_ATTRIBUTES, GraphError, Rebuilt, param_bytes
+from .graphs import INSTANTIATE_FLAGS, NODE_ATTRIBUTES, GraphError, param_bytes
 from .modules import LoadedModules, ModuleError
 
 CU_EVENT_DISABLE_TIMING = int(_drv.CUevent_flags.CU_EVENT_DISABLE_TIMING)
+
+
+class Rebuilt:
+    """A restored graph: the CUgraph, its executable, and what must stay alive with them."""
+
+    def __init__(self, graph, exec_, events: list, keepalive: list):
+        self.graph, self.exec, self.events, self._keepalive = graph, exec_, events, keepalive
+        # Replay is on the serving loop's host path: look the driver function up once, and make a
+        # stream handle object only when the stream changes (engines replay on one stream).
+        self._launch = cu().cuGraphLaunch
+        self._stream: tuple[int, object] | None = None
+
+    def launch(self, stream: int) -> None:
+        if self._stream is None or self._stream[0] != stream:
+            self._stream = (stream, cu().CUstream(init_value=stream))
+        (err,) = self._launch(self.exec, self._stream[1])
+        if int(err):
+            raise CudaError("cuGraphLaunch", err)
+
+    def launcher(self, current_stream, device: int):
+        """``launch`` on ``current_stream(device)`` as one closure over the executable: what a replay
+        without random state runs, with no attribute lookups or method calls of its own. Valid until
+        :meth:`destroy`; the caller drops it then."""
+        launch, exec_, cu_stream = self._launch, self.exec, cu().CUstream
+        last_stream, handle = None, None
+
+        def replay() -> None:
+            nonlocal last_stream, handle
+            stream = current_stream(device)
+            if stream != last_stream:
+                last_stream, handle = stream, cu_stream(init_value=stream)
+            (err,) = launch(exec_, handle)
+            if int(err):
+                raise CudaError("cuGraphLaunch", err)
+
+        return replay
+
+    def upload(self, stream: int) -> None:
+        """Upload the executable graph to the device now (cuGraphUpload) instead of at its first launch."""
+        call(cu().cuGraphUpload, self.exec, cu().CUstream(init_value=stream))
+
+    def destroy(self) -> None:
+        if self.exec is not None:
+            call(cu().cuGraphExecDestroy, self.exec)
+            call(cu().cuGraphDestroy, self.graph)
+            for event in self.events:
+                call(cu().cuEventDestroy, event)
+            self.exec = None
 
 
 def _write_attrs(node, attrs: dict) -> None:

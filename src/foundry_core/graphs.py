@@ -13,8 +13,8 @@ address a fresh process cannot reproduce and SAVE fails.
 SAVE stores each description in FGB1, a compact binary encoding (graph_codec.py); the walk leaves
 each kernel's parameters as bytes, which the encoding stores as they are (:func:`json_form` gives
 the JSON form, base64 text, as descriptions read back from the driver or an archive hold them).
-Restore builds a graph from it (graph_build.py) into a :class:`Rebuilt`, defined here with
-:func:`structure`, which reads a built graph back from the driver.
+Restore builds a graph from it (graph_build.py); :func:`structure` reads a built graph back from
+the driver, for graph_compare.py to hold against the description.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from collections.abc import Callable
 from cuda.bindings import driver as _drv
 
 from . import _native, collectives
-from .driver import CudaError, call, cu
+from .driver import call, cu
 from .errors import FoundryError
 from .modules import Recorded, function_attributes
 
@@ -581,54 +581,6 @@ def _serialize(graph, recorded, auditor, kernels, events, path: str) -> dict:
     return {"nodes": out_nodes, "edges": edges}
 
 
-class Rebuilt:
-    """A restored graph: the CUgraph, its executable, and what must stay alive with them."""
-
-    def __init__(self, graph, exec_, events: list, keepalive: list):
-        self.graph, self.exec, self.events, self._keepalive = graph, exec_, events, keepalive
-        # Replay is on the serving loop's host path: look the driver function up once, and make a
-        # stream handle object only when the stream changes (engines replay on one stream).
-        self._launch = cu().cuGraphLaunch
-        self._stream: tuple[int, object] | None = None
-
-    def launch(self, stream: int) -> None:
-        if self._stream is None or self._stream[0] != stream:
-            self._stream = (stream, cu().CUstream(init_value=stream))
-        (err,) = self._launch(self.exec, self._stream[1])
-        if int(err):
-            raise CudaError("cuGraphLaunch", err)
-
-    def launcher(self, current_stream, device: int):
-        """``launch`` on ``current_stream(device)`` as one closure over the executable: what a replay
-        without random state runs, with no attribute lookups or method calls of its own. Valid until
-        :meth:`destroy`; the caller drops it then."""
-        launch, exec_, cu_stream = self._launch, self.exec, cu().CUstream
-        last_stream, handle = None, None
-
-        def replay() -> None:
-            nonlocal last_stream, handle
-            stream = current_stream(device)
-            if stream != last_stream:
-                last_stream, handle = stream, cu_stream(init_value=stream)
-            (err,) = launch(exec_, handle)
-            if int(err):
-                raise CudaError("cuGraphLaunch", err)
-
-        return replay
-
-    def upload(self, stream: int) -> None:
-        """Upload the executable graph to the device now (cuGraphUpload) instead of at its first launch."""
-        call(cu().cuGraphUpload, self.exec, cu().CUstream(init_value=stream))
-
-    def destroy(self) -> None:
-        if self.exec is not None:
-            call(cu().cuGraphExecDestroy, self.exec)
-            call(cu().cuGraphDestroy, self.graph)
-            for event in self.events:
-                call(cu().cuEventDestroy, event)
-            self.exec = None
-
-
 def count_nodes(desc: dict) -> int:
     return sum(1 + (count_nodes(n["graph"]) if n["type"] == "graph" else 0) for n in desc["nodes"])
 
@@ -644,49 +596,6 @@ def kernel_nodes(desc: dict):
 
 def kernel_names(desc: dict) -> list[str]:
     return [n["name"] for n in kernel_nodes(desc)]
-
-
-# structure() names node types after the driver's enum; the archive's descriptions say event_wait.
-_STRUCTURE_TYPES = {"wait_event": "event_wait"}
-_COMPARED = {
-    "kernel": ("name", "grid", "block", "smem", "attrs"),
-    "memset": ("pitch", "value", "element_size", "width", "height"),
-    "memcpy": ("extent",),
-}
-_ADDRESSED = {"kernel": ("params",), "memset": ("dst",), "memcpy": ("src", "dst")}
-
-
-def compare(saved: dict, built: dict, *, addresses: bool = True, path: str = "") -> str | None:
-    """The first difference between a graph description (``saved``: what SAVE wrote, decoded) and a
-    graph read back by :func:`structure` (``built``), as one line; None when they agree node for node
-    (type, kernel, geometry, launch attributes, memset and copy fields, child graphs) and edge for
-    edge (with their data). ``addresses``: compare what holds addresses too (kernel parameter
-    bytes, memset and copy pointers); off to compare a restored graph with one captured elsewhere."""
-    ns, nb = saved["nodes"], built["nodes"]
-    if len(ns) != len(nb):
-        return f"graph {path or 'top'}: {len(ns)} nodes saved, {len(nb)} built"
-    for i, (a, b) in enumerate(zip(ns, nb)):
-        where = f"node {path}{i}"
-        kind, saved_kind = (_STRUCTURE_TYPES.get(n["type"], n["type"]) for n in (b, a))
-        if saved_kind != kind:
-            return f"{where}: {saved_kind} saved, {kind} built"
-        fields = _COMPARED.get(kind, ()) + (_ADDRESSED.get(kind, ()) if addresses else ())
-        for field in fields:
-            if field in a and a[field] != b.get(field):
-                return f"{where} ({a.get('name', kind)}): {field} {a[field]!r} saved, {b.get(field)!r} built"
-        if kind == "graph":
-            why = compare(a["graph"], b["graph"], addresses=addresses, path=f"{path}{i}.")
-            if why is not None:
-                return why
-    es, eb = sorted(map(list, saved["edges"])), sorted(map(list, built["edges"]))
-    if es != eb:
-        extra = [e for e in eb if e not in es][:1]
-        missing = [e for e in es if e not in eb][:1]
-        return (
-            f"graph {path or 'top'}: {len(es)} edges saved, {len(eb)} built "
-            f"(first saved only: {missing or None}, first built only: {extra or None})"
-        )
-    return None
 
 
 def structure(graph) -> dict:

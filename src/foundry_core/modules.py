@@ -22,9 +22,9 @@ import sys
 
 from cuda.bindings import driver as _drv
 
-from . import _native
+from . import _native, nvshmem
 from .driver import call, cu
-from .errors import FoundryError
+from .errors import ModuleError
 
 # Function attributes a kernel's launch depends on that a library may have set at run time: the
 # archive's name and the CUfunction_attribute.
@@ -39,10 +39,6 @@ SETTABLE_FUNC_ATTRIBUTES = {
     "cluster_scheduling": int(_F.CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE),
 }
 NUM_REGS = int(_F.CU_FUNC_ATTRIBUTE_NUM_REGS)
-
-
-class ModuleError(FoundryError, RuntimeError):
-    """A kernel's code could not be captured or reloaded; the message names the kernel."""
 
 
 def _cupti_candidates() -> list[str]:
@@ -307,8 +303,6 @@ class LoadedModules:
     def init_nvshmem(self, digest: str) -> None:
         """Have NVSHMEM set up the device state of module ``digest`` (it holds NVSHMEM device code);
         NVSHMEM is told again before the module is unloaded."""
-        from . import nvshmem
-
         if digest in self._nvshmem:
             return
         nvshmem.init_module(self.module(digest), digest)
@@ -347,8 +341,6 @@ class LoadedModules:
 
     def unload(self) -> None:
         if self._nvshmem:
-            from . import nvshmem
-
             for digest in self._nvshmem:
                 nvshmem.finalize_module(self.module(digest), digest)
             self._nvshmem.clear()

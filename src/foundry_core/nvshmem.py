@@ -18,8 +18,7 @@ import importlib.util
 import os
 
 from ._native import NativeLibraryMissing, built
-from .errors import FoundryError
-from .modules import ModuleError
+from .errors import FoundryError, ModuleError
 
 # The variables NVSHMEM's device code keeps in each module that links it, set up by
 # nvshmemx_cumodule_init (read in NVSHMEM 3.4.5: it looks up the state and the version, the IBGDA

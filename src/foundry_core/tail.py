@@ -4,8 +4,8 @@
 (:class:`foundry_core.restore.Prepared`) is still building graphs then, :class:`Tail` lets it finish
 each one as it is built and publish it to its :class:`Pending`, and a graph's first replay waits for
 that graph alone. Apart from :mod:`.restore` because it is the LOAD's side of the hand-over (what
-replays wait on), not the rebuild; the rebuild's own functions are imported where used, as
-:mod:`.restore` imports this module.
+replays wait on), not the plan; what is still to build, it builds through the
+:class:`~.rebuilding.Rebuilding` it was handed.
 """
 
 from __future__ import annotations
@@ -16,11 +16,10 @@ import time
 from typing import TYPE_CHECKING
 
 from .driver import CudaError
-from .graphs import Rebuilt
+from .graph_build import Rebuilt
 
 if TYPE_CHECKING:
     from .archive import Archive
-    from .restore import Rebuilding
 
 logger = logging.getLogger("foundry.restore")
 
@@ -71,7 +70,7 @@ class Tail:
     def __init__(
         self,
         archive: Archive,
-        rebuilding: Rebuilding,
+        rebuilding,  # the rebuilding.Rebuilding handed over; not imported: the hand-over sits below the build
         names: list[str],
         timings: dict[str, float],
         upload_to: int | None = None,
@@ -110,12 +109,10 @@ class Tail:
         self.rebuilding._free_standin()
         deferred = set(self.rebuilding.deferred)
         if deferred:
-            from .restore import _rebuild_graphs
-
             self.rebuilding.deferred = {}
             error = None
             try:
-                _rebuild_graphs(self.archive, self.rebuilding, None, False, {}, only=deferred)
+                self.rebuilding.build(self.archive, deferred)
             except BaseException as e:  # those not built are built at their first replay
                 error = e
             self._finish_built()
@@ -140,8 +137,4 @@ class Tail:
                 pending.fail(error)
 
     def build_now(self, name: str) -> Rebuilt:
-        from .restore import Rebuilding, _rebuild_graphs
-
-        one = Rebuilding(self.rebuilding.modules, {}, self.rebuilding.builders, {})
-        _rebuild_graphs(self.archive, one, None, False, {}, only={name})
-        return one.graphs[name][0]
+        return self.rebuilding.build_alone(self.archive, name)

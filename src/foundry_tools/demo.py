@@ -397,7 +397,7 @@ def run_load(args) -> dict:
         structure_differences = restored.check()
         if args.replays:
             from foundry_core.driver import cu
-            from foundry_core.restore import differences
+            from foundry_core.rebuilding import differences
 
             twin_differences = differences(
                 restored.archive,

@@ -6,7 +6,16 @@ import sys
 
 import pytest
 
+from tool_commands import register_tool_commands
+
 pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True)
+def _tool_commands(monkeypatch, tmp_path_factory):
+    """``foundry FOO`` finds FOO through foundry_graphs.commands: declared here for the processes the
+    tests start, also where the installed packaging metadata predates the group."""
+    register_tool_commands(monkeypatch, tmp_path_factory.mktemp("entry_points"))
 
 
 def _demo(tmp_path, *extra):
