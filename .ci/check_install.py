@@ -74,6 +74,8 @@ def main(engine: str, wheels: Path) -> None:
     )
     help_text = subprocess.run(["foundry", "--help"], capture_output=True, text=True, check=True).stdout
     check("demo" in help_text, "foundry --help lists demo")
+    demo = subprocess.run(["foundry", "demo", "--help"], capture_output=True, text=True)
+    check(demo.returncode == 0 and demo.stdout.startswith("usage: foundry demo"), "foundry demo --help")
 
 
 if __name__ == "__main__":
