@@ -31,10 +31,9 @@ if [ "$(cat "$marker" 2>/dev/null || true)" != "$wanted" ]; then
     # Editable installs: the core (foundry-graphs: builds the native library; the test extra brings
     # pytest and what the core tests import) and the SGLang plugin (foundry-graphs-sglang: registers
     # the sglang.srt.plugins entry point; its sglang range is checked against the one installed).
+    # The vLLM plugin is not installed, as in a user's SGLang environment (the core tests that read
+    # its records import it from src/: pytest's pythonpath).
     "$venv_dir/bin/python" -m pip install --quiet -e ".[test]" -e packages/sglang
-    # The vLLM plugin's modules only, without vLLM: some core tests read its records. Nothing loads
-    # it here (no vLLM, so no vllm.general_plugins loader).
-    "$venv_dir/bin/python" -m pip install --quiet --no-deps -e packages/vllm
     printf '%s\n' "$wanted" > "$marker"
 fi
 

@@ -27,10 +27,9 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     # Editable installs: the core (foundry-graphs; the test extra brings pytest and what the core
     # tests import: hypothesis, transformers) and the vLLM plugin (foundry-graphs-vllm: registers the
     # vllm.general_plugins entry point; its vllm range is checked against the one installed).
+    # The SGLang plugin is not installed, as in a user's vLLM environment (the core tests that read
+    # its records import it from src/: pytest's pythonpath).
     "$venv/bin/python" -m pip install --quiet -e ".[test]" -e packages/vllm
-    # The SGLang plugin's modules only, without SGLang: some core tests read its records. Nothing
-    # loads it here (no SGLang, so no sglang.srt.plugins loader).
-    "$venv/bin/python" -m pip install --quiet --no-deps -e packages/sglang
     echo "$want" > "$stamp"
 fi
 

@@ -137,8 +137,8 @@ def test_beside_upstream_foundry_its_entry_point_reaching_our_module_says_the_sa
     out = run(
         """
         from importlib.metadata import entry_points
-        eps = {ep.name: ep for ep in entry_points(group="sglang.srt.plugins")}
-        eps["foundry"].load()()
+        (upstream,) = [ep for ep in entry_points(group="sglang.srt.plugins") if ep.dist.name == "foundry-core"]
+        upstream.load()()
         from foundry_core import plugin_entry
         plugin_entry.sglang()
         import foundry_sglang_plugin
