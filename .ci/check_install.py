@@ -9,14 +9,17 @@ that fails.
 from __future__ import annotations
 
 import importlib.util
+import shutil
 import subprocess
 import sys
+import sysconfig
 import zipfile
 from email.parser import Parser
 from importlib import metadata
 from pathlib import Path
 
 GROUPS = {"sglang": "sglang.srt.plugins", "vllm": "vllm.general_plugins"}
+OLDER = {"sglang": "0.5.17", "vllm": "0.26.0"}  # releases validated before the tested range
 
 
 def wheel_metadata(wheels: Path, dist: str):
@@ -56,6 +59,20 @@ def main(engine: str, wheels: Path) -> None:
     check(importlib.util.find_spec(f"foundry_{other}_plugin") is None, f"the {other} plugin is not installed")
     spec = importlib.util.find_spec(f"foundry_{engine}_plugin")
     check(spec is not None and sys.prefix in spec.origin, f"foundry_{engine}_plugin from the venv")
+
+    # pip's own reading of the range: an engine release outside it (a stand-in record of the older
+    # release) is named as a broken requirement of ours.
+    old = OLDER[engine]
+    record = Path(sysconfig.get_paths()["purelib"]) / f"{engine}-{old}.dist-info"
+    record.mkdir()
+    (record / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {engine}\nVersion: {old}\n")
+    pip = subprocess.run([sys.executable, "-m", "pip", "check"], capture_output=True, text=True)
+    shutil.rmtree(record)
+    check(
+        f"foundry-graphs-{engine} {core} has requirement {engine}" in pip.stdout
+        and f"but you have {engine} {old}" in pip.stdout,
+        f"pip check refuses {engine} {old} for foundry-graphs-{engine}",
+    )
 
     # The engine is missing here: its entry point must log one line and return, never raise.
     (ep,) = metadata.entry_points(group=GROUPS[engine])
