@@ -80,7 +80,9 @@ def main(engine: str, wheels: Path) -> None:
         [
             sys.executable,
             "-c",
-            f"from importlib.metadata import entry_points as e; (p,) = e(group={GROUPS[engine]!r}); p.load()()",
+            "from importlib.metadata import entry_points as e\n"
+            f"(p,) = e(group={GROUPS[engine]!r})\n"
+            "p.load()()",
         ],
         capture_output=True,
         text=True,

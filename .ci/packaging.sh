@@ -14,7 +14,8 @@ trap 'rm -rf "$work"' EXIT
 # egg-info and build/ folders stay out of the checkout, whose src/ the tests put on sys.path.
 mkdir "$work/tree"
 git ls-files -co --exclude-standard -z | tar -c --null -T - -f - | tar -x -C "$work/tree" -f -
-(cd "$work/tree" && "$python" -m pip wheel --quiet --no-deps --wheel-dir "$work/wheels" . packages/sglang packages/vllm)
+(cd "$work/tree" &&
+    "$python" -m pip wheel --quiet --no-deps --wheel-dir "$work/wheels" . packages/sglang packages/vllm)
 ls "$work/wheels"
 for engine in sglang vllm; do
     echo "== foundry-graphs-$engine alone"

@@ -94,7 +94,10 @@ def run(code: str, path: list[Path]) -> dict:
     up) and the JSON object it prints last."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("FOUNDRY_")}
     env["PYTHONPATH"] = os.pathsep.join([*map(str, path), str(SRC), env.get("PYTHONPATH", "")])
-    prelude = "import logging, sys, json\nlogging.basicConfig(level=logging.WARNING, stream=sys.stderr, format='%(levelname)s %(message)s')\n"
+    prelude = (
+        "import logging, sys, json\n"
+        "logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format='%(levelname)s %(message)s')\n"
+    )
     proc = subprocess.run(
         [sys.executable, "-c", prelude + textwrap.dedent(code)],
         capture_output=True,
@@ -117,7 +120,8 @@ def test_beside_upstream_foundry_our_sglang_entry_point_refuses_in_one_line(tmp_
         from foundry_core import plugin_entry
         plugin_entry.sglang()
         plugin_entry.sglang()  # a second plugin load in the process says nothing new
-        print(json.dumps({"imported": sorted(m for m in sys.modules if m.startswith("foundry_") and "plugin" in m and m != "foundry_core.plugin_entry")}))
+        plugins = [m for m in sys.modules if m.startswith(("foundry_sglang_plugin", "foundry_vllm_plugin"))]
+        print(json.dumps({"imported": sorted(plugins)}))
         """,
         [site],
     )
@@ -137,12 +141,14 @@ def test_beside_upstream_foundry_its_entry_point_reaching_our_module_says_the_sa
     out = run(
         """
         from importlib.metadata import entry_points
-        (upstream,) = [ep for ep in entry_points(group="sglang.srt.plugins") if ep.dist.name == "foundry-core"]
+        eps = entry_points(group="sglang.srt.plugins")
+        (upstream,) = [ep for ep in eps if ep.dist.name == "foundry-core"]
         upstream.load()()
         from foundry_core import plugin_entry
         plugin_entry.sglang()
         import foundry_sglang_plugin
-        print(json.dumps({"ours": foundry_sglang_plugin.__file__, "hooks": "foundry_sglang_plugin.hooks" in sys.modules}))
+        hooked = "foundry_sglang_plugin.hooks" in sys.modules
+        print(json.dumps({"ours": foundry_sglang_plugin.__file__, "hooks": hooked}))
         """,
         [SRC, site],
     )

@@ -2,8 +2,8 @@
 
 vLLM runs :func:`register` from its ``vllm.general_plugins`` entry-point group (entry point
 ``foundry_graphs`` of the ``foundry-graphs-vllm`` distribution, through ``foundry_core.plugin_entry``)
-in every process it starts (API server, engine core, workers, its model-inspection helper).  ``register`` must therefore be
-cheap and idempotent: it imports neither torch nor vLLM, and only wraps three ``EngineArgs`` methods,
+in every process it starts (API server, engine core, workers, its model-inspection helper).
+``register`` must therefore be cheap and idempotent: it imports neither torch nor vLLM, and only wraps three ``EngineArgs`` methods,
 either at once (when ``vllm.engine.arg_utils`` is already imported, the usual case because vLLM calls
 the plugin loader from there) or right after that module is first imported.  With Foundry off those
 wrappers call straight through.  All GPU work lives in :mod:`foundry_vllm_plugin.worker`, which vLLM
