@@ -78,14 +78,17 @@ def before_check_server_args(server_args: Any, *args: Any, **kwargs: Any) -> Non
         problem = decide.archive_dir_problem(cfg) if "save" in mode.split(",") else None
         if problem is not None and cfg.mode == "save":
             raise ConfigError(f"Foundry: {problem}; mode = save cannot go on")
-        if problem is not None:  # auto: serve as stock SGLang would and say why (strict: refuse)
-            what = "auto mode serves without Foundry this time (nothing can be saved)"
+    except (ConfigError, FoundrySessionError) as e:
+        raise exiting(e) from None  # one line at the end of `sglang serve`, not a traceback
+    if problem is not None:  # auto: serve as stock SGLang would, and say why (strict = true: refuse)
+        what = "auto mode serves without Foundry this time (nothing can be saved)"
+        try:
             decide.fall_back(
                 cfg, f"Foundry: {problem}", what, ConfigError, logging.getLogger("foundry.sglang")
             )
-            return
-    except (ConfigError, FoundrySessionError) as e:
-        raise exiting(e) from None  # one line at the end of `sglang serve`, not a traceback
+        except ConfigError as e:
+            raise exiting(e) from None
+        return
     settings.set_mode(server_args, mode)
     settings.export_env(cfg, mode)
     # Before SGLang spawns its schedulers: they inherit private compile-cache folders, in place
