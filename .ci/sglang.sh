@@ -22,15 +22,18 @@ marker="$venv_dir/.installed-for"
 
 [ -x "$venv_dir/bin/python" ] || "${PYTHON:-python3}" -m venv "$venv_dir"
 
-sources_hash="$(cat pyproject.toml setup.py native/*.c native/*.h 2>/dev/null | sha256sum | cut -d' ' -f1)"
+sources_hash="$(cat pyproject.toml setup.py packages/*/pyproject.toml native/*.c native/*.h 2>/dev/null | sha256sum | cut -d' ' -f1)"
 wanted="$sglang_spec $sources_hash"
 if [ "$(cat "$marker" 2>/dev/null || true)" != "$wanted" ]; then
     echo "sglang.sh: installing $sglang_spec and this repository into $venv_dir" >&2
     "$venv_dir/bin/python" -m pip install --quiet --upgrade pip
     "$venv_dir/bin/python" -m pip install --quiet "$sglang_spec"
-    # Editable install: registers the sglang.srt.plugins entry point and builds the native library;
-    # the test extra brings pytest and what the core tests import.
-    "$venv_dir/bin/python" -m pip install --quiet -e ".[test]"
+    # Editable installs: the core (foundry-graphs: builds the native library; the test extra brings
+    # pytest and what the core tests import) and the SGLang plugin (foundry-graphs-sglang: registers
+    # the sglang.srt.plugins entry point; its sglang range is checked against the one installed).
+    # The vLLM plugin is not installed, as in a user's SGLang environment (the core tests that read
+    # its records import it from src/: pytest's pythonpath).
+    "$venv_dir/bin/python" -m pip install --quiet -e ".[test]" -e packages/sglang
     printf '%s\n' "$wanted" > "$marker"
 fi
 

@@ -20,12 +20,16 @@ if [ ! -x "$venv/bin/python" ]; then
     "$python" -m venv "$venv"
 fi
 
-want="$vllm_spec $(cat pyproject.toml setup.py native/* 2>/dev/null | sha256sum | cut -c1-16)"
+want="$vllm_spec $(cat pyproject.toml setup.py packages/*/pyproject.toml native/* 2>/dev/null | sha256sum | cut -c1-16)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     echo "vllm.sh: installing $vllm_spec and this repository into $venv" >&2
     "$venv/bin/python" -m pip install --quiet "$vllm_spec"
-    # The test extra brings pytest (and what the core tests import: hypothesis, transformers).
-    "$venv/bin/python" -m pip install --quiet -e ".[test]"
+    # Editable installs: the core (foundry-graphs; the test extra brings pytest and what the core
+    # tests import: hypothesis, transformers) and the vLLM plugin (foundry-graphs-vllm: registers the
+    # vllm.general_plugins entry point; its vllm range is checked against the one installed).
+    # The SGLang plugin is not installed, as in a user's vLLM environment (the core tests that read
+    # its records import it from src/: pytest's pythonpath).
+    "$venv/bin/python" -m pip install --quiet -e ".[test]" -e packages/vllm
     echo "$want" > "$stamp"
 fi
 

@@ -79,7 +79,7 @@ def test_every_mode(tmp_path, mode):
 ERRORS = {
     "unknown-top-key": (
         'archive_dir = "/a"\nmdoe = "save"',
-        r"unknown key 'mdoe' \(known: archive_dir, caches, load, mode, region, trust\)",
+        r"unknown key 'mdoe' \(known: allow_untested_release, archive_dir, caches, load, mode, region, strict, trust\)",
     ),
     "unknown-region-key": ('archive_dir = "/a"\n[region]\nbsae = 0', r"\[region\]: unknown key 'bsae'"),
     "unknown-trust-key": ('archive_dir = "/a"\n[trust]\ndigest = ""', r"\[trust\]: unknown key 'digest'"),

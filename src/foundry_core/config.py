@@ -4,6 +4,12 @@ One schema, parsed here, so that SGLang and vLLM read the same file the same way
 
     mode = "auto"                 # save | load | auto
     archive_dir = "/var/cache/foundry/qwen3-1.7b"
+    strict = false                # true: auto refuses to start instead of falling back to a start
+                                  # without what Foundry would do (archive refused, restore failed,
+                                  # SAVE not writable), one line saying why
+    allow_untested_release = false  # true: go on with an engine release outside the tested range
+                                  # (foundry_core.engine.release), at your own risk; every LOAD is
+                                  # then structure-checked
 
     [region]
     base = 0x600000000000         # fixed virtual address of the device-memory region
@@ -69,6 +75,8 @@ class FoundryConfig:
     carry_caches: bool = True  # [caches] carry: compile/JIT caches travel with the archive
     caches_digests: tuple[tuple[int, str], ...] = ()  # [trust] caches_digest, (rank, digest)
     check_structure: bool = False  # [load] check_structure: LOAD reads its graphs back and compares
+    strict: bool = False  # auto refuses instead of falling back (foundry_core.engine.decide)
+    allow_untested_release: bool = False  # go on with an untested engine release (engine.release)
     source: Path | None = None  # the file it came from, for messages
 
     def rank_archive_dir(self, rank: int = 0) -> Path:
@@ -113,6 +121,12 @@ class FoundryConfig:
             env["FOUNDRY_ARCHIVE_DIGEST"] = (
                 pins[0] if list(pins) == [0] else json.dumps({str(r): d for r, d in sorted(pins.items())})
             )
+        for key, on in (
+            ("FOUNDRY_STRICT", self.strict),
+            ("FOUNDRY_ALLOW_UNTESTED_RELEASE", self.allow_untested_release),
+        ):
+            if on:
+                env[key] = "1"
         if self.source is not None:
             env["FOUNDRY_CONFIG"] = str(self.source)
         return env
@@ -154,7 +168,7 @@ def _parse_address(value: Any, key: str) -> int:
     return value
 
 
-_TOP_KEYS = {"mode", "archive_dir", "region", "caches", "trust", "load"}
+_TOP_KEYS = {"mode", "archive_dir", "strict", "allow_untested_release", "region", "caches", "trust", "load"}
 _REGION_KEYS = {"base", "size"}
 _CACHES_KEYS = {"carry"}
 _TRUST_KEYS = {"archive_digest", "caches_digest"}
@@ -179,7 +193,7 @@ def _table(data: dict, name: str, allowed: set[str], where: str) -> dict:
 def _flag(table: dict, name: str, key: str, default: bool) -> bool:
     value = table.get(key, default)
     if not isinstance(value, bool):
-        raise ConfigError(f"{name}.{key}: expected true or false, got {value!r}")
+        raise ConfigError(f"{name + '.' if name else ''}{key}: expected true or false, got {value!r}")
     return value
 
 
@@ -217,6 +231,8 @@ def config_from_dict(data: dict, source: Path | None = None, base_dir: Path | No
     cache_pins = _parse_pins(trust.get("caches_digest", ""), "trust.caches_digest")
     check_structure = _flag(_table(data, "load", _LOAD_KEYS, where), "load", "check_structure", False)
     return FoundryConfig(
+        strict=_flag(data, "", "strict", False),
+        allow_untested_release=_flag(data, "", "allow_untested_release", False),
         mode=mode,
         archive_dir=path,
         region_base=base,
@@ -294,4 +310,10 @@ def config_from_env(environ: dict[str, str] | None = None) -> FoundryConfig | No
                     "FOUNDRY_ARCHIVE_DIGEST: not a digest nor a JSON table of rank -> digest"
                 ) from None
         data["trust"] = {"archive_digest": pinned}
+    for key, name in (
+        ("FOUNDRY_STRICT", "strict"),
+        ("FOUNDRY_ALLOW_UNTESTED_RELEASE", "allow_untested_release"),
+    ):
+        if key in env:
+            data[name] = env[key] == "1"
     return config_from_dict(data, source=None)

@@ -1,6 +1,7 @@
 """Foundry for SGLang: persist decode CUDA graphs once, restore them at every later start.
 
-SGLang loads this package through the ``sglang.srt.plugins`` entry point and calls :func:`register`
+SGLang loads this package through the ``sglang.srt.plugins`` entry point ``foundry_graphs`` of the
+``foundry-graphs-sglang`` distribution (``foundry_core.plugin_entry.sglang``) and calls :func:`register`
 in every process that loads plugins (launcher, scheduler, detokenizer, DP controller). ``register``
 only queues hooks in SGLang's ``HookRegistry``; SGLang applies them right after. It imports nothing
 beyond the registry module SGLang has already imported, and is a no-op on repeated calls.
@@ -11,6 +12,7 @@ Python), :func:`check_supported` and :class:`FoundryUnsupportedError`.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from typing import Any
@@ -21,7 +23,27 @@ _registered: set[tuple[str, str]] = set()  # (target, hook kind) queued so far
 
 
 def register() -> None:
-    """Queue Foundry's hooks with SGLang's HookRegistry (idempotent, cheap)."""
+    """Queue Foundry's hooks with SGLang's HookRegistry (idempotent, cheap). Never raises into
+    SGLang's plugin loader: a failure is one logged line, and SGLang starts without Foundry."""
+    try:
+        _queue_hooks()
+    except Exception as e:
+        logging.getLogger("foundry.sglang").error(
+            "Foundry: the SGLang plugin was not registered (%s: %s); SGLang starts without Foundry",
+            type(e).__name__,
+            " ".join(str(e).split()),
+        )
+
+
+def load() -> None:
+    """The name upstream Foundry's ``foundry`` entry point calls in a module of this name: with
+    both installed, say so in one line instead of failing in SGLang's loader."""
+    from foundry_core.plugin_entry import report_clash
+
+    report_clash("sglang")
+
+
+def _queue_hooks() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     from foundry_sglang_plugin import hooks, settings

@@ -80,10 +80,14 @@ def before_check_server_args(server_args: Any, *args: Any, **kwargs: Any) -> Non
             raise ConfigError(f"Foundry: {problem}; mode = save cannot go on")
     except (ConfigError, FoundrySessionError) as e:
         raise exiting(e) from None  # one line at the end of `sglang serve`, not a traceback
-    if problem is not None:  # auto: serve as stock SGLang would, and say why
-        logging.getLogger("foundry.sglang").warning(
-            "Foundry: %s; auto mode serves without Foundry this time (nothing can be saved)", problem
-        )
+    if problem is not None:  # auto: serve as stock SGLang would, and say why (strict = true: refuse)
+        what = "auto mode serves without Foundry this time (nothing can be saved)"
+        try:
+            decide.fall_back(
+                cfg, f"Foundry: {problem}", what, ConfigError, logging.getLogger("foundry.sglang")
+            )
+        except ConfigError as e:
+            raise exiting(e) from None
         return
     settings.set_mode(server_args, mode)
     settings.export_env(cfg, mode)

@@ -577,6 +577,9 @@ def settle(server_args: Any, replica: int | None = None) -> tuple[Any, str] | No
     cfg = settings.load(server_args)
     if cfg is None:
         return None
+    from foundry_core.engine import release
+
+    cfg = release.gate("sglang", cfg, logger)  # before anything else: an untested release is refused
     check_supported(server_args)
     mode = settings.requested(server_args).mode or _env_mode() or cfg.mode
     if mode == "auto":

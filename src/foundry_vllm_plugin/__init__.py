@@ -1,8 +1,9 @@
 """Foundry plugin for vLLM: persist full decode CUDA graphs once, restore them at every later start.
 
-vLLM runs :func:`register` from its ``vllm.general_plugins`` entry-point group in every process it
-starts (API server, engine core, workers, its model-inspection helper).  ``register`` must therefore be
-cheap and idempotent: it imports neither torch nor vLLM, and only wraps three ``EngineArgs`` methods,
+vLLM runs :func:`register` from its ``vllm.general_plugins`` entry-point group (entry point
+``foundry_graphs`` of the ``foundry-graphs-vllm`` distribution, through ``foundry_core.plugin_entry``)
+in every process it starts (API server, engine core, workers, its model-inspection helper).
+``register`` must therefore be cheap and idempotent: it imports neither torch nor vLLM, and only wraps three ``EngineArgs`` methods,
 either at once (when ``vllm.engine.arg_utils`` is already imported, the usual case because vLLM calls
 the plugin loader from there) or right after that module is first imported.  With Foundry off those
 wrappers call straight through.  All GPU work lives in :mod:`foundry_vllm_plugin.worker`, which vLLM
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
+import logging
 import sys
 import threading
 
@@ -61,7 +63,20 @@ class _ArgUtilsFinder(importlib.abc.MetaPathFinder):
 
 
 def register() -> None:
-    """vLLM general-plugin entry point: cheap, idempotent, safe in every vLLM process."""
+    """vLLM general-plugin entry point: cheap, idempotent, safe in every vLLM process. vLLM's plugin
+    loader does not catch exceptions, so a failure here is one logged line and vLLM starts without
+    Foundry."""
+    try:
+        _register()
+    except Exception as e:
+        logging.getLogger("vllm.foundry").error(
+            "Foundry: the vLLM plugin was not registered (%s: %s); vLLM starts without Foundry",
+            type(e).__name__,
+            " ".join(str(e).split()),
+        )
+
+
+def _register() -> None:
     global _registered
     with _lock:
         if _registered:

@@ -61,11 +61,15 @@ def add_foundry_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
 
 
 def prepare_engine_args(engine_args: Any) -> None:
-    """Before vLLM builds the config: request FULL_DECODE_ONLY graphs unless the user chose a mode,
-    and compile with the Inductor settings under which a LOAD's compiled code computes what the
-    SAVE's did (``foundry_core.engine.inductor``; they enter vLLM's compile-cache key, SAVE and LOAD
-    alike). A user setting that contradicts them is kept, and refused by ``check_supported``."""
-    from foundry_core.engine import inductor
+    """Before vLLM builds the config: refuse a vLLM release outside the tested range unless the
+    configuration allows it (``foundry_core.engine.release``); request FULL_DECODE_ONLY graphs
+    unless the user chose a mode, and compile with the Inductor settings under which a LOAD's
+    compiled code computes what the SAVE's did (``foundry_core.engine.inductor``; they enter vLLM's
+    compile-cache key, SAVE and LOAD alike). A user setting that contradicts them is kept, and
+    refused by ``check_supported``."""
+    from foundry_core.engine import inductor, release
+
+    release.gate("vllm", settings.foundry_config(engine_args.additional_config), logger)
 
     cc = engine_args.compilation_config
     if isinstance(cc, dict):

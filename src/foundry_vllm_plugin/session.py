@@ -126,7 +126,9 @@ class FoundrySession:
         cfg = settings.foundry_config(vllm_config.additional_config)
         if cfg is None:  # pragma: no cover - the front end only installs this worker when enabled
             raise settings.ConfigError("FoundryWorker needs additional_config['foundry']")
-        self.cfg = cfg
+        from foundry_core.engine import release
+
+        self.cfg = release.gate("vllm", cfg, logger)  # untested release allowed: LOADs structure-checked
         self.vllm_config = vllm_config
         self.rank = int(getattr(vllm_config.parallel_config, "data_parallel_rank", 0) or 0)
         self.world_size = int(getattr(vllm_config.parallel_config, "data_parallel_size", 1) or 1)
@@ -209,7 +211,7 @@ class FoundrySession:
         if mode == "load":
             refusal = self.check_core_archive(device_index)
             if refusal is not None:
-                decide.after_refusal(
+                self.report["fallback"] = decide.after_refusal(
                     self.cfg, self.rank, self.world_size, refusal, archive.ArchiveStateError, logger
                 )
                 path = archive.core_archive_dir(self.cfg, self.rank)

@@ -20,7 +20,7 @@ def test_sglang_loader_discovers_and_runs_register(fresh_python):
         from importlib.metadata import entry_points
         from sglang.srt import plugins
         from sglang.srt.plugins.hook_registry import HookRegistry
-        eps = [ep.value for ep in entry_points(group=plugins.GENERAL_PLUGINS_GROUP) if ep.name == "foundry"]
+        eps = [ep.value for ep in entry_points(group=plugins.GENERAL_PLUGINS_GROUP) if ep.name == "foundry_graphs"]
         plugins.load_plugins()
         import foundry_sglang_plugin, foundry_sglang_plugin.hooks as h
         from sglang.srt.server_args import ServerArgs
@@ -33,7 +33,7 @@ def test_sglang_loader_discovers_and_runs_register(fresh_python):
         }))
         """
     )
-    assert out["entry_points"] == ["foundry_sglang_plugin:register"]
+    assert out["entry_points"] == ["foundry_core.plugin_entry:sglang"]  # foundry-graphs-sglang's
     assert out["registered"] == LAUNCHER_TARGETS
     assert set(LAUNCHER_TARGETS) <= set(out["patched"])
     assert out["parser_wrapped"]

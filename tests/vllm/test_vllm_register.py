@@ -27,7 +27,7 @@ def _run(code: str) -> dict:
 
 def test_entry_point_is_declared():
     eps = {ep.name: ep.value for ep in entry_points(group="vllm.general_plugins")}
-    assert eps.get("foundry") == "foundry_vllm_plugin:register"
+    assert eps.get("foundry_graphs") == "foundry_core.plugin_entry:vllm"  # foundry-graphs-vllm's
 
 
 def test_vllm_plugin_loader_runs_register_in_a_fresh_process():

@@ -8,6 +8,10 @@ engines follow: in ``auto`` mode a single-rank engine falls back to a fresh SAVE
 with several ranks (which must size their memory pools alike) or in ``load`` mode the start stops
 with one line. :func:`after_load_failure` is the same policy for a restore that fails later, at the
 graph phase: there an ``auto`` start captures and serves without saving.
+
+Every such fallback goes through :func:`fall_back`: exactly one WARNING line with the reason, which
+the plugin records in its start report (``fallback``). With ``strict = true`` in the configuration,
+``auto`` refuses instead of falling back: the same line, raised as a one-line error.
 """
 
 from __future__ import annotations
@@ -135,6 +139,17 @@ def _auto_single_rank_goes_on(
         raise error(f"{head}; {stopped}")
     if world_size > 1:
         raise error(f"{head}; {several}")
+    return fall_back(cfg, head, going_on, error, log)
+
+
+def fall_back(
+    cfg: Any, head: str, going_on: str, error: type = ArchiveRefused, log: logging.Logger | None = None
+) -> str:
+    """``auto`` mode going on without what Foundry would have done (``head``: what happened;
+    ``going_on``: what the start does instead). Logs exactly one WARNING line and returns it, for
+    the start report; with ``strict = true`` raises ``error`` with that line instead."""
+    if getattr(cfg, "strict", False):
+        raise error(f"{head}; strict = true: auto mode stops instead of {going_on}")
     line = f"{head}; {going_on}"
     (log or logger).warning("%s", line)
     return line
@@ -160,16 +175,18 @@ def archive_dir_problem(cfg: Any) -> str | None:
 def save_blocked(cfg: Any, rank: int, log: logging.Logger | None = None) -> str | None:
     """A rank that resolved ``auto`` to SAVE, at its decision: why its SAVE cannot be written
     (:func:`archive_dir_problem`), said now in a warning instead of after the capture, or None. The
-    engine then captures and serves as it would alone and skips the SAVE's work; ``save`` mode
-    refused such a directory at startup already."""
+    engine then captures and serves as it would alone and skips the SAVE's work (with ``strict =
+    true``: :class:`ArchiveRefused` instead); ``save`` mode refused such a directory at startup
+    already."""
     if getattr(cfg, "mode", None) != "auto":
         return None
     problem = archive_dir_problem(cfg)
     if problem is not None:
-        (log or logger).warning(
-            "Foundry rank %d: %s; auto mode serves with the graphs it captures and saves nothing this time",
-            rank,
-            problem,
+        fall_back(
+            cfg,
+            f"Foundry rank {rank}: {problem}",
+            "auto mode serves with the graphs it captures and saves nothing this time",
+            log=log,
         )
     return problem
 
@@ -178,13 +195,14 @@ def save_failed(cfg: Any, rank: int, error: BaseException, log: logging.Logger |
     """A SAVE that could not be written (disk full, read-only, ...): in ``auto`` mode the engine
     goes on serving with the graphs it captured, with a warning, and the next start captures
     again; in ``save`` mode the error stands. Nothing partial is left either way (the archive
-    writer publishes atomically)."""
-    if cfg.mode != "auto":
+    writer publishes atomically). With ``strict = true`` the error stands in ``auto`` mode too."""
+    if cfg.mode != "auto" or getattr(cfg, "strict", False):
         raise error
-    (log or logger).warning(
-        "Foundry rank %d: SAVE failed (%s); serving with the graphs just captured, nothing saved",
-        rank,
-        save_error(error),
+    fall_back(
+        cfg,
+        f"Foundry rank {rank}: SAVE failed ({save_error(error)})",
+        "serving with the graphs just captured, nothing saved",
+        log=log,
     )
 
 
