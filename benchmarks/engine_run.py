@@ -79,10 +79,10 @@ TOP_LOGPROBS = 5
 PLUGIN_GROUPS = {"sglang": "sglang.srt.plugins", "vllm": "vllm.general_plugins"}
 
 
-PLUGIN_TARGETS = {"sglang": "foundry_sglang_plugin:register", "vllm": "foundry_vllm_plugin:register"}
+PLUGIN_TARGETS = {"sglang": "foundry_core.plugin_entry:sglang", "vllm": "foundry_core.plugin_entry:vllm"}
 
 
-PLUGIN_NAME = "foundry"
+PLUGIN_NAME = "foundry_graphs"  # packages/<engine>/pyproject.toml
 
 
 SHIM_DIST = "foundry_graphs_engine_run_shim-0.0.0"

@@ -70,8 +70,9 @@ VLLM_GRAPH_CONFIG = {"cudagraph_mode": "FULL_DECODE_ONLY"}
 STOCK_BEST_VLLM_COMPILE = {"inductor_compile_config": {"dynamic_scale_rblock": False}}
 
 PLUGIN_GROUPS = {"sglang": "sglang.srt.plugins", "vllm": "vllm.general_plugins"}
-PLUGIN_TARGETS = {"sglang": "foundry_sglang_plugin:register", "vllm": "foundry_vllm_plugin:register"}
-PLUGIN_NAME = "foundry"  # our entry point's name (pyproject.toml); upstream's is "foundry" too
+PLUGIN_TARGETS = {"sglang": "foundry_core.plugin_entry:sglang", "vllm": "foundry_core.plugin_entry:vllm"}
+PLUGIN_NAME = "foundry_graphs"  # our entry point's name (packages/<engine>/pyproject.toml)
+PEER_PLUGIN_NAME = "foundry"  # upstream Foundry's (foundry-core 0.1.0rc3)
 ALLOW_VAR = {"sglang": "SGLANG_PLUGINS", "vllm": "VLLM_PLUGINS"}
 PEER_CONFIG_ENV = "FOUNDRY_GRAPH_EXTENSION_CONFIG"
 SHIM_DIST = "foundry_graphs_sxs_shim-0.0.0"
@@ -144,7 +145,8 @@ def installed_plugins(engine: str) -> list[str]:
     user's engine loads them, so every mode allows them."""
     from importlib.metadata import entry_points
 
-    return sorted({ep.name for ep in entry_points(group=PLUGIN_GROUPS[engine])} - {PLUGIN_NAME})
+    ours = {PLUGIN_NAME, PEER_PLUGIN_NAME}
+    return sorted({ep.name for ep in entry_points(group=PLUGIN_GROUPS[engine])} - ours)
 
 
 def base_env(
@@ -166,8 +168,7 @@ def base_env(
     )
     if engine == "vllm":
         env.update(VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
-    # Both variables are allow-lists: the other plugins stay in, ours (or upstream's, same name)
-    # out; "none", a name no plugin has, keeps every plugin out.
+    # Both variables are allow-lists: the other plugins stay in, ours and upstream's out; "none", a name no plugin has, keeps every plugin out.
     env[ALLOW_VAR[engine]] = ",".join(others) or "none"
     return env
 
@@ -201,7 +202,7 @@ def launch(
             raise ValueError("mode peer needs its TOML and upstream Foundry's site")
         # Our src stays off the path's plugin list (no shim): only upstream's entry point exists.
         env["PYTHONPATH"] = os.pathsep.join([str(where.peer_site), env["PYTHONPATH"]])
-        env[ALLOW_VAR[engine]] = ",".join([*others, PLUGIN_NAME])
+        env[ALLOW_VAR[engine]] = ",".join([*others, PEER_PLUGIN_NAME])
         env[PEER_CONFIG_ENV] = str(where.toml)
     return Launch(argv, env)
 

@@ -50,7 +50,9 @@ def test_other_plugins_stay_allowed_in_every_mode(tmp_path):
     for mode in ("stock_naive", "stock_best", "foundry", "peer"):
         env = modes.launch("sglang", mode, _where(tmp_path), False, PARENT, ROOT / "src", others).env
         allowed = env["SGLANG_PLUGINS"].split(",")
-        assert allowed[:2] == list(others) and (modes.PLUGIN_NAME in allowed) == (mode in ("foundry", "peer"))
+        assert allowed[:2] == list(others)
+        assert (modes.PLUGIN_NAME in allowed) == (mode == "foundry")  # ours, by its own name
+        assert (modes.PEER_PLUGIN_NAME in allowed) == (mode == "peer")  # upstream's
 
 
 def test_a_difference_outside_the_list_is_caught(tmp_path):
@@ -124,3 +126,19 @@ def test_the_foundry_toml_of_the_harness_is_what_the_plugins_read(tmp_path, phas
     path = modes.foundry_toml(tmp_path / "foundry.toml", phase, tmp_path / "archive", "96GiB")
     cfg = load_config(path)
     assert (cfg.mode, cfg.region_size, Path(cfg.archive_dir)) == (phase, 96 << 30, tmp_path / "archive")
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_entry_point_shims_declare_what_the_plugin_package_declares(engine, tmp_path):
+    # The harness's shim (and engine_run's) must name the plugin as its package does, or the
+    # engine's allow-list would keep Foundry out of its own starts (or let it into stock's).
+    import engine_run
+    import tomllib
+
+    declared = tomllib.loads((ROOT / "packages" / engine / "pyproject.toml").read_text())
+    eps = declared["project"]["entry-points"][modes.PLUGIN_GROUPS[engine]]
+    assert eps == {modes.PLUGIN_NAME: modes.PLUGIN_TARGETS[engine]}
+    assert (engine_run.PLUGIN_NAME, engine_run.PLUGIN_TARGETS[engine]) == next(iter(eps.items()))
+    shim = modes.write_shim(tmp_path, engine)
+    text = next(shim.glob("*.dist-info")).joinpath("entry_points.txt").read_text()
+    assert f"{modes.PLUGIN_NAME} = {modes.PLUGIN_TARGETS[engine]}" in text
