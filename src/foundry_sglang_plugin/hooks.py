@@ -162,9 +162,9 @@ def around_scheduler_init(original: Any, self: Any, *args: Any, **kwargs: Any) -
     if server_args is not None and _session is None:
         hint = {name: bound.get(name) for name in ("gpu_id", "tp_rank", "dp_rank")}
         if settings.share_gpu() and int(getattr(server_args, "tp_size", 1) or 1) > 1:
-            from foundry_sglang_plugin.session import _placement
+            from foundry_sglang_plugin.placement import placement
 
-            _share_gpu_env(_placement(hint)[0])
+            _share_gpu_env(placement(hint)[0])
         _session = Session.begin(server_args, hint)
     try:
         if _session is None:
