@@ -72,13 +72,15 @@ def before_check_server_args(server_args: Any, *args: Any, **kwargs: Any) -> Non
     from foundry_core.config import ConfigError
     from foundry_core.engine import decide, exiting, redirect_for_launch
     from foundry_sglang_plugin.session import CACHE_KINDS, FoundrySessionError, settle
+    from foundry_sglang_plugin.support import check_cuda_present
 
     try:
         cfg, mode = settle(server_args)
+        check_cuda_present(server_args)
         problem = decide.archive_dir_problem(cfg) if "save" in mode.split(",") else None
         if problem is not None and cfg.mode == "save":
             raise ConfigError(f"Foundry: {problem}; mode = save cannot go on")
-    except (ConfigError, FoundrySessionError) as e:
+    except (ConfigError, FoundrySessionError) as e:  # FoundryUnsupportedError is a ConfigError
         raise exiting(e) from None  # one line at the end of `sglang serve`, not a traceback
     if problem is not None:  # auto: serve as stock SGLang would, and say why
         logging.getLogger("foundry.sglang").warning(

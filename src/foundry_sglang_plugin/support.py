@@ -9,6 +9,7 @@ recapturing) later. All the rules live in :func:`check_supported`.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from foundry_core.engine.refusal import FoundryUnsupportedError as _Refusal
@@ -42,6 +43,37 @@ def _env_switch_on(name: str) -> bool:
         import os
 
         return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def cuda_device_count() -> int:
+    """CUDA devices this process sees, asked without creating a CUDA context (SGLang's launcher
+    forks after this)."""
+    try:
+        import torch
+    except ImportError:
+        return 0
+    try:
+        return int(torch.cuda.device_count())
+    except Exception:  # no driver, a broken install: no device Foundry could capture on
+        return 0
+
+
+def check_cuda_present(server_args: Any) -> None:
+    """Raise :class:`FoundryUnsupportedError` for a CUDA launch on a machine with no CUDA device.
+
+    Run in the launcher after :func:`check_supported`: without it such a launch settles a mode and
+    then dies in the scheduler, where attaching Foundry's profiler interface (CUPTI) fails first,
+    with an error that asks whether a profiler is attached."""
+    device = reader(server_args)("device", None)
+    if device not in (None, "cuda"):
+        return  # refused by check_supported already
+    if cuda_device_count() < 1:
+        reasons = ["no CUDA device is visible on this machine (Foundry captures and restores CUDA graphs"]
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if visible is not None:
+            reasons[0] += f"; CUDA_VISIBLE_DEVICES={visible!r}"
+        reasons[0] += ")"
+        raise FoundryUnsupportedError(reasons)
 
 
 def graph_phase(server_args: Any, phase: str) -> tuple[str, list[int] | None]:
