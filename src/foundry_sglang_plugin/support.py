@@ -25,24 +25,42 @@ class FoundryUnsupportedError(_Refusal):
 
 _DEEPEP_BACKENDS = ("deepep", "deepep_v2")
 
-# SGLang environment switches that re-carve or borrow graph memory, or resize the KV pool after
-# capture: each moves memory the archived graphs point into.
-_ENV_SWITCHES = (
-    "SGLANG_ENABLE_GRAPH_POOL_BORROW",
-    "SGLANG_ENABLE_GRAPH_POOL_PRECARVE",
-    "SGLANG_ENABLE_POST_CAPTURE_KV_SIZING",
-)
-
 
 def _env_switch_on(name: str) -> bool:
+    """Whether an ``SGLANG_*`` switch is set to something other than its declared default."""
+    import os
+
+    if name not in os.environ:
+        return False
     try:
         from sglang.srt.environ import envs
 
-        return bool(getattr(envs, name).get())
+        field = getattr(type(envs), name)
+        return field.get() != field._resolve_default()
     except (ImportError, AttributeError):
-        import os
-
         return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _field_on(value: Any) -> bool:
+    """A refused field is refused at any value but off/empty (False, None, 0, "", "none", empty)."""
+    if isinstance(value, str):
+        return value.strip().lower() not in ("", "none", "null", "false", "0")
+    return bool(value)
+
+
+def _classified_refusals(read: Any) -> list[str]:
+    from foundry_sglang_plugin import classified
+
+    reasons = []
+    for why, names in classified.SERVER_REFUSED.items():
+        on = [f"--{n.replace('_', '-')}" for n in names if _field_on(read(n))]
+        if on:
+            reasons.append(f"{', '.join(on)} not supported ({why})")
+    for why, names in classified.ENV_REFUSED.items():
+        on = [n for n in names if _env_switch_on(n)]
+        if on:
+            reasons.append(f"{', '.join(on)} not supported ({why})")
+    return reasons
 
 
 def cuda_device_count() -> int:
@@ -195,9 +213,7 @@ def check_supported(server_args: Any) -> None:
         reasons.append(
             "--startup-weight-load-mode overlap is not supported (weights would land after graph capture)"
         )
-    switches = [name for name in _ENV_SWITCHES if _env_switch_on(name)]
-    if switches:
-        reasons.append(f"{', '.join(switches)} not supported (they move graph or KV memory after capture)")
+    reasons.extend(_classified_refusals(read))
     if read("use_ray", False):
         reasons.append(
             "the Ray launcher is not supported (Foundry settings travel to schedulers by process spawn)"
