@@ -298,9 +298,29 @@ def around_runner_warmup(original: Any, self: Any, *args: Any, **kwargs: Any) ->
     which runs *before* the decode capture: that warmup is part of the setup and runs at LOAD too (its
     allocations must retrace SAVE's). A warmup that would run after the capture began is skipped at
     LOAD: what it created lazily at SAVE came back with the archive."""
-    if _target_runner(self) and _session.mode == "load" and _session.capture_started:
+    if not _target_runner(self):
+        return original(self, *args, **kwargs)
+    if _session.mode == "load" and _session.capture_started:
         return None
-    return original(self, *args, **kwargs)
+    from foundry_sglang_plugin import deep_gemm_budget
+
+    # The warmup's first DeepGEMM MoE call sizes SGLang's layout budget from free memory.
+    return deep_gemm_budget.around_step(_session, "warmup", lambda: original(self, *args, **kwargs))
+
+
+def around_refresh_deep_gemm_budget(original: Any, model_runner: Any, *args: Any, **kwargs: Any) -> Any:
+    """``refresh_deep_gemm_layout_memory_budget``: the pre-capture refresh is pinned to SAVE's value
+    (:mod:`.deep_gemm_budget`); the one after the start (``only_if_initialized``) is SGLang's own."""
+    if (
+        _session is None
+        or getattr(model_runner, "is_draft_worker", False)
+        or kwargs.get("only_if_initialized")
+        or _session.capture_started
+    ):
+        return original(model_runner, *args, **kwargs)
+    from foundry_sglang_plugin import deep_gemm_budget
+
+    return deep_gemm_budget.around_step(_session, "capture", lambda: original(model_runner, *args, **kwargs))
 
 
 def around_init_cuda_graphs(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -387,6 +407,11 @@ WORKER_HOOKS = (
         "AROUND",
     ),
     ("sglang.srt.model_executor.runner.base_runner.BaseRunner.warmup", around_runner_warmup, "AROUND"),
+    (
+        "sglang.srt.model_executor.model_runner_components.cuda_graph_setup.refresh_deep_gemm_layout_memory_budget",
+        around_refresh_deep_gemm_budget,
+        "AROUND",
+    ),
     (
         "sglang.srt.model_executor.runner.base_cuda_graph_runner.freeze_gc",
         around_freeze_gc,
