@@ -101,6 +101,9 @@ SERVER_REFUSED_BY_RULE = frozenset(
 #: ServerArgs fields refused when set to anything but off/empty: reason -> names.
 
 SERVER_REFUSED: dict[str, tuple[str, ...]] = {
+    "runs torch's profiler (CUPTI) through the capture, where Foundry holds CUPTI to count captures": (
+        "enable_profile_cuda_graph",
+    ),
     "adds outputs to the decode graphs (routed experts, indexer top-k, auxiliary hidden states)": tuple(
         """
             aux_hidden_state_capture enable_return_indexer_topk enable_return_routed_experts
@@ -154,7 +157,7 @@ SERVER_IRRELEVANT: dict[str, tuple[str, ...]] = {
             enable_cache_report enable_custom_logit_processor enable_dynamic_batch_tokenizer
             enable_dynamic_chunking enable_forward_pass_metrics enable_http2 enable_http_worker_reuseport
             enable_metrics enable_metrics_for_all_schedulers enable_mfu_metrics enable_p2p_check
-            enable_prefill_delayer enable_priority_scheduling enable_profile_cuda_graph
+            enable_prefill_delayer enable_priority_scheduling
             enable_request_time_stats_logging enable_response_store enable_ssl_refresh
             enable_streaming_session enable_strict_thinking enable_tokenizer_batch_encode enable_trace
             enable_watermark engine_info_bootstrap_port export_metrics_to_file export_metrics_to_file_dir
