@@ -47,3 +47,26 @@ def test_without_foundry_the_launch_check_is_sglangs_own(no_cuda_here, parse):
     server_args = parse("--cuda-graph-backend-prefill", "disabled", foundry=False)
     server_args.resolve_once()
     server_args.check_server_args()  # no Foundry: nothing refused by the plugin
+
+
+def test_the_server_cli_ends_with_the_one_line(no_cuda_here, model_dir, foundry_toml):
+    """`python -m sglang.launch_server` with a valid Foundry launch, on this machine without CUDA."""
+    import subprocess
+    import sys
+
+    argv = ["--model-path", str(model_dir), "--device", "cuda", "--cuda-graph-backend-prefill", "disabled"]
+    argv += ["--enable-foundry", "--foundry-config", str(foundry_toml)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FOUNDRY_")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "sglang.launch_server", *argv],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: Foundry cannot run this SGLang configuration: no CUDA device"), (
+        proc.stderr[-2000:]
+    )
+    assert "Traceback" not in proc.stderr and "CUPTI" not in proc.stderr, proc.stderr[-2000:]
