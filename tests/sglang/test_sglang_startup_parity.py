@@ -104,3 +104,10 @@ def test_unpublished_placement_is_refused_not_taken_as_rank_0(parse, published):
     with pytest.raises(FoundrySessionError, match="placement is not in SGLang's runtime context") as e:
         Session.begin(server_args, {"tp_rank": None, "dp_rank": None, "gpu_id": None})
     assert "\n" not in str(e.value)
+
+
+def test_placement_passed_as_scheduler_arguments_is_taken_as_given():
+    """SGLang 0.5.17's ``Scheduler(..., gpu_id, tp_rank, ..., dp_rank)``: nothing else is read."""
+    from foundry_sglang_plugin.placement import placement
+
+    assert placement({"tp_rank": 1, "dp_rank": None, "gpu_id": 2}) == (1, None, 2)
