@@ -20,58 +20,16 @@ from typing import Any
 
 from foundry_core.engine.records import read_json, write_json_atomic
 from foundry_core.fingerprint import package_version
+from foundry_sglang_plugin import classified
 from foundry_sglang_plugin._view import reader
 
 SIDECAR_SUFFIX = ".sglang.json"
-FORMAT = 1
+FORMAT = 2  # 2: fields and SGLANG_* switches from .classified (SGLang 0.5.23)
 
-# Server arguments that decide what the decode graphs contain or how memory is laid out under them.
+# Which server arguments and SGLANG_* switches are fingerprinted: :mod:`.classified` (every field and
+# switch of SGLang 0.5.23 is fingerprinted, refused or irrelevant there; unknown ones are fingerprinted).
 # Ports, hosts, logging and other serving-only settings are left out on purpose: they differ from
 # launch to launch and would make ``auto`` recapture every time.
-FINGERPRINT_FIELDS = (
-    "model_path",
-    "revision",
-    "load_format",
-    "dtype",
-    "kv_cache_dtype",
-    "quantization",
-    "json_model_override_args",
-    "context_length",
-    "device",
-    "base_gpu_id",
-    "gpu_id_step",
-    "tp_size",
-    "pp_size",
-    "dp_size",
-    "attn_dp_size",
-    "ep_size",
-    "moe_a2a_backend",
-    "moe_runner_backend",
-    "attention_backend",
-    "prefill_attention_backend",
-    "decode_attention_backend",
-    "sampling_backend",
-    "page_size",
-    "mem_fraction_static",
-    "max_total_tokens",
-    "max_running_requests",
-    "max_mamba_cache_size",
-    "mamba_ssm_dtype",
-    "chunked_prefill_size",
-    "max_prefill_tokens",
-    "cuda_graph_config",
-    "cuda_graph_bs_decode",
-    "cuda_graph_max_bs_decode",
-    "cuda_graph_bs",
-    "cuda_graph_max_bs",
-    "disable_cuda_graph_padding",
-    "enable_torch_compile",
-    "torch_compile_max_bs",
-    "enable_torch_symm_mem",
-    "disable_custom_all_reduce",
-    "enable_deterministic_inference",
-    "disable_radix_cache",
-)
 # Not fingerprinted: ``random_seed``. It changes no graph and no memory layout (graph-side Philox
 # state is restored from the generator at each replay), and SGLang before the msgspec record
 # (0.5.20) resolves an unset seed to a fresh random number in every launch, so with it ``auto`` would
@@ -79,7 +37,15 @@ FINGERPRINT_FIELDS = (
 
 
 def _plain(value: Any) -> Any:
-    """A JSON-stable rendering of a server-argument value."""
+    """A JSON-stable rendering of a server-argument value (never a ``repr`` with an address in it for
+    SGLang's own records, so that the launcher and each scheduler render one value alike)."""
+    import enum
+
+    if isinstance(value, enum.Enum):
+        return _plain(value.value)
+    to_builtins = _msgspec_builtins(value)
+    if to_builtins is not None:
+        return _plain(to_builtins)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, dict):
@@ -89,6 +55,33 @@ def _plain(value: Any) -> Any:
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     return repr(value)
+
+
+def _msgspec_builtins(value: Any) -> Any:
+    msgspec = sys.modules.get("msgspec")
+    if msgspec is None or not isinstance(value, msgspec.Struct):
+        return None
+    return msgspec.to_builtins(value, builtin_types=(), str_keys=True, enc_hook=repr)
+
+
+def _record_fields(server_args: Any) -> tuple[str, ...]:
+    cls = type(server_args)
+    fields = getattr(cls, "__struct_fields__", None)
+    if fields is None:
+        fields = tuple(getattr(cls, "__dataclass_fields__", {}))
+    return tuple(fields)
+
+
+def _env_switches() -> dict[str, str]:
+    """The fingerprinted ``SGLANG_*`` switches that are set, with their raw values."""
+    import os
+
+    try:
+        from sglang.srt.environ import envs
+    except ImportError:
+        return {}
+    declared = [n for n in dir(type(envs)) if n.startswith("SGLANG_")]
+    return {n: os.environ[n] for n in classified.env_switches_to_fingerprint(declared) if n in os.environ}
 
 
 def _decode_only(value: Any) -> Any:
@@ -109,8 +102,10 @@ def _model_config_digest(model_path: Any) -> str | None:
 def fingerprint(server_args: Any, cfg: Any) -> dict[str, Any]:
     """The configuration an archive is valid for; identical in the launcher and in each scheduler."""
     read = reader(server_args)
-    args = {name: _plain(read(name)) for name in FINGERPRINT_FIELDS}
-    args["cuda_graph_config"] = _decode_only(args["cuda_graph_config"])
+    names = classified.server_fields_to_fingerprint(_record_fields(server_args))
+    args = {name: _plain(read(name)) for name in names}
+    if "cuda_graph_config" in args:
+        args["cuda_graph_config"] = _decode_only(args["cuda_graph_config"])
     return {
         "format": FORMAT,
         "engine": "sglang",
@@ -121,6 +116,7 @@ def fingerprint(server_args: Any, cfg: Any) -> dict[str, Any]:
         "model_config_sha256": _model_config_digest(read("model_path")),
         "region": {"base": cfg.region_base, "size": cfg.region_size},
         "server_args": args,
+        "sglang_env": _env_switches(),
     }
 
 

@@ -72,13 +72,15 @@ def before_check_server_args(server_args: Any, *args: Any, **kwargs: Any) -> Non
     from foundry_core.config import ConfigError
     from foundry_core.engine import decide, exiting, redirect_for_launch
     from foundry_sglang_plugin.session import CACHE_KINDS, FoundrySessionError, settle
+    from foundry_sglang_plugin.support import check_cuda_present
 
     try:
         cfg, mode = settle(server_args)
+        check_cuda_present(server_args)
         problem = decide.archive_dir_problem(cfg) if "save" in mode.split(",") else None
         if problem is not None and cfg.mode == "save":
             raise ConfigError(f"Foundry: {problem}; mode = save cannot go on")
-    except (ConfigError, FoundrySessionError) as e:
+    except (ConfigError, FoundrySessionError) as e:  # FoundryUnsupportedError is a ConfigError
         raise exiting(e) from None  # one line at the end of `sglang serve`, not a traceback
     if problem is not None:  # auto: serve as stock SGLang would, and say why (strict = true: refuse)
         what = "auto mode serves without Foundry this time (nothing can be saved)"
@@ -166,9 +168,9 @@ def around_scheduler_init(original: Any, self: Any, *args: Any, **kwargs: Any) -
     if server_args is not None and _session is None:
         hint = {name: bound.get(name) for name in ("gpu_id", "tp_rank", "dp_rank")}
         if settings.share_gpu() and int(getattr(server_args, "tp_size", 1) or 1) > 1:
-            from foundry_sglang_plugin.session import _placement
+            from foundry_sglang_plugin.placement import placement
 
-            _share_gpu_env(_placement(hint)[0])
+            _share_gpu_env(placement(hint)[0])
         _session = Session.begin(server_args, hint)
     try:
         if _session is None:
@@ -300,9 +302,29 @@ def around_runner_warmup(original: Any, self: Any, *args: Any, **kwargs: Any) ->
     which runs *before* the decode capture: that warmup is part of the setup and runs at LOAD too (its
     allocations must retrace SAVE's). A warmup that would run after the capture began is skipped at
     LOAD: what it created lazily at SAVE came back with the archive."""
-    if _target_runner(self) and _session.mode == "load" and _session.capture_started:
+    if not _target_runner(self):
+        return original(self, *args, **kwargs)
+    if _session.mode == "load" and _session.capture_started:
         return None
-    return original(self, *args, **kwargs)
+    from foundry_sglang_plugin import deep_gemm_budget
+
+    # The warmup's first DeepGEMM MoE call sizes SGLang's layout budget from free memory.
+    return deep_gemm_budget.around_step(_session, "warmup", lambda: original(self, *args, **kwargs))
+
+
+def around_refresh_deep_gemm_budget(original: Any, model_runner: Any, *args: Any, **kwargs: Any) -> Any:
+    """``refresh_deep_gemm_layout_memory_budget``: the pre-capture refresh is pinned to SAVE's value
+    (:mod:`.deep_gemm_budget`); the one after the start (``only_if_initialized``) is SGLang's own."""
+    if (
+        _session is None
+        or getattr(model_runner, "is_draft_worker", False)
+        or kwargs.get("only_if_initialized")
+        or _session.capture_started
+    ):
+        return original(model_runner, *args, **kwargs)
+    from foundry_sglang_plugin import deep_gemm_budget
+
+    return deep_gemm_budget.around_step(_session, "capture", lambda: original(model_runner, *args, **kwargs))
 
 
 def around_init_cuda_graphs(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -389,6 +411,11 @@ WORKER_HOOKS = (
         "AROUND",
     ),
     ("sglang.srt.model_executor.runner.base_runner.BaseRunner.warmup", around_runner_warmup, "AROUND"),
+    (
+        "sglang.srt.model_executor.model_runner_components.cuda_graph_setup.refresh_deep_gemm_layout_memory_budget",
+        around_refresh_deep_gemm_budget,
+        "AROUND",
+    ),
     (
         "sglang.srt.model_executor.runner.base_cuda_graph_runner.freeze_gc",
         around_freeze_gc,

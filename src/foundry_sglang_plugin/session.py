@@ -45,6 +45,7 @@ from foundry_core.engine.records import write_json_atomic
 from foundry_sglang_plugin import archive, settings
 from foundry_sglang_plugin._view import reader
 from foundry_sglang_plugin.outputs import flatten, unflatten
+from foundry_sglang_plugin.placement import PlacementError, placement
 from foundry_sglang_plugin.support import check_supported, graph_phase
 
 logger = logging.getLogger("foundry.sglang")
@@ -71,21 +72,6 @@ def _shape_name(shape_key: Any) -> str:
         ]
         return "decode/" + ",".join(parts)
     return f"decode/size={shape_key}"
-
-
-def _placement(hint: dict[str, Any]) -> tuple[int, int | None, int | None]:
-    """(tp_rank, dp_rank, gpu_id) of this scheduler process."""
-    tp_rank, dp_rank, gpu_id = hint.get("tp_rank"), hint.get("dp_rank"), hint.get("gpu_id")
-    try:  # 0.5.2x: placement is published in the runtime context before the scheduler is built
-        from sglang.srt.runtime_context import get_device, get_parallel
-
-        parallel = get_parallel()
-        tp_rank = tp_rank if tp_rank is not None else getattr(parallel, "tp_rank", None)
-        dp_rank = dp_rank if dp_rank is not None else getattr(parallel, "dp_rank", None)
-        gpu_id = gpu_id if gpu_id is not None else get_device().gpu_id
-    except Exception:  # older releases pass placement as Scheduler arguments (the hint)
-        pass
-    return int(tp_rank or 0), dp_rank, gpu_id
 
 
 class Session:
@@ -132,7 +118,10 @@ class Session:
     # -- step 1 -------------------------------------------------------------------------------
     @classmethod
     def begin(cls, server_args: Any, hint: dict[str, Any]) -> Session | None:
-        tp_rank, dp_rank, gpu_id = _placement(hint)
+        try:
+            tp_rank, dp_rank, gpu_id = placement(hint)
+        except PlacementError as e:
+            raise FoundrySessionError(str(e)) from None
         settled = settle(server_args, replica=dp_rank)
         if settled is None:
             return None
@@ -614,11 +603,17 @@ def _stop_recording() -> None:
 
 
 def _mirror_profiling_side_effects() -> None:
-    """LOAD skips SGLang's memory profiling, whose one device-side effect is emptying torch's cache
-    (``get_available_gpu_memory(empty_cache=True)``); doing the same keeps the allocator's state, and
-    so the setup's allocations, the same as at SAVE."""
+    """LOAD skips SGLang's memory profiling (``KVCacheConfigurator._profile_available_bytes``) and
+    repeats what of it changes the allocator's state, in its order: a full ``gc.collect()`` (0.5.2x:
+    it frees weight-loading temporaries still held in reference cycles, so their blocks go back to
+    torch's cache) and then emptying that cache (``get_available_gpu_memory(empty_cache=True)``).
+    Without the collection those temporaries die later, at a different point of LOAD's setup than
+    of SAVE's, and the setup's allocations no longer retrace SAVE's. The free-memory reading itself
+    (and, with several ranks, its all-reduce over the CPU group) changes nothing on the device."""
+    import gc
     import sys
 
+    gc.collect()
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         torch.cuda.empty_cache()

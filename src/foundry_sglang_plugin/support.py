@@ -9,6 +9,7 @@ recapturing) later. All the rules live in :func:`check_supported`.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from foundry_core.engine.refusal import FoundryUnsupportedError as _Refusal
@@ -24,24 +25,73 @@ class FoundryUnsupportedError(_Refusal):
 
 _DEEPEP_BACKENDS = ("deepep", "deepep_v2")
 
-# SGLang environment switches that re-carve or borrow graph memory, or resize the KV pool after
-# capture: each moves memory the archived graphs point into.
-_ENV_SWITCHES = (
-    "SGLANG_ENABLE_GRAPH_POOL_BORROW",
-    "SGLANG_ENABLE_GRAPH_POOL_PRECARVE",
-    "SGLANG_ENABLE_POST_CAPTURE_KV_SIZING",
-)
-
 
 def _env_switch_on(name: str) -> bool:
+    """Whether an ``SGLANG_*`` switch is set to something other than its declared default."""
+    import os
+
+    if name not in os.environ:
+        return False
     try:
         from sglang.srt.environ import envs
 
-        return bool(getattr(envs, name).get())
+        field = getattr(type(envs), name)
+        return field.get() != field._resolve_default()
     except (ImportError, AttributeError):
-        import os
-
         return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _field_on(value: Any) -> bool:
+    """A refused field is refused at any value but off/empty (False, None, 0, "", "none", empty)."""
+    if isinstance(value, str):
+        return value.strip().lower() not in ("", "none", "null", "false", "0")
+    return bool(value)
+
+
+def _classified_refusals(read: Any) -> list[str]:
+    from foundry_sglang_plugin import classified
+
+    reasons = []
+    for why, names in classified.SERVER_REFUSED.items():
+        on = [f"--{n.replace('_', '-')}" for n in names if _field_on(read(n))]
+        if on:
+            reasons.append(f"{', '.join(on)} not supported ({why})")
+    for why, names in classified.ENV_REFUSED.items():
+        on = [n for n in names if _env_switch_on(n)]
+        if on:
+            reasons.append(f"{', '.join(on)} not supported ({why})")
+    return reasons
+
+
+def cuda_device_count() -> int:
+    """CUDA devices this process sees, asked without creating a CUDA context (SGLang's launcher
+    forks after this)."""
+    try:
+        import torch
+    except ImportError:
+        return 0
+    try:
+        return int(torch.cuda.device_count())
+    except Exception:  # no driver, a broken install: no device Foundry could capture on
+        return 0
+
+
+def check_cuda_present(server_args: Any) -> None:
+    """Raise :class:`FoundryUnsupportedError` for a CUDA launch on a machine with no CUDA device.
+
+    Run in the launcher after :func:`check_supported`: without it such a launch settles a mode and
+    then dies in the scheduler, where attaching Foundry's profiler interface (CUPTI) fails first,
+    with an error that asks whether a profiler is attached."""
+    device = reader(server_args)("device", None)
+    if device not in (None, "cuda"):
+        return  # refused by check_supported already
+    if cuda_device_count() < 1:
+        reasons = ["no CUDA device is visible on this machine (Foundry captures and restores CUDA graphs"]
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if visible is not None:
+            reasons[0] += f"; CUDA_VISIBLE_DEVICES={visible!r}"
+        reasons[0] += ")"
+        raise FoundryUnsupportedError(reasons)
 
 
 def graph_phase(server_args: Any, phase: str) -> tuple[str, list[int] | None]:
@@ -163,9 +213,7 @@ def check_supported(server_args: Any) -> None:
         reasons.append(
             "--startup-weight-load-mode overlap is not supported (weights would land after graph capture)"
         )
-    switches = [name for name in _ENV_SWITCHES if _env_switch_on(name)]
-    if switches:
-        reasons.append(f"{', '.join(switches)} not supported (they move graph or KV memory after capture)")
+    reasons.extend(_classified_refusals(read))
     if read("use_ray", False):
         reasons.append(
             "the Ray launcher is not supported (Foundry settings travel to schedulers by process spawn)"

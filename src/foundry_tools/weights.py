@@ -32,6 +32,9 @@ How it works:
   ``model.safetensors.index.json`` and ``config.json``: the given config, copied, with
   ``torch_dtype`` set (and ``architectures`` added if it had none: the engines pick their model class
   by it). No tokenizer is written: give the engines token ids (or ``skip_tokenizer_init``).
+* **Block FP8**: a config with ``quantization_config = {"quant_method": "fp8", "weight_block_size":
+  [128, 128]}`` gets the attention and expert projections in ``float8_e4m3fn`` with their per-block
+  ``weight_scale_inv``, as published FP8 checkpoints store them (:mod:`foundry_tools.models.fp8_block`).
 
 The scaling in one paragraph: every matrix is normal(0, 1/sqrt(fan_in)), so each layer's outputs have
 the size of its inputs; projections that write the residual stream are further scaled by
@@ -519,7 +522,8 @@ def plan_checkpoint(config: str | os.PathLike | dict) -> tuple[dict, Context, li
     """(config dict, context, the tensors in file layout, architecture) for a config; builds the
     model on the meta device only, allocates no weights."""
     raw = _load_config_dict(config)
-    hf_config = _build_config(raw)
+    # Names and shapes are the unquantized model's; quantization is applied when writing (fp8_block).
+    hf_config = _build_config({k: v for k, v in raw.items() if k != "quantization_config"})
     model = _meta_model(hf_config)
     text_config = hf_config.get_text_config()
     tensors, tied = _checkpoint_tensors(model)
@@ -577,10 +581,14 @@ def write_checkpoint(
     import torch
     from safetensors.torch import save_file
 
+    from foundry_tools.models import fp8_block as block_fp8
+
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
     torch_dtype = getattr(torch, dtype)
     raw, ctx, tensors, architecture = plan_checkpoint(config_path_or_dict)
+    fp8_block = block_fp8.block_size(raw)  # the config asks for a block-FP8 checkpoint
+    quantized = 0
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for old in out.iterdir():  # shards of an earlier run would shadow or join this one
@@ -600,9 +608,14 @@ def write_checkpoint(
             rules[rule.name] = rules.get(rule.name, 0) + 1
             g = torch.Generator(device="cpu").manual_seed(tensor_seed(seed, t.name))
             data[t.name] = rule.draw(t, ctx, g).to(torch_dtype).contiguous()
+            if fp8_block is not None and block_fp8.is_quantized(t.name, t.shape, raw):
+                scale_name = t.name + block_fp8.SCALE_SUFFIX
+                data[t.name], data[scale_name] = block_fp8.quantize(data[t.name], fp8_block)
+                weight_map[scale_name] = fname
+                quantized += 1
             weight_map[t.name] = fname
-            data_bytes += data[t.name].numel() * data[t.name].element_size()
-            parameters += data[t.name].numel()
+        data_bytes += sum(v.numel() * v.element_size() for v in data.values())
+        parameters += sum(data[t.name].numel() for t in group)
         path = out / fname
         save_file(data, str(path), metadata={"format": "pt"})
         del data
@@ -629,6 +642,8 @@ def write_checkpoint(
         "bytes": sum(s["bytes"] for s in shards.values()),
         "shards": shards,
         "rules": dict(sorted(rules.items())),
+        "fp8_block": list(fp8_block) if fp8_block else None,
+        "fp8_tensors": quantized,
     }
 
 

@@ -32,6 +32,10 @@ def _sglang_missing() -> str | None:
     return None
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "no_cuda_stand_in: the machine's own CUDA device count is used")
+
+
 def pytest_collection_modifyitems(config, items):
     reason = _sglang_missing()
     for item in items:
@@ -87,6 +91,17 @@ def parse(plugins_loaded, model_dir, foundry_toml):
 def logged(log_records):
     """Records of the plugin's logger (on the logger itself: SGLang resets the root's handlers)."""
     return log_records("foundry.sglang", logging.DEBUG)
+
+
+@pytest.fixture(autouse=True)
+def _a_cuda_device(request, monkeypatch):
+    """The launch checks here stand for a GPU machine: the plugin is told one CUDA device is visible
+    (it refuses a launch on a machine without one). ``@pytest.mark.no_cuda_stand_in`` keeps the
+    machine's real answer (none, on the CPU runners)."""
+    if request.node.get_closest_marker("no_cuda_stand_in") is None:
+        from foundry_sglang_plugin import support
+
+        monkeypatch.setattr(support, "cuda_device_count", lambda: 1)
 
 
 @pytest.fixture(autouse=True)

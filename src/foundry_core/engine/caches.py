@@ -284,6 +284,12 @@ class CacheDirs:
         return counts
 
 
+#: The distributions DeepGEMM's JIT kernels (kind ``deep-gemm``) come from: the upstream package and
+#: SGLang's fork, which SGLang 0.5.23 installs as ``sgl-deep-gemm`` (module ``deep_gemm``). Carried
+#: cubins are valid only for the DeepGEMM that built them, so its version is in the caches' fingerprint.
+_DEEP_GEMM_DISTS = ("deep-gemm", "sgl-deep-gemm")
+
+
 def _known(kinds: Iterable[str]) -> tuple[str, ...]:
     names = tuple(kinds)
     unknown = [k for k in names if k not in KINDS]
@@ -296,7 +302,7 @@ def _versions() -> dict[str, Any]:
     from ..fingerprint import package_version
 
     out: dict[str, Any] = {"python": f"{sys.version_info.major}.{sys.version_info.minor}"}
-    for dist in ("triton", "tokenspeed-triton", "flashinfer-python", "apache-tvm-ffi", "deep-gemm"):
+    for dist in ("triton", "tokenspeed-triton", "flashinfer-python", "apache-tvm-ffi", *_DEEP_GEMM_DISTS):
         out[dist] = package_version(dist)
     return out
 
