@@ -9,7 +9,7 @@ them, so that its reads hit memory.
 
 * SAVE, :func:`record`: the files this process imported (the ``.pyc`` the import read, or the
   source, and extension modules), the shared libraries mapped into it (``/proc/self/maps``), the
-  carried caches of the archive and, when the plugin names them, the model's files (weights,
+  rank's graph archive (read and hashed by the LOAD's check), its carried caches and, when the plugin names them, the model's files (weights,
   configuration, tokenizer), each with its size and modification time, in import order, written as
   ``readahead-<role>.json`` beside the archive (:data:`PREFIX`). Each process that records writes
   its own list (SGLang: the launcher and each scheduler; vLLM: the worker).
@@ -56,7 +56,7 @@ MAX_ENTRIES = 200_000  # a list longer than this is not a start's reads: skipped
 CHUNK = 1 << 20
 #: Model files worth reading ahead (weights, configuration, tokenizer), in the model directory.
 MODEL_SUFFIXES = (".safetensors", ".bin", ".pt", ".json", ".model", ".txt", ".tiktoken")
-KINDS = ("module", "library", "caches", "model")
+KINDS = ("module", "library", "archive", "caches", "model")
 
 
 def enabled(environ: Mapping[str, str] | None = None) -> bool:
@@ -129,6 +129,7 @@ def _entry(path: str, kind: str) -> dict[str, Any] | None:
 def collect(
     *,
     caches_dir: str | os.PathLike | None = None,
+    rank_dir: str | os.PathLike | None = None,
     model_dir: str | os.PathLike | None = None,
     modules: Mapping[str, Any] | None = None,
     maps: str = "/proc/self/maps",
@@ -137,6 +138,7 @@ def collect(
     groups: list[tuple[str, Iterable[str]]] = [
         ("module", imported_files(modules)),
         ("library", mapped_libraries(maps)),
+        ("archive", tree_files(rank_dir) if rank_dir and os.path.isdir(rank_dir) else ()),
         ("caches", tree_files(caches_dir) if caches_dir and os.path.isdir(caches_dir) else ()),
         ("model", model_files(model_dir)),
     ]
@@ -156,6 +158,7 @@ def record(
     role: str,
     *,
     caches_dir: str | os.PathLike | None = None,
+    rank_dir: str | os.PathLike | None = None,
     model: str | None = None,
     model_dir: str | os.PathLike | None = None,
     log: logging.Logger | None = None,
@@ -170,7 +173,7 @@ def record(
 
     path = Path(archive_dir) / f"{PREFIX}{_safe(role)}.json"
     try:
-        entries = collect(caches_dir=caches_dir, model_dir=model_dir)
+        entries = collect(caches_dir=caches_dir, rank_dir=rank_dir, model_dir=model_dir)
         data = {
             "format": FORMAT,
             "model": {"name": model, "dir": os.path.realpath(model_dir) if model_dir else None},
@@ -188,6 +191,51 @@ def record(
         sum(e["size"] for e in entries) / 1e6,
     )
     return path
+
+
+def record_later(
+    archive_dir: str | os.PathLike,
+    role: str,
+    *,
+    caches_dir: str | os.PathLike | None = None,
+    rank_dir: str | os.PathLike | None = None,
+    model: str | None = None,
+    log: logging.Logger | None = None,
+) -> threading.Thread | None:
+    """:func:`record` on a daemon thread (a SAVE's serving goes on); the model's directory is
+    looked up there too (:func:`local_model_dir`)."""
+    if not enabled():
+        return None
+
+    def run() -> None:
+        record(
+            archive_dir,
+            role,
+            caches_dir=caches_dir,
+            rank_dir=rank_dir,
+            model=model,
+            model_dir=local_model_dir(model),
+            log=log,
+        )
+
+    thread = threading.Thread(target=run, name=f"foundry-readahead-record-{_safe(role)}", daemon=True)
+    thread.start()
+    return thread
+
+
+def local_model_dir(model: str | None) -> str | None:
+    """Where a model named as the user named it (a directory, or a hub id already downloaded) has
+    its files on this machine; None where it cannot be told without downloading."""
+    if not model:
+        return None
+    if os.path.isdir(model):
+        return os.path.realpath(model)
+    try:
+        from huggingface_hub import snapshot_download
+
+        return snapshot_download(model, local_files_only=True)
+    except Exception:  # noqa: BLE001 - no hub client, not downloaded, not a hub id: no weights listed
+        return None
 
 
 def _safe(role: str) -> str:
@@ -495,40 +543,51 @@ def config_path_from_argv(argv: Sequence[str]) -> str | None:
     return None
 
 
+def wanted_for_launch(argv: Sequence[str], environ: Mapping[str, str]) -> str | None:
+    """The Foundry configuration this launch names, when it should read ahead (cheap: no I/O)."""
+    if not enabled(environ) or environ.get(STARTED_ENV):
+        return None
+    return config_path_from_argv(argv) or environ.get("FOUNDRY_CONFIG") or None
+
+
+def run_for_launch(
+    argv: Sequence[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+    log: logging.Logger | None = None,
+) -> bool:
+    """When this command line (or ``FOUNDRY_CONFIG``) names a Foundry configuration that may
+    LOAD, read its archive's lists ahead (on this thread: the plan; on daemon threads: the reads).
+    A configuration that cannot be read is left to the plugin, which reports it as it always does.
+    Returns whether a read-ahead was started."""
+    argv = list(sys.argv if argv is None else argv)
+    config = wanted_for_launch(argv, os.environ if environ is None else environ)
+    if not config:
+        return False
+    log = log or logger
+    try:
+        from ..config import load_config
+
+        cfg = load_config(config)
+    except Exception as e:  # noqa: BLE001 - the plugin reports a bad configuration itself
+        log.debug("Foundry: no read-ahead (configuration %s: %s)", config, e)
+        return False
+    if cfg.mode == "save" or not _claim(cfg.archive_dir):
+        return False
+    _plan_and_read(cfg.archive_dir, [a for a in argv if not a.startswith("-")], [], THREADS, log)
+    return True
+
+
 def start_for_launch(
     argv: Sequence[str] | None = None,
     environ: Mapping[str, str] | None = None,
     log: logging.Logger | None = None,
 ) -> threading.Thread | None:
-    """From a plugin's ``register()``: when this command line (or ``FOUNDRY_CONFIG``) names a
-    Foundry configuration that may LOAD, read its archive's lists ahead. The configuration is read
-    on the background thread too, so ``register()`` pays one thread start; a configuration that
-    cannot be read is left to the plugin, which reports it as it always does."""
+    """:func:`run_for_launch` on a daemon thread; None where this launch reads nothing ahead."""
     argv = list(sys.argv if argv is None else argv)
-    env = os.environ if environ is None else environ
-    if not enabled(env) or env.get(STARTED_ENV) or _state:
+    if not wanted_for_launch(argv, os.environ if environ is None else environ):
         return None
-    config = config_path_from_argv(argv) or env.get("FOUNDRY_CONFIG")
-    if not config:
-        return None
-    log = log or logger
-
-    def run() -> None:
-        try:
-            from ..config import load_config
-
-            cfg = load_config(config)
-        except Exception as e:  # noqa: BLE001 - the plugin reports a bad configuration itself
-            log.debug("Foundry: no read-ahead (configuration %s: %s)", config, e)
-            return
-        if cfg.mode == "save" or not _claim(cfg.archive_dir):
-            return
-        _plan_and_read(cfg.archive_dir, [a for a in argv if not a.startswith("-")], [], THREADS, log)
-
-    with _state_lock:
-        if _state:
-            return None
-        _state["pending"] = config
-    thread = threading.Thread(target=run, name="foundry-readahead-config", daemon=True)
+    thread = threading.Thread(
+        target=run_for_launch, args=(argv, environ, log), name="foundry-readahead-config", daemon=True
+    )
     thread.start()
     return thread
