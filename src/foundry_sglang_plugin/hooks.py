@@ -98,10 +98,13 @@ def before_check_server_args(server_args: Any, *args: Any, **kwargs: Any) -> Non
 
 
 def _launcher_floor(cfg: Any, mode: str, settle_s: float) -> None:
-    """The launcher's step for the ranks' start reports; a SAVE records what the launcher read."""
+    """The launcher's step for the ranks' start reports, the scheduler start method, and, at SAVE,
+    what the launcher read (for a LOAD's read-ahead)."""
     from foundry_core.engine import readahead, startsteps
+    from foundry_sglang_plugin import sched_start
 
     startsteps.export_launch({"settle": settle_s})
+    sched_start.install()  # schedulers forked where safe (sched_start)
     if "save" in mode.split(","):
         readahead.record_later(cfg.archive_dir, "launcher", log=logging.getLogger("foundry.sglang"))
 
