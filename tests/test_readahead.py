@@ -106,16 +106,17 @@ def test_a_damaged_list_is_skipped_and_the_others_used(tmp_path):
     assert p.files
 
 
-def test_replay_reads_every_planned_file_and_skips_one_changed_meanwhile(tmp_path):
+@pytest.mark.parametrize("how", ["advise", "read"])
+def test_replay_reads_every_planned_file_and_skips_one_changed_meanwhile(tmp_path, how):
     archive, caches, model = _archive_with_model(tmp_path)
     readahead.record(archive, "rank0", caches_dir=caches, model="tiny-model", model_dir=model)
     p = readahead.plan(archive, model_names=["tiny-model"])
     (model / "config.json").write_text('{"hidden_size": 16}')  # changed between plan and read
-    replay = readahead.Replay(p.files, threads=3).start()
+    replay = readahead.Replay(p.files, threads=3, how=how).start()
     assert replay.join(timeout=60)
     s = replay.summary()
     assert s["files"] == len(p.files) and s["read_files"] == len(p.files) - 1
-    assert s["done_s"] is not None
+    assert s["done_s"] is not None and s["how"] == how
 
 
 def test_start_for_launch_reads_ahead_once_per_launch(tmp_path, monkeypatch):

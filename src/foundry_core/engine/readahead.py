@@ -13,10 +13,12 @@ them, so that its reads hit memory.
   configuration, tokenizer), each with its size and modification time, in import order, written as
   ``readahead-<role>.json`` beside the archive (:data:`PREFIX`). Each process that records writes
   its own list (SGLang: the launcher and each scheduler; vLLM: the worker).
-* LOAD, :func:`start`: one daemon thread reads every list, drops what may not be read, and reads
-  the rest with :data:`THREADS` threads: ``posix_fadvise(WILLNEED)`` for the whole file first (the
-  kernel reads it asynchronously), then plain reads, small files (modules, libraries) before the
-  weights. The first process of a launch that starts it marks the environment
+* LOAD, :func:`start`: one daemon thread reads every list, drops what may not be read, and has
+  :data:`THREADS` threads go through the rest, small files (modules, libraries) in recorded order
+  before the model's: ``posix_fadvise(WILLNEED)`` on each (the kernel reads it into the page cache;
+  no byte is copied into this process and the GIL is free meanwhile), or, with
+  ``FOUNDRY_READAHEAD_MODE=read``, plain reads (for file systems that ignore the hint; they cost
+  CPU time the engine's imports compete for: on a 2-core machine they slowed an import down). The first process of a launch that starts it marks the environment
   (:data:`STARTED_ENV`), so the processes it starts (which share the page cache) do not read the
   same files again.
 
@@ -51,6 +53,8 @@ FORMAT = 1
 ENV = "FOUNDRY_READAHEAD"
 #: Set by the process that started the read-ahead of a launch; its children skip theirs.
 STARTED_ENV = "FOUNDRY_READAHEAD_STARTED"
+#: How the files are read ahead: "advise" (default) or "read" (:func:`mode`).
+MODE_ENV = "FOUNDRY_READAHEAD_MODE"
 THREADS = 8
 MAX_ENTRIES = 200_000  # a list longer than this is not a start's reads: skipped as damaged
 CHUNK = 1 << 20
@@ -369,30 +373,42 @@ def _read_one(path: str, size: int, mtime: int, buf: bytearray) -> int:
         os.close(fd)
 
 
-def _advise(files: Sequence[tuple[str, int, int]]) -> None:
-    """Ask the kernel to start reading every file now (asynchronous; a hint only)."""
+def _advise_one(path: str, size: int, mtime: int, buf: bytearray | None = None) -> int:
+    """Ask the kernel to read one file into the page cache (it does so without this process copying
+    a byte, and without the GIL); the bytes asked for (0 if it changed since it was planned)."""
     advise = getattr(os, "posix_fadvise", None)
     if advise is None:
-        return
-    for path, _size, _mtime in files:
-        try:
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0))
-        except OSError:
-            continue
-        try:
-            advise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
+        return _read_one(path, size, mtime, buf or bytearray(CHUNK))
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return 0
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size != size or st.st_mtime_ns != mtime:
+            return 0
+        advise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+        return size
+    except OSError:
+        return 0
+    finally:
+        os.close(fd)
+
+
+def mode(environ: Mapping[str, str] | None = None) -> str:
+    """``advise`` (the kernel reads; the default) or ``read`` (reader threads copy every byte: for
+    file systems that ignore the hint, at the cost of CPU time the engine's imports compete for)."""
+    value = (os.environ if environ is None else environ).get(MODE_ENV, "advise").strip().lower()
+    return value if value in ("advise", "read") else "advise"
 
 
 class Replay:
     """A LOAD's read-ahead, running on daemon threads; :meth:`summary` for the start report."""
 
-    def __init__(self, files: Sequence[tuple[str, int, int]], threads: int = THREADS):
+    def __init__(self, files: Sequence[tuple[str, int, int]], threads: int = THREADS, how: str | None = None):
         self.files = list(files)
         self.threads = max(1, threads)
+        self.how = how or mode()
         self.read_bytes = 0
         self.read_files = 0
         self.started = time.monotonic()
@@ -403,13 +419,6 @@ class Replay:
         self._workers: list[threading.Thread] = []
 
     def start(self) -> Replay:
-        small = [f for f in self.files if f[1] < 64 << 20]
-        # The kernel's read-ahead for the modules and libraries starts at once, from one thread.
-        advisor = threading.Thread(
-            target=_advise, args=(small,), name="foundry-readahead-advise", daemon=True
-        )
-        advisor.start()
-        self._workers.append(advisor)
         self._running = self.threads
         for i in range(self.threads):
             t = threading.Thread(target=self._work, name=f"foundry-readahead-{i}", daemon=True)
@@ -425,7 +434,7 @@ class Replay:
                     break
                 path, size, mtime = self.files[self._next]
                 self._next += 1
-            n = _read_one(path, size, mtime, buf)
+            n = (_read_one if self.how == "read" else _advise_one)(path, size, mtime, buf)
             with self._lock:
                 self.read_bytes += n
                 self.read_files += 1 if n else 0
@@ -446,6 +455,7 @@ class Replay:
                 "files": len(self.files),
                 "read_files": self.read_files,
                 "read_mb": round(self.read_bytes / 1e6, 1),
+                "how": self.how,
                 "done_s": None if self.finished is None else round(self.finished - self.started, 3),
             }
 
