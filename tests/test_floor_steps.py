@@ -102,3 +102,18 @@ def test_the_choice_reaches_the_workers():
     start_method.export(start_method.Choice("spawn", "why"), env)
     assert start_method.chosen(env) == {"method": "spawn", "reason": "why"}
     assert start_method.chosen({start_method.CHOSEN_ENV: "{"}) is None
+
+
+# --- start work ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_a_load_lists_what_it_skips_and_what_it_keeps_with_reasons(engine):
+    from foundry_core.engine import startwork
+
+    rows = startwork.listing(engine, "load")
+    actions = {r["action"] for r in rows}
+    assert actions == {startwork.SKIPPED, startwork.KEPT}
+    assert all(r["reason"] for r in rows)
+    assert any("capture" in r["step"] and r["action"] == startwork.SKIPPED for r in rows)
+    assert all(r["action"] == startwork.KEPT for r in startwork.listing(engine, "save"))

@@ -613,10 +613,11 @@ def settle(server_args: Any, replica: int | None = None) -> tuple[Any, str] | No
 
 def _time_steps(session: Session, begin_s: dict[str, float]) -> None:
     """Foundry's critical-path steps of this rank (the launcher's included) in its start report."""
-    from foundry_core.engine import start_method
+    from foundry_core.engine import start_method, startwork
     from foundry_core.engine.startsteps import StartSteps
 
     session.report["scheduler_start"] = start_method.chosen()  # fork or spawn, and why (sched_start)
+    session.report["start_work"] = startwork.listing("sglang", session.mode)  # skipped/kept, and why
     steps = StartSteps(session.report)
     steps.add_all({k.removesuffix("_s"): v for k, v in begin_s.items() if k != "total_s"})
     steps.close(session.rank, logger)

@@ -200,8 +200,10 @@ class FoundrySession:
 
     def _time_steps(self, decide_s: float) -> None:
         """Foundry's critical-path steps of this rank in its start report (startsteps)."""
+        from foundry_core.engine import startwork
         from foundry_core.engine.startsteps import StartSteps
 
+        self.report["start_work"] = startwork.listing("vllm", self.mode or "")  # skipped/kept, and why
         steps = StartSteps(self.report)
         caches_s = float(self.caches.report.get("restore_s") or 0.0)
         steps.add("caches", caches_s)

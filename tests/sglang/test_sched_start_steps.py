@@ -46,6 +46,8 @@ def test_the_start_report_times_every_foundry_step(load_start, monkeypatch):
     assert report[startsteps.TOTAL_KEY] == pytest.approx(sum(steps.values()), abs=1e-3)
     assert report["foundry_budget_s"] == startsteps.BUDGET_S
     assert report["scheduler_start"] == {"method": "fork", "reason": "clean launcher"}
+    skipped = {r["step"] for r in report["start_work"] if r["action"] == "skipped"}
+    assert "decode-graph warmup and capture" in skipped
 
 
 def test_a_scheduler_started_without_a_choice_says_so(load_start, monkeypatch):
