@@ -14,7 +14,9 @@ the given Python:
 
 For SGLang it also times a scheduler start (``--scheduler``): a child process that imports
 ``sglang.srt.managers.scheduler`` and answers, started by ``spawn`` (SGLang's way: the child
-imports again) and by ``fork`` from a launcher that imported it (Foundry's way where it is safe).
+imports again), by ``fork`` from a launcher that imported it (Foundry's way where it is safe), and
+from a ``forkserver`` that imported the third-party modules ahead (:data:`FORKSERVER_PRELOAD`; a
+possible way where the launcher has initialised CUDA, measured, not implemented).
 
 How much of each file was in memory after the eviction (``mincore``) is printed, since other
 processes on the machine keep pages of shared libraries mapped. Usage::
@@ -189,24 +191,47 @@ def _scheduler_child(conn, started: float) -> None:
     conn.close()
 
 
+#: Third-party modules a forkserver could import ahead without touching CUDA or reading a cache
+#: variable at import (not SGLang, whose bundled fla kernels query the GPU at import; not FlashInfer,
+#: which reads its workspace folder at import).
+FORKSERVER_PRELOAD = ["torch", "transformers", "numpy", "sympy", "PIL", "ml_dtypes", "openai", "scipy"]
+
+
+def _start_child(ctx, rounds: int) -> list[float]:
+    out = []
+    for _ in range(rounds):
+        reader, writer = ctx.Pipe(duplex=False)
+        p = ctx.Process(target=_scheduler_child, args=(writer, time.time()))
+        p.start()
+        out.append(reader.recv())
+        p.join()
+    return out
+
+
 def measure_scheduler(rounds: int) -> dict:
     import importlib
     import multiprocessing as mp
 
+    # A forkserver started before the launcher's own imports, as a plugin's register() could: its
+    # first child waits for the preload, later ones find it done.
+    server = mp.get_context("forkserver")
+    server.set_forkserver_preload(FORKSERVER_PRELOAD)
+    t = time.perf_counter()
+    first = _start_child(server, 1)
+    forkserver_first_s = time.perf_counter() - t
     t = time.perf_counter()
     importlib.import_module(SCHEDULER_MODULE)  # the launcher has imported it (engine.py does)
     launcher_s = time.perf_counter() - t
-    out: dict[str, list[float]] = {"spawn": [], "fork": []}
-    for _ in range(rounds):
-        for method in ("spawn", "fork"):
-            ctx = mp.get_context(method)
-            reader, writer = ctx.Pipe(duplex=False)
-            p = ctx.Process(target=_scheduler_child, args=(writer, time.time()))
-            p.start()
-            out[method].append(reader.recv())
-            p.join()
+    out = {
+        "spawn": _start_child(mp.get_context("spawn"), rounds),
+        "fork": _start_child(mp.get_context("fork"), rounds),
+        "forkserver-preloaded": _start_child(server, rounds),
+    }
     return {
         "launcher_import_s": round(launcher_s, 2),
+        "forkserver_first_child_s": round(first[0], 3),
+        "forkserver_first_wall_s": round(forkserver_first_s, 3),
+        "forkserver_preload": FORKSERVER_PRELOAD,
         "runs_s": {k: [round(x, 3) for x in v] for k, v in out.items()},
         "median_s": {k: round(statistics.median(v), 3) for k, v in out.items()},
     }

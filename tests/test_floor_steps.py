@@ -85,11 +85,14 @@ def test_the_user_asks_for_spawn_or_fork_and_safety_still_wins():
 
 def test_readahead_threads_do_not_block_a_fork_other_threads_do():
     stop = threading.Event()
-    readers = [threading.Thread(target=stop.wait, name=n) for n in ("foundry-readahead-0", "worker-pool")]
+    readers = [
+        threading.Thread(target=stop.wait, name=n)
+        for n in ("foundry-readahead-reader-0", "foundry-readahead-plan")
+    ]
     for t in readers:
         t.start()
     try:
-        assert start_method.foreign_threads() == ["worker-pool"]
+        assert start_method.foreign_threads() == ["foundry-readahead-plan"]
     finally:
         stop.set()
         for t in readers:

@@ -421,7 +421,7 @@ class Replay:
     def start(self) -> Replay:
         self._running = self.threads
         for i in range(self.threads):
-            t = threading.Thread(target=self._work, name=f"foundry-readahead-{i}", daemon=True)
+            t = threading.Thread(target=self._work, name=f"foundry-readahead-reader-{i}", daemon=True)
             t.start()
             self._workers.append(t)
         return self

@@ -9,8 +9,8 @@ cannot inherit:
 * CUDA not initialised in the launcher: a forked child cannot use the parent's CUDA context, and
   torch refuses CUDA in a child forked after it (``Cannot re-initialize CUDA in forked subprocess``);
 * no other Python threads running (a lock one of them held at the fork stays locked in the child);
-  Foundry's read-ahead threads are the exception: they only read files and hold no lock the child
-  takes;
+  Foundry's read-ahead readers are the exception: they only make system calls and hold no lock
+  the child takes;
 * nothing the engine does per worker that needs a fresh ``exec`` (the plugin names those:
   ``blockers``, e.g. a library ``LD_PRELOAD``-ed into each worker, a ``numactl`` prefix).
 
@@ -30,8 +30,10 @@ from dataclasses import asdict, dataclass
 
 ENV = "FOUNDRY_WORKER_START"
 CHOSEN_ENV = "FOUNDRY_WORKER_START_CHOSEN"
-#: Threads that may run at a fork: they read files only (foundry_core.engine.readahead).
-FORK_SAFE_THREADS = ("foundry-readahead",)
+#: Threads that may run at a fork: the read-ahead's readers, which make system calls only (no
+#: import, no lock a child could need). Its planning and recording threads import and log: while
+#: one of them runs, workers are spawned.
+FORK_SAFE_THREADS = ("foundry-readahead-reader-",)
 
 
 @dataclass(frozen=True)
