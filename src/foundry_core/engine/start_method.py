@@ -106,7 +106,13 @@ def _methods() -> list[str]:
 
 
 def export(choice: Choice, environ: dict[str, str] | None = None) -> None:
-    (os.environ if environ is None else environ)[CHOSEN_ENV] = json.dumps(asdict(choice))
+    value = json.dumps(asdict(choice))
+    if environ is not None:
+        environ[CHOSEN_ENV] = value
+        return
+    from .launch_env import set_for_launch
+
+    set_for_launch(CHOSEN_ENV, value)  # gone again at the next launch in this process
 
 
 def chosen(environ: Mapping[str, str] | None = None) -> dict[str, str] | None:

@@ -81,8 +81,13 @@ class StartSteps:
 
 def export_launch(steps: Mapping[str, float], environ: dict[str, str] | None = None) -> None:
     """In the launching process, before it starts the engine's processes: its steps for their reports."""
-    env = os.environ if environ is None else environ
-    env[LAUNCH_ENV] = json.dumps({f"launcher.{k}": round(float(v), 4) for k, v in steps.items()})
+    value = json.dumps({f"launcher.{k}": round(float(v), 4) for k, v in steps.items()})
+    if environ is not None:
+        environ[LAUNCH_ENV] = value
+        return
+    from .launch_env import set_for_launch
+
+    set_for_launch(LAUNCH_ENV, value)  # gone again at the next launch in this process
 
 
 def launch_steps(environ: Mapping[str, str] | None = None) -> dict[str, float]:
