@@ -58,6 +58,10 @@ MODE_ENV = "FOUNDRY_READAHEAD_MODE"
 THREADS = 8
 MAX_ENTRIES = 200_000  # a list longer than this is not a start's reads: skipped as damaged
 CHUNK = 1 << 20
+# A file swapped for a FIFO or a link after it was planned is not waited on, nor followed.
+_OPEN_FLAGS = (
+    os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+)
 #: Model files worth reading ahead (weights, configuration, tokenizer), in the model directory.
 MODEL_SUFFIXES = (".safetensors", ".bin", ".pt", ".json", ".model", ".txt", ".tiktoken")
 KINDS = ("module", "library", "archive", "caches", "model")
@@ -353,7 +357,7 @@ def plan(
 def _read_one(path: str, size: int, mtime: int, buf: bytearray) -> int:
     """Read one file into the page cache; bytes read (0 if it changed since it was planned)."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0))
+        fd = os.open(path, _OPEN_FLAGS)
     except OSError:
         return 0
     try:
@@ -380,7 +384,7 @@ def _advise_one(path: str, size: int, mtime: int, buf: bytearray | None = None) 
     if advise is None:
         return _read_one(path, size, mtime, buf or bytearray(CHUNK))
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0))
+        fd = os.open(path, _OPEN_FLAGS)
     except OSError:
         return 0
     try:
