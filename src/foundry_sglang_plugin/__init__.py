@@ -48,6 +48,7 @@ def _queue_hooks() -> None:
 
     from foundry_sglang_plugin import hooks, settings
 
+    _read_ahead()
     wanted = list(hooks.LAUNCHER_HOOKS)
     # Engine(..., enable_foundry=...) needs the Engine hook; only where SGLang has imported the
     # Engine already (it has whenever an Engine is being built), so other processes import nothing.
@@ -60,6 +61,13 @@ def _queue_hooks() -> None:
             continue
         HookRegistry.register(target, fn, HookType[kind])
         _registered.add((target, kind))
+
+
+def _read_ahead() -> None:
+    """A LOAD reads its recorded files ahead from here on, while SGLang imports (never raises)."""
+    from foundry_core.early import start_readahead
+
+    start_readahead("foundry.sglang")
 
 
 def enable(server_args: Any, config_path: str | os.PathLike) -> Any:

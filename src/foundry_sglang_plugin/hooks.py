@@ -100,6 +100,19 @@ def before_check_server_args(server_args: Any, *args: Any, **kwargs: Any) -> Non
     logging.getLogger("foundry.sglang").info(
         "Foundry: %s settled in the launcher in %.2f s", mode.upper(), time.perf_counter() - t0
     )
+    _launcher_floor(cfg, mode, time.perf_counter() - t0)
+
+
+def _launcher_floor(cfg: Any, mode: str, settle_s: float) -> None:
+    """The launcher's step for the ranks' start reports, the scheduler start method, and, at SAVE,
+    what the launcher read (for a LOAD's read-ahead)."""
+    from foundry_core.engine import readahead, startsteps
+    from foundry_sglang_plugin import sched_start
+
+    startsteps.export_launch({"settle": settle_s})
+    sched_start.install()  # schedulers forked where safe (sched_start)
+    if "save" in mode.split(","):
+        readahead.record_later(cfg.archive_dir, "launcher", log=logging.getLogger("foundry.sglang"))
 
 
 def after_check_server_args(result: Any, server_args: Any, *args: Any, **kwargs: Any) -> None:

@@ -166,6 +166,7 @@ class Session:
         fc.start_recording(keep_images=session.mode == "save")
         begin_s["total_s"] = time.perf_counter() - t0
         session.report["begin_s"] = {k: round(v, 4) for k, v in begin_s.items()}
+        _time_steps(session, begin_s)
         logger.info(
             "Foundry %s: rank %d, archive %s (start checks %.2f s: recording %.2f, archive %.2f, caches %.2f)",
             session.mode.upper(),
@@ -449,6 +450,22 @@ class Session:
             _stop_recording()
             self.report["caches"] = self.caches.finish()
             self.write_report()
+            if self.mode == "save" and self.report.get("saved"):
+                self._record_reads()
+
+    def _record_reads(self) -> None:
+        """What this scheduler read to start, for a LOAD to read ahead (foundry_core.engine.readahead)."""
+        from foundry_core.engine import readahead
+
+        model = getattr(self.server_args, "model_path", None)
+        readahead.record_later(
+            self.cfg.archive_dir,
+            f"rank{self.rank}",
+            caches_dir=self.cfg.rank_caches_dir(self.rank),
+            rank_dir=self.path,
+            model=model,
+            log=logger,
+        )
 
     def _persist(self) -> None:
         if self.slots is None:
@@ -584,6 +601,18 @@ def settle(server_args: Any, replica: int | None = None) -> tuple[Any, str] | No
         except ValueError as e:
             raise FoundrySessionError(str(e)) from None
     return cfg, mode
+
+
+def _time_steps(session: Session, begin_s: dict[str, float]) -> None:
+    """Foundry's critical-path steps of this rank (the launcher's included) in its start report."""
+    from foundry_core.engine import start_method, startwork
+    from foundry_core.engine.startsteps import StartSteps
+
+    session.report["scheduler_start"] = start_method.chosen()  # fork or spawn, and why (sched_start)
+    session.report["start_work"] = startwork.listing("sglang", session.mode)  # skipped/kept, and why
+    steps = StartSteps(session.report)
+    steps.add_all({k.removesuffix("_s"): v for k, v in begin_s.items() if k != "total_s"})
+    steps.close(session.rank, logger)
 
 
 def _engine_facts() -> dict[str, Any]:

@@ -82,11 +82,19 @@ def _register() -> None:
         if _registered:
             return
         _registered = True
+        _read_ahead()
         module = sys.modules.get(_ARG_UTILS)
         if module is not None and hasattr(module, "EngineArgs"):
             _install(module)
         elif not any(isinstance(f, _ArgUtilsFinder) for f in sys.meta_path):
             sys.meta_path.insert(0, _ArgUtilsFinder())
+
+
+def _read_ahead() -> None:
+    """A LOAD reads its recorded files ahead from here on, while vLLM imports (never raises)."""
+    from foundry_core.early import start_readahead
+
+    start_readahead("vllm.foundry")
 
 
 def is_registered() -> bool:

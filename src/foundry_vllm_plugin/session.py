@@ -178,7 +178,9 @@ class FoundrySession:
         }
         self.fingerprint = archive.engine_fingerprint(self.vllm_config, dev)
         self.report.update(vllm=self.fingerprint.get("vllm"), device=dev["name"])
+        t0 = time.perf_counter()
         self.decide_mode(index)  # before the region is reserved and before any model memory
+        self._time_steps(time.perf_counter() - t0)
         self.region = fc.Region(
             base=self.cfg.rank_region_base(self.rank), size=self.cfg.region_size, device=index
         )
@@ -197,6 +199,18 @@ class FoundrySession:
         from vllm.platforms import current_platform
 
         type(current_platform)._global_graph_pool = self.region.graph_pool_id()
+
+    def _time_steps(self, decide_s: float) -> None:
+        """Foundry's critical-path steps of this rank in its start report (startsteps)."""
+        from foundry_core.engine import startwork
+        from foundry_core.engine.startsteps import StartSteps
+
+        self.report["start_work"] = startwork.listing("vllm", self.mode or "")  # skipped/kept, and why
+        steps = StartSteps(self.report)
+        caches_s = float(self.caches.report.get("restore_s") or 0.0)
+        steps.add("caches", caches_s)
+        steps.add("decide", decide_s - caches_s)
+        steps.close(self.rank, logger)
 
     def decide_mode(self, device_index: int) -> str:
         """SAVE or LOAD for this rank (``self.fingerprint`` set); returns the reason.
@@ -398,6 +412,21 @@ class FoundrySession:
             return
         self.report["saved"] = True
         logger.info("Foundry rank %d: archive published (manifest %s)", self.rank, pending[0])
+        self._record_reads(core)
+
+    def _record_reads(self, core: Any) -> None:
+        """What this worker read to start, for a LOAD to read ahead (foundry_core.engine.readahead)."""
+        from foundry_core.engine import readahead
+
+        model = getattr(getattr(self.vllm_config, "model_config", None), "model", None)
+        readahead.record_later(
+            self.cfg.archive_dir,
+            f"rank{self.rank}",
+            caches_dir=self.cfg.rank_caches_dir(self.rank),
+            rank_dir=core,
+            model=model,
+            log=logger,
+        )
 
     def restore_or_capture(self, adapter: Any) -> bool:
         """LOAD at the graph phase: True when the graphs were restored and installed. False when the

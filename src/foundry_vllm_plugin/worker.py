@@ -72,11 +72,13 @@ class FoundryWorker(_VllmGpuWorker):
     def __init__(self, *args: Any, **kwargs: Any):
         vllm_config = kwargs["vllm_config"] if "vllm_config" in kwargs else args[0]
         check_supported(vllm_config)  # before vLLM's worker does anything
+        t0 = time.perf_counter()
         self._foundry = FoundrySession(vllm_config)
         # Before vLLM's worker initialises CUDA or compiles anything: private cache directories.
         self._foundry.caches.begin()
         inductor.pin_process(logger)  # for torch.compile calls that do not take vLLM's config
         prewarm.start(logger)  # Triton's per-process cache key, hashed while vLLM sets up
+        self._foundry.report.setdefault("foundry_steps_s", {})["session"] = round(time.perf_counter() - t0, 4)
         super().__init__(*args, **kwargs)
 
     @contextlib.contextmanager

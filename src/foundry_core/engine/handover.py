@@ -210,9 +210,18 @@ class CacheHandover:
         self.report["dir"] = str(self.dirs.root)
 
     def restore(self, device: int) -> bool:
-        """Step 2 (LOAD): fill the directories from the verified caches archive; whether it did."""
+        """Step 2 (LOAD): fill the directories from the verified caches archive; whether it did.
+        Its time, whatever the outcome, is the report's ``restore_s`` (a step of the start's
+        critical path, :mod:`foundry_core.engine.startsteps`)."""
         if self.dirs is None:
             return False
+        t0 = time.perf_counter()
+        try:
+            return self._restore(device)
+        finally:
+            self.report["restore_s"] = round(time.perf_counter() - t0, 4)
+
+    def _restore(self, device: int) -> bool:
         reason = _pin_problem(self.cfg, self.rank)
         if reason is None:
             t0 = time.perf_counter()

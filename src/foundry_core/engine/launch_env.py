@@ -71,6 +71,13 @@ def apply(settings: Mapping[str, tuple[str, str]], log: logging.Logger | None = 
     return done
 
 
+def set_for_launch(name: str, value: str) -> None:
+    """Set a variable of Foundry's own for the engine's processes of this launch; :func:`undo` (at
+    the next launch in this process) removes it again."""
+    _changed.setdefault(name, os.environ.get(name))
+    os.environ[name] = value
+
+
 def undo() -> None:
     """Put back the variables :func:`apply` changed in this process."""
     restore(_changed)

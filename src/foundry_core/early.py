@@ -1,0 +1,45 @@
+"""What an engine plugin's ``register()`` may call at once: nothing heavy is imported here.
+
+:func:`start_readahead` looks at the command line and the environment only; when they name a
+Foundry configuration, one daemon thread imports the engine layer and starts the archive's
+read-ahead (:mod:`foundry_core.engine.readahead`), so that ``register()`` itself pays a thread
+start and the engine's imports run on while the files they need are read. Never raises.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+
+_started = False
+
+
+def start_readahead(log_name: str = "foundry") -> threading.Thread | None:
+    global _started
+    if _started or os.environ.get("FOUNDRY_READAHEAD", "1").strip() == "0":
+        return None
+    if os.environ.get("FOUNDRY_READAHEAD_STARTED"):  # the process that started this one reads ahead
+        return None
+    if not any(a == "--foundry-config" or a.startswith("--foundry-config=") for a in sys.argv) and not (
+        os.environ.get("FOUNDRY_CONFIG")
+    ):
+        return None
+    _started = True
+    argv = list(sys.argv)
+
+    def run() -> None:
+        try:
+            from foundry_core.engine import readahead
+
+            readahead.run_for_launch(argv, log=logging.getLogger(log_name))
+        except Exception as e:  # noqa: BLE001 - read-ahead is an optimisation; the start goes on
+            logging.getLogger(log_name).debug("Foundry: read-ahead not started (%s)", e)
+
+    try:
+        thread = threading.Thread(target=run, name="foundry-readahead-config", daemon=True)
+        thread.start()
+    except Exception:  # noqa: BLE001 - register() never raises into the engine's plugin loader
+        return None
+    return thread

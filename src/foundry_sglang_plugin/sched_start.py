@@ -1,0 +1,123 @@
+"""SGLang's scheduler processes started without importing SGLang a second time, where that is safe.
+
+SGLang 0.5.23 sets ``multiprocessing``'s start method to ``spawn`` in ``_set_envs_and_config`` and
+starts each scheduler with ``mp.Process`` in ``Engine._launch_scheduler_processes``: each scheduler
+is a fresh interpreter that imports torch and SGLang again (24.5 s of a 64 s LOAD on an H200). The
+launcher has imported all of it already (``engine.py`` imports ``run_scheduler_process``), so a
+forked scheduler starts with it in place. :func:`around_launch_schedulers` (installed for a Foundry
+launch once SGLang's engine module is imported, :func:`install`) forks for the one call that starts
+the schedulers when :func:`foundry_core.engine.start_method.decide` allows it, and spawns as SGLang
+does otherwise; the choice and its reason are in every scheduler's start report
+(``scheduler_start``).
+
+SGLang's own reasons to spawn (:func:`blockers`): Ray placement, the data-parallel controller (a
+process that starts the schedulers itself), the memory saver (a library ``LD_PRELOAD``-ed into each
+scheduler) and NUMA binding v2 where it applies (each scheduler ``exec``-ed under ``numactl``; with
+``SGLANG_NUMA_BIND_V2=0`` SGLang binds inside the scheduler process, which a fork keeps).
+
+A forked scheduler inherits the launcher's loaded plugins, and SGLang loads plugins once per
+process: the launcher registered Foundry's hooks before Foundry's worker marker was set, so the
+forked child registers and applies the worker hooks itself (:func:`_forked_scheduler`) before
+SGLang's scheduler function runs.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+from typing import Any
+
+from foundry_core.engine import start_method
+from foundry_sglang_plugin import settings
+from foundry_sglang_plugin._view import reader
+
+logger = logging.getLogger("foundry.sglang")
+
+ENGINE_MODULE = "sglang.srt.entrypoints.engine"
+TARGET = f"{ENGINE_MODULE}.Engine._launch_scheduler_processes"
+_installed = False
+
+
+def install() -> bool:
+    """Hook the scheduler launch (in the launcher, once SGLang's engine module is imported; idempotent)."""
+    global _installed
+    if _installed or ENGINE_MODULE not in sys.modules:
+        return False
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    HookRegistry.register(TARGET, around_launch_schedulers, HookType.AROUND)
+    HookRegistry.apply_hooks()  # only targets not patched yet: this one
+    _installed = True
+    return True
+
+
+def blockers(server_args: Any, placement_group: Any = None) -> list[str]:
+    """SGLang's reasons to start the schedulers with a fresh interpreter."""
+    read = reader(server_args)
+    out = []
+    if placement_group is not None:
+        out.append("Ray places the schedulers")
+    if int(read("dp_size", 1) or 1) > 1 or read("ep_join_mode", None) == "scale":
+        out.append("the data-parallel controller starts the schedulers itself")
+    if read("enable_memory_saver", False):
+        out.append("the memory saver LD_PRELOADs its library into each scheduler")
+    if _numa_exec(server_args, read):
+        out.append("NUMA binding v2 starts each scheduler under numactl")
+    return out
+
+
+def _numa_exec(server_args: Any, read: Any) -> bool:
+    """Whether SGLang would start the first scheduler under ``numactl`` (binding v2, the default,
+    on a host with several NUMA nodes and numactl; SGLANG_NUMA_BIND_V2=0 binds in the scheduler
+    process instead, which a fork keeps)."""
+    try:
+        from sglang.srt.environ import envs
+        from sglang.srt.utils.numa_utils import get_numa_node_if_available
+    except ImportError:
+        return False
+    try:
+        if not envs.SGLANG_NUMA_BIND_V2.get():
+            return False
+        gpu = int(read("base_gpu_id", 0) or 0)
+        return get_numa_node_if_available(server_args, gpu) is not None
+    except Exception:  # noqa: BLE001 - cannot tell: assume SGLang binds, and spawn
+        return True
+
+
+def around_launch_schedulers(
+    original: Any,
+    cls: Any,
+    server_args: Any,
+    port_args: Any,
+    run_scheduler_process_func: Any,
+    *args: Any,
+    **kwargs: Any,
+) -> Any:
+    if not settings.worker_enabled():  # Foundry is off for this launch: SGLang's own start
+        return original(cls, server_args, port_args, run_scheduler_process_func, *args, **kwargs)
+    choice = start_method.decide(blockers=blockers(server_args, kwargs.get("placement_group")))
+    start_method.export(choice)  # the schedulers' start reports
+    logger.info("Foundry: schedulers start by %s (%s)", choice.method, choice.reason)
+    if choice.method != "fork":
+        return original(cls, server_args, port_args, run_scheduler_process_func, *args, **kwargs)
+    import multiprocessing as mp
+
+    before = mp.get_start_method(allow_none=True)
+    mp.set_start_method("fork", force=True)
+    try:
+        target = functools.partial(_forked_scheduler, run_scheduler_process_func)
+        return original(cls, server_args, port_args, target, *args, **kwargs)
+    finally:
+        mp.set_start_method(before or "spawn", force=True)  # the detokenizer and later launches: SGLang's
+
+
+def _forked_scheduler(func: Any, *args: Any, **kwargs: Any) -> Any:
+    """In a forked scheduler: Foundry's worker hooks, then SGLang's scheduler function."""
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    import foundry_sglang_plugin
+
+    foundry_sglang_plugin.register()  # the marker is set now: the worker hooks are queued
+    HookRegistry.apply_hooks()
+    return func(*args, **kwargs)

@@ -1,0 +1,104 @@
+"""SGLang's schedulers forked from the launcher where that is safe, spawned (as SGLang does) elsewhere.
+
+The launch goes through SGLang's real ``Engine._launch_scheduler_processes`` with its real
+``ServerArgs``, ``PortArgs`` and published context; only the scheduler function is a stand-in that
+reports, from inside the started process, how it started and what it found imported.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import sys
+
+import pytest
+
+from foundry_core.engine import start_method
+from foundry_sglang_plugin import sched_start, settings
+
+SCHEDULER_MODULE = "sglang.srt.managers.scheduler"
+
+
+def report_start(server_args, port_args, gpu_id, tp_rank, pp_rank, dp_rank, pipe_writer, *rest):
+    """A scheduler stand-in: what this process found at its start, sent as SGLang's ready message."""
+    import foundry_sglang_plugin
+
+    pipe_writer.send(
+        {
+            "status": "ready",
+            "start_method": mp.current_process()._config.get("start_method")
+            or mp.get_start_method(allow_none=True),
+            "scheduler_imported": SCHEDULER_MODULE in sys.modules,
+            "worker_hooks": (f"{SCHEDULER_MODULE}.Scheduler.__init__", "AROUND")
+            in foundry_sglang_plugin._registered,
+            "chosen": start_method.chosen(),
+        }
+    )
+
+
+@pytest.fixture
+def launch(parse, monkeypatch):
+    """``launch(*argv) -> the stand-in schedulers' reports`` for a Foundry launch."""
+    from sglang.srt.entrypoints.engine import Engine
+    from sglang.srt.runtime_context import publish
+    from sglang.srt.server_args import PortArgs
+
+    assert sched_start.install() or sched_start._installed
+    monkeypatch.setenv(settings.ENV_MARKER, "1")
+    monkeypatch.setenv("SGLANG_NUMA_BIND_V2", "0")
+    monkeypatch.delenv(start_method.CHOSEN_ENV, raising=False)
+
+    def _launch(*argv: str):
+        sa = parse(*argv)
+        publish(sa, role="tokenizer")
+        result, procs = Engine._launch_scheduler_processes(sa, PortArgs.init_new(sa), report_start)
+        try:
+            return result_infos(result)
+        finally:
+            for p in procs:
+                p.join(60)
+
+    def result_infos(result):
+        result.wait_for_ready()
+        return result.scheduler_infos
+
+    return _launch
+
+
+def test_a_clean_launcher_forks_its_scheduler_with_sglang_imported_and_foundry_hooked(launch):
+    (info,) = launch()
+    assert info["start_method"] == "fork"
+    assert info["scheduler_imported"] is True  # no second import of SGLang
+    assert info["worker_hooks"] is True  # registered in the child: SGLang loads plugins once per process
+    assert info["chosen"]["method"] == "fork"
+    assert mp.get_start_method() == "spawn"  # SGLang's method again for what the launcher starts next
+
+
+def test_spawn_when_asked_and_the_reason_reaches_the_scheduler(launch, monkeypatch):
+    monkeypatch.setenv(start_method.ENV, "spawn")
+    (info,) = launch()
+    assert info["start_method"] == "spawn"
+    assert info["scheduler_imported"] is False  # a fresh interpreter: SGLang's own start
+    assert info["chosen"] == {"method": "spawn", "reason": f"{start_method.ENV}=spawn"}
+
+
+def test_spawn_where_the_launcher_initialised_cuda(launch, monkeypatch):
+    monkeypatch.setattr(start_method, "cuda_initialized", lambda: True)
+    (info,) = launch()
+    assert info["start_method"] == "spawn" and "CUDA is initialised" in info["chosen"]["reason"]
+
+
+def test_sglang_reasons_to_spawn(parse):
+    assert sched_start.blockers(parse()) == [] or all("NUMA" in b for b in sched_start.blockers(parse()))
+    assert "the data-parallel controller starts the schedulers itself" in sched_start.blockers(
+        parse("--dp-size", "2")
+    )
+    assert "the memory saver LD_PRELOADs its library into each scheduler" in sched_start.blockers(
+        parse("--enable-memory-saver")
+    )
+    assert "Ray places the schedulers" in sched_start.blockers(parse(), placement_group=object())
+
+
+def test_foundry_off_leaves_sglangs_start_alone(launch, monkeypatch):
+    monkeypatch.delenv(settings.ENV_MARKER)
+    (info,) = launch()
+    assert info["start_method"] == "spawn" and info["chosen"] is None

@@ -1,0 +1,164 @@
+"""Read-ahead lists: recorded at SAVE, replayed at LOAD, bad entries skipped one by one."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+
+import pytest
+
+from foundry_core.engine import readahead
+
+
+@pytest.fixture(autouse=True)
+def _fresh(monkeypatch):
+    monkeypatch.delenv(readahead.STARTED_ENV, raising=False)
+    monkeypatch.delenv(readahead.ENV, raising=False)
+    readahead.reset()
+    yield
+    readahead.reset()
+
+
+def _archive_with_model(tmp_path):
+    archive = tmp_path / "archive"
+    caches = archive / "rank0.caches"
+    caches.mkdir(parents=True)
+    (caches / "manifest.json").write_text("{}")
+    (caches / "blob.bin").write_bytes(os.urandom(3000))
+    model = tmp_path / "models" / "tiny"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text('{"hidden_size": 8}')
+    (model / "model.safetensors").write_bytes(os.urandom(5000))
+    (model / "notes.md").write_text("not read ahead")
+    return archive, caches, model
+
+
+def test_record_lists_modules_libraries_caches_and_model(tmp_path):
+    archive, caches, model = _archive_with_model(tmp_path)
+    path = readahead.record(archive, "rank0", caches_dir=caches, model="tiny-model", model_dir=model)
+    data = json.loads(path.read_text())
+    assert path.name == "readahead-rank0.json" and data["format"] == readahead.FORMAT
+    by_path = {e["path"]: e for e in data["files"]}
+    # The import read json's bytecode, not its source.
+    json_pyc = [p for p in by_path if "/json/__pycache__/__init__" in p]
+    assert json_pyc and by_path[json_pyc[0]]["kind"] == "module"
+    assert by_path[str((caches / "blob.bin").resolve())]["kind"] == "caches"
+    weights = by_path[str((model / "model.safetensors").resolve())]
+    assert weights["kind"] == "model" and weights["size"] == 5000
+    assert str((model / "notes.md").resolve()) not in by_path
+    kinds = [e["kind"] for e in data["files"]]
+    assert kinds.index("model") > kinds.index("caches") > kinds.index("module")
+    assert data["model"] == {"name": "tiny-model", "dir": str(model.resolve())}
+
+
+def test_plan_skips_changed_missing_and_untrusted_files(tmp_path):
+    archive, caches, model = _archive_with_model(tmp_path)
+    readahead.record(archive, "rank0", caches_dir=caches, model="tiny-model", model_dir=model)
+    list_path = archive / "readahead-rank0.json"
+    data = json.loads(list_path.read_text())
+    before = readahead.plan(archive, model_names=["tiny-model"])
+    assert before.skipped == {"missing": 0, "changed": 0, "untrusted": 0}
+    outside = tmp_path / "elsewhere" / "secret.bin"
+    outside.parent.mkdir()
+    outside.write_bytes(b"x" * 100)
+    st = outside.stat()
+    link = archive / "link.bin"  # inside the archive, pointing outside: refused by its real path
+    link.symlink_to(outside)
+    data["files"] += [
+        {"path": str(outside), "kind": "module", "size": 100, "mtime_ns": st.st_mtime_ns},
+        {"path": str(link), "kind": "module", "size": 100, "mtime_ns": st.st_mtime_ns},
+        {"path": "relative/file.py", "kind": "module", "size": 1, "mtime_ns": 1},
+        {"path": 42},
+    ]
+    list_path.write_text(json.dumps(data))
+    (caches / "blob.bin").write_bytes(os.urandom(3001))  # changed after the SAVE
+    (caches / "manifest.json").unlink()  # gone
+
+    p = readahead.plan(archive, model_names=["--model-path", "tiny-model"])
+    planned = {f[0] for f in p.files}
+    assert str((model / "model.safetensors").resolve()) in planned
+    assert str((caches / "blob.bin").resolve()) not in planned
+    assert str(outside) not in planned
+    # The link and its target are one real file, refused once; the entry with no size counts as changed.
+    assert p.skipped == {"missing": 1, "changed": 2, "untrusted": 2}
+    assert [f[0] for f in p.files][-1] == str((model / "model.safetensors").resolve())  # weights last
+
+
+def test_model_directory_is_trusted_only_when_this_start_names_that_model(tmp_path):
+    archive, caches, model = _archive_with_model(tmp_path)
+    readahead.record(archive, "rank0", caches_dir=caches, model="tiny-model", model_dir=model)
+    other = readahead.plan(archive, model_names=["other-model"])
+    assert not any(f[0].startswith(str(model.resolve())) for f in other.files)
+    assert other.skipped["untrusted"] == 2  # config.json and the weights
+    by_dir = readahead.plan(archive, model_names=[str(model)])
+    assert any(f[0].endswith("model.safetensors") for f in by_dir.files)
+
+
+def test_a_damaged_list_is_skipped_and_the_others_used(tmp_path):
+    archive, caches, model = _archive_with_model(tmp_path)
+    readahead.record(archive, "rank0", caches_dir=caches)
+    (archive / "readahead-launcher.json").write_text("{not json")
+    (archive / "readahead-huge.json").write_text(json.dumps({"format": 99, "files": []}))
+    p = readahead.plan(archive)
+    assert p.lists == 1 and sorted(p.bad_lists) == ["readahead-huge.json", "readahead-launcher.json"]
+    assert p.files
+
+
+@pytest.mark.parametrize("how", ["advise", "read"])
+def test_replay_reads_every_planned_file_and_skips_one_changed_meanwhile(tmp_path, how):
+    archive, caches, model = _archive_with_model(tmp_path)
+    readahead.record(archive, "rank0", caches_dir=caches, model="tiny-model", model_dir=model)
+    p = readahead.plan(archive, model_names=["tiny-model"])
+    (model / "config.json").write_text('{"hidden_size": 16}')  # changed between plan and read
+    replay = readahead.Replay(p.files, threads=3, how=how).start()
+    assert replay.join(timeout=60)
+    s = replay.summary()
+    assert s["files"] == len(p.files) and s["read_files"] == len(p.files) - 1
+    assert s["done_s"] is not None and s["how"] == how
+
+
+def test_start_for_launch_reads_ahead_once_per_launch(tmp_path, monkeypatch):
+    archive, caches, model = _archive_with_model(tmp_path)
+    readahead.record(archive, "rank0", caches_dir=caches, model="tiny-model", model_dir=model)
+    config = tmp_path / "foundry.toml"
+    config.write_text(f'mode = "load"\narchive_dir = "{archive}"\n')
+    argv = [
+        "sglang",
+        "serve",
+        "--model-path",
+        "tiny-model",
+        "--enable-foundry",
+        "--foundry-config",
+        str(config),
+    ]
+    thread = readahead.start_for_launch(argv)
+    assert isinstance(thread, threading.Thread)
+    thread.join(30)
+    replay = readahead._state["replay"]
+    assert replay.join(timeout=60)
+    s = readahead.summary()
+    assert s["read_files"] == s["files"] > 0 and s["lists"] == 1
+    assert os.environ[readahead.STARTED_ENV] == str(os.getpid())
+    # A process this one starts inherits the mark and reads nothing again.
+    readahead._state.clear()
+    assert readahead.start_for_launch(argv) is None
+
+
+@pytest.mark.parametrize("mode", ["save", None])
+def test_no_read_ahead_for_a_save_or_without_a_configuration(tmp_path, mode):
+    config = tmp_path / "foundry.toml"
+    config.write_text(f'mode = "{mode or "load"}"\narchive_dir = "{tmp_path}"\n')
+    argv = ["x", "--foundry-config", str(config)] if mode else ["x"]
+    thread = readahead.start_for_launch(argv, environ={})
+    if thread is not None:
+        thread.join(30)
+    assert "replay" not in readahead._state
+
+
+def test_disabled_by_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv(readahead.ENV, "0")
+    assert readahead.record(tmp_path, "rank0") is None
+    assert readahead.start(tmp_path) is None
+    assert sys.modules["foundry_core.engine.readahead"] is readahead

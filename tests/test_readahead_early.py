@@ -1,0 +1,73 @@
+"""A plugin's register() starts a LOAD's read-ahead through foundry_core.early, in a fresh process
+(as an engine's launcher runs it): one thread, the engine layer imported on it, the lists read."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from foundry_core.engine import readahead
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+
+CHILD = textwrap.dedent(
+    """
+    import json, sys, time
+    sys.argv = ["serve", "--model-path", "m", "--foundry-config", sys.argv[1]]
+    t = time.perf_counter()
+    from foundry_core.early import start_readahead
+    thread = start_readahead("test")
+    started_s = time.perf_counter() - t
+    engine_imported = "foundry_core.engine.readahead" in sys.modules
+    if thread is not None:
+        thread.join(60)
+    from foundry_core.engine import readahead
+    replay = readahead._state.get("replay")
+    if replay is not None:
+        replay.join(60)
+    print(json.dumps({"thread": thread is not None, "started_s": started_s,
+                      "summary": readahead.summary()}))
+    """
+)
+
+
+def _run(config: Path, **env: str) -> dict:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("FOUNDRY_")}
+    environ.update(PYTHONPATH=SRC, **env)
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, str(config)], capture_output=True, text=True, env=environ, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture
+def load_config(tmp_path):
+    archive = tmp_path / "archive"
+    caches = archive / "rank0.caches"
+    caches.mkdir(parents=True)
+    (caches / "blob.bin").write_bytes(os.urandom(4096))
+    assert readahead.record(archive, "rank0", caches_dir=caches) is not None
+    config = tmp_path / "foundry.toml"
+    config.write_text(f'mode = "load"\narchive_dir = "{archive}"\n')
+    return config
+
+
+def test_register_time_read_ahead_reads_the_recorded_lists(load_config):
+    out = _run(load_config)
+    assert out["thread"] is True
+    s = out["summary"]
+    assert s["lists"] == 1 and s["files"] > 100 and s["read_files"] == s["files"]
+    assert s["how"] == "advise"
+
+
+def test_switched_off_or_started_by_the_parent_it_does_nothing(load_config):
+    assert _run(load_config, FOUNDRY_READAHEAD="0")["thread"] is False
+    out = _run(load_config, FOUNDRY_READAHEAD_STARTED="1")
+    assert out["thread"] is False and out["summary"] == {"started_by": "1"}
