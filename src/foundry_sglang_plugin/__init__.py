@@ -65,8 +65,12 @@ def _queue_hooks() -> None:
 
 def _read_ahead() -> None:
     """A LOAD reads its recorded files ahead from here on, while SGLang imports (never raises)."""
-    from foundry_core.early import start_readahead
-
+    if not any(a.startswith("--foundry-config") for a in sys.argv) and "FOUNDRY_CONFIG" not in os.environ:
+        return  # no Foundry configuration named: nothing imported, as for a start without Foundry
+    try:
+        from foundry_core.early import start_readahead
+    except Exception:  # noqa: BLE001 - register() never raises into the engine's plugin loader
+        return
     start_readahead("foundry.sglang")
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib.abc
 import importlib.machinery
 import logging
+import os
 import sys
 import threading
 
@@ -92,8 +93,12 @@ def _register() -> None:
 
 def _read_ahead() -> None:
     """A LOAD reads its recorded files ahead from here on, while vLLM imports (never raises)."""
-    from foundry_core.early import start_readahead
-
+    if not any(a.startswith("--foundry-config") for a in sys.argv) and "FOUNDRY_CONFIG" not in os.environ:
+        return  # no Foundry configuration named: nothing imported, as for a start without Foundry
+    try:
+        from foundry_core.early import start_readahead
+    except Exception:  # noqa: BLE001 - register() never raises into the engine's plugin loader
+        return
     start_readahead("vllm.foundry")
 
 
