@@ -20,7 +20,17 @@ from foundry_vllm_plugin import archive, graphs, settings, workspace
 logger = logging.getLogger("vllm.foundry")  # under vLLM's logger: same handlers and level
 
 #: The compile and JIT caches a vLLM engine process fills (foundry_core.engine.caches.KINDS).
-CACHE_KINDS = ("vllm", "inductor", "triton", "tvm-ffi", "flashinfer", "deep-gemm", "humming", "cuda")
+CACHE_KINDS = (
+    "vllm",
+    "inductor",
+    "triton",
+    "tvm-ffi",
+    "flashinfer",
+    "flashinfer-autotune",
+    "deep-gemm",
+    "humming",
+    "cuda",
+)
 #: Carried files the API server reads itself, before it starts the engine core: the registry's
 #: model-inspection records (``$VLLM_CACHE_ROOT/modelinfos``), each keyed by its model file's hash.
 LAUNCHER_RECORDS = {"vllm": ("modelinfos/",)}
