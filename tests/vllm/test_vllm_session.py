@@ -271,18 +271,6 @@ def test_save_records_the_workspace_lock_and_listing_and_carries_its_tensors(bas
     assert s.report["graphs"] == 2 and "save_s" in s.report
 
 
-@pytest.fixture
-def cpu_workspace_manager():
-    """vLLM's own workspace manager on the CPU, reset afterwards."""
-    import torch
-    from vllm.v1.worker import workspace as vllm_workspace
-
-    saved = vllm_workspace._manager
-    vllm_workspace.init_workspace_manager(torch.device("cpu"), 1)
-    yield vllm_workspace.current_workspace_manager()
-    vllm_workspace._manager = saved
-
-
 def _grow_like_vllm(manager, scratch_bytes=1000):
     """What vLLM's profiling and warmups leave in the manager: a scratch buffer, Marlin-style zeroed
     locks and the MoE permute scratch (vLLM's own MoEPermuteScratch)."""
