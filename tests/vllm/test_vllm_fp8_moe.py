@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -51,36 +55,51 @@ QWEN3_MOE_FP8 = {
 }
 
 
-@pytest.fixture
-def fp8_moe_config(tmp_path, engine_args_factory, foundry_toml):
+def test_foundry_takes_the_block_fp8_moe_configuration(tmp_path, base_vllm_config):
+    """vLLM's own ModelConfig of the checkpoint (its quantization verified by vLLM), built in a fresh
+    interpreter on this machine's platform: under the tests' CPU stand-in for a CUDA platform, vLLM's
+    quantization registry imports CUDA-only attention modules. Foundry refuses none of it."""
+    import copy
+
+    from foundry_vllm_plugin import check_supported
+
     model = tmp_path / "qwen3-moe-fp8"
     model.mkdir()
     (model / "config.json").write_text(json.dumps(QWEN3_MOE_FP8))
-    args = engine_args_factory(model=str(model), additional_config={"foundry": {"config": str(foundry_toml)}})
-    return args.create_engine_config()
+    script = textwrap.dedent(
+        f"""
+        import pickle
+        from vllm.engine.arg_utils import EngineArgs
+        mc = EngineArgs(model={str(model)!r}, load_format="dummy", skip_tokenizer_init=True,
+                        max_model_len=1024, seed=0).create_model_config()
+        open({str(tmp_path / "mc.pkl")!r}, "wb").write(pickle.dumps(mc))
+        """
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_LOGGING_LEVEL": "ERROR"}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    model_config = pickle.loads((tmp_path / "mc.pkl").read_bytes())
+    assert model_config.quantization == "fp8" and model_config.get_num_experts() == 128
+    assert model_config.hf_config.quantization_config["weight_block_size"] == [128, 128]
+    config = copy.deepcopy(base_vllm_config)
+    config.model_config = model_config
+    check_supported(config)  # no exception: one GPU, no expert parallelism
 
 
-def test_foundry_takes_the_block_fp8_moe_configuration(fp8_moe_config):
-    from foundry_vllm_plugin import check_supported
-    from foundry_vllm_plugin.support import FOUNDRY_WORKER
-
-    assert fp8_moe_config.model_config.quantization == "fp8"
-    assert fp8_moe_config.model_config.get_num_experts() == 128
-    assert fp8_moe_config.parallel_config.worker_cls == FOUNDRY_WORKER
-    check_supported(fp8_moe_config)  # no exception
-
-
-def test_the_fp8_moe_caches_land_in_the_carried_folders(fp8_moe_config):
+def test_the_fp8_moe_caches_land_in_the_carried_folders(foundry_toml):
     """vLLM's FlashInfer autotune store (the FP8 MoE tactics) was left at FlashInfer's own default,
-    outside every carried folder, before it became a carried kind."""
+    outside every carried folder, before it became a carried kind. The folders are the ones the API
+    server makes for a Foundry start of this model (``launch_caches``, before vLLM builds its config)."""
     from vllm.model_executor.warmup.flashinfer_autotune_cache import (
         flashinfer_autotune_root,
         resolve_flashinfer_autotune_v2_root,
     )
 
     from foundry_core.engine import caches
+    from foundry_vllm_plugin.engine_args import launch_caches
     from foundry_vllm_plugin.session import CACHE_KINDS
 
+    launch_caches({"foundry": {"config": str(foundry_toml)}})
     root = Path(os.environ[caches.DIR_ENV])
     assert {"triton", "flashinfer", "flashinfer-autotune", "vllm"} <= set(CACHE_KINDS)
     assert resolve_flashinfer_autotune_v2_root() == root / "flashinfer-autotune"

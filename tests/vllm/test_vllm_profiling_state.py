@@ -87,7 +87,7 @@ def test_save_profiling_leaves_no_workspace_resource_load_never_makes(cpu_worksp
     }
 
 
-def test_both_modes_end_profiling_on_the_region_graph_pool(region_pool):
+def test_both_modes_end_profiling_on_the_region_graph_pool(cpu_workspace_manager, region_pool):
     from vllm.platforms import current_platform
 
     platform_cls = type(current_platform)

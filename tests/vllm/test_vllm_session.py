@@ -271,12 +271,31 @@ def test_save_records_the_workspace_lock_and_listing_and_carries_its_tensors(bas
     assert s.report["graphs"] == 2 and "save_s" in s.report
 
 
+def _vllm_moe_permute_module():
+    """vLLM's ``moe_permute_unpermute`` module, loaded from its file: the ``fused_moe`` package around
+    it imports CUDA-only kernels under the CPU stand-in platform; the module itself needs none."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    import vllm
+
+    name = "foundry_test_vllm_moe_permute_unpermute"
+    if name not in sys.modules:
+        path = Path(vllm.__file__).parent / "model_executor/layers/fused_moe/moe_permute_unpermute.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules[name] = module
+    return sys.modules[name]
+
+
 def _grow_like_vllm(manager, scratch_bytes=1000):
     """What vLLM's profiling and warmups leave in the manager: a scratch buffer, Marlin-style zeroed
     locks and the MoE permute scratch (vLLM's own MoEPermuteScratch)."""
     import torch
-    from vllm.model_executor.layers.fused_moe.moe_permute_unpermute import get_moe_permute_scratch
 
+    get_moe_permute_scratch = _vllm_moe_permute_module().get_moe_permute_scratch
     manager.get_simultaneous(((scratch_bytes,), torch.uint8))
     locks = manager.get_persistent(("marlin_locks", "stream"), (8,), torch.int32, zero_init=True)
     moe = get_moe_permute_scratch(num_experts=4, num_local_experts=4, device=torch.device("cpu"))
@@ -430,10 +449,12 @@ def test_capture_routing_ends_before_the_save_and_only_once(base_vllm_config):
     s.region = RoutingRegion()
     s.begin_capture_routing()
     s.begin_capture_routing()  # already routing: no second context
-    assert s.region.events == ["route+", "label+vllm.capture"]
+    # vLLM's workspace is placed first, inside the routing (workspace.place: none in this process).
+    begun = ["route+", "label+vllm.capture", "label+vllm.workspace", "label-vllm.workspace"]
+    assert s.region.events == begun and s.workspace == {"slots": []}
     s.end_capture_routing()
     s.end_capture_routing()
-    assert s.region.events == ["route+", "label+vllm.capture", "label-vllm.capture", "route-"]
+    assert s.region.events == [*begun, "label-vllm.capture", "route-"]
 
 
 def test_runner_build_is_routed_from_init_workspace_manager_to_the_end_of_init_device():
