@@ -84,7 +84,23 @@ def test_vllm_internals_that_the_worker_relies_on(tmp_path):
 
         assert callable(workspace.is_workspace_manager_initialized)
         assert "def is_locked" in inspect.getsource(workspace.WorkspaceManager)
-        assert graphs.workspace_locked() is None  # no manager in this process
+        # Foundry places the scratch and the persistent resources (0.33) at SAVE's capture and hands
+        # them back at LOAD: the manager keeps them in these two lists.
+        wm_init = inspect.getsource(workspace.WorkspaceManager.__init__)
+        assert "self._current_workspaces" in wm_init and "self._persistent_resources" in wm_init
+        from foundry_vllm_plugin import workspace as foundry_workspace
+        assert foundry_workspace.locked() is None  # no manager in this process
+
+        # 0.33: warmup_kernels runs before the capture (SAVE routes from the capture on), the V2
+        # capture ends with inner graphs, the KV connector's reset and the lock (LOAD mirrors them),
+        # and the graph-memory profiling swaps the global pool (SAVE only; settled in both modes).
+        warm = inspect.getsource(Worker._compile_or_warm_up_model)
+        assert warm.index("warmup_kernels(") < warm.index("self.model_runner.capture_model()")
+        cap = inspect.getsource(GPUModelRunner.capture_model)
+        for part in ("capture_inner_cudagraphs(", "reset_capture_state()", "lock_workspace()", "profile_only"):
+            assert part in cap, part
+        prof = inspect.getsource(cu.profile_cudagraph_memory)
+        assert "_global_graph_pool" in prof and "capture_model(profile_only=True)" in prof
 
         a = cu.BatchExecutionDescriptor(cg_mode=CUDAGraphMode.FULL, num_tokens=8, num_reqs=8, uniform_token_count=1)
         b = dataclasses.replace(a)
