@@ -1,11 +1,11 @@
 """A Foundry start that cannot go on ends ``vllm serve`` with one line and exit status 1, no traceback.
 
-Each case runs vLLM's own command line (``vllm.entrypoints.cli.main``, the ``vllm serve`` console
-script) in a fresh interpreter on this CPU machine (``VLLM_TARGET_DEVICE=cpu``). The configuration
-errors are found while vLLM turns the flags into engine arguments; the refusals of an engine
-configuration need a CUDA platform to get that far, so there the child first installs the tests'
-stand-in H200 platform (conftest), and everything after it is vLLM's real start. A valid Foundry
-start on the real platform of this machine (no CUDA device) is refused before vLLM builds its config.
+The configuration cases run vLLM's own command line (``vllm.entrypoints.cli.main``, what the
+``vllm serve`` console script runs) in a fresh interpreter on this CPU machine
+(``VLLM_TARGET_DEVICE=cpu``): each error is found while vLLM turns the flags into engine arguments.
+A valid Foundry start there (no CUDA device) is refused before vLLM builds its config. Refusals of an
+engine configuration need a CUDA platform to be reached, so they run through the same ``vllm serve``
+parser in this process, under the tests' CUDA stand-in (conftest), and end in the same ``SystemExit``.
 """
 
 from __future__ import annotations
@@ -21,21 +21,16 @@ from foundry_vllm_testutil import write_toml
 
 pytestmark = pytest.mark.vllm
 
-_HERE = Path(__file__).resolve().parent
-
 _MAIN = """
 import sys
-{prelude}
 from vllm.entrypoints.cli.main import main
 sys.argv = ["vllm", "serve", *sys.argv[1:]]
 main()
 """
 
-_STAND_IN = f"sys.path.insert(0, {str(_HERE)!r})\nimport foundry_vllm_testutil\nfoundry_vllm_testutil.install_cpu_stand_in_platform()"
 
-
-def _serve(qwen3_dir: Path, *argv: str, stand_in: bool = False, env: dict | None = None, cwd=None):
-    script = textwrap.dedent(_MAIN).format(prelude=_STAND_IN if stand_in else "")
+def _serve(qwen3_dir: Path, *argv: str, env: dict | None = None):
+    script = textwrap.dedent(_MAIN)
     full_env = {
         **os.environ,
         "HF_HUB_OFFLINE": "1",
@@ -43,7 +38,8 @@ def _serve(qwen3_dir: Path, *argv: str, stand_in: bool = False, env: dict | None
         "VLLM_LOGGING_LEVEL": "WARNING",
         **(env or {}),
     }
-    full_env.pop("FOUNDRY_CONFIG", None) if "FOUNDRY_CONFIG" not in (env or {}) else None
+    if "FOUNDRY_CONFIG" not in (env or {}):
+        full_env.pop("FOUNDRY_CONFIG", None)
     common = ["--model", str(qwen3_dir), "--load-format", "dummy", "--skip-tokenizer-init"]
     common += ["--max-model-len", "1024", "--port", "0"]
     return subprocess.run(
@@ -52,7 +48,6 @@ def _serve(qwen3_dir: Path, *argv: str, stand_in: bool = False, env: dict | None
         text=True,
         timeout=300,
         env=full_env,
-        cwd=cwd,
     )
 
 
@@ -100,21 +95,41 @@ def test_a_bad_foundry_config_ends_vllm_serve_with_one_line(qwen3_dir, tmp_path,
     assert expected in line, line
 
 
-def test_every_refused_feature_is_listed_on_one_line(qwen3_dir, foundry_toml):
-    """LoRA, eager mode and a piecewise graph mode at once: all three reasons, one line."""
-    flags = ["--enable-foundry", "--foundry-config", str(foundry_toml), "--enable-lora", "--enforce-eager"]
-    line = _one_line(_serve(qwen3_dir, *flags, stand_in=True))
+def _serve_parser_refusal(qwen3_dir, *flags: str) -> str:
+    """The refusal of an engine configuration, through the ``vllm serve`` parser in this process
+    (under the tests' CUDA stand-in: vLLM's CLI start-up itself imports CUDA-only modules under it).
+    It is the ``SystemExit`` that ends ``vllm serve`` with its one line, as the cases above show."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.entrypoints.common.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from foundry_core.config import ConfigError
+
+    common = ["--model", str(qwen3_dir), "--load-format", "dummy", "--skip-tokenizer-init"]
+    args = make_arg_parser(FlexibleArgumentParser()).parse_args([*common, "--max-model-len", "1024", *flags])
+    engine_args = AsyncEngineArgs.from_cli_args(args)
+    with pytest.raises(SystemExit) as err:
+        engine_args.create_engine_config()
+    assert isinstance(err.value, ConfigError)
+    line = err.value.code
+    assert isinstance(line, str) and "\n" not in line
     assert line.startswith("error: Foundry cannot run this vLLM configuration: "), line
-    assert "enforce_eager: it turns CUDA graphs off" in line and "LoRA: adapter slots" in line, line
-    assert line.count(";") >= 1
+    return line
 
 
-def test_speculative_decoding_and_tensor_parallelism_are_both_listed(qwen3_dir, foundry_toml):
+def test_every_refused_feature_is_listed_on_one_line(qwen3_dir, foundry_toml):
+    """LoRA and eager mode at once: both reasons, on one line (the refusal once named the first)."""
+    flags = ["--enable-foundry", "--foundry-config", str(foundry_toml), "--enable-lora", "--enforce-eager"]
+    line = _serve_parser_refusal(qwen3_dir, *flags)
+    assert "enforce_eager: it turns CUDA graphs off" in line and "; LoRA: adapter slots" in line, line
+
+
+def test_a_graph_mode_and_cpu_offloading_are_both_listed(qwen3_dir, foundry_toml):
     flags = ["--enable-foundry", "--foundry-config", str(foundry_toml), "-cc.cudagraph_mode=PIECEWISE"]
-    flags += ["--pipeline-parallel-size", "2"]
-    line = _one_line(_serve(qwen3_dir, *flags, stand_in=True))
+    flags += ["--cpu-offload-gb", "4"]
+    line = _serve_parser_refusal(qwen3_dir, *flags)
     assert "cudagraph_mode=PIECEWISE: piecewise graphs" in line, line
-    assert "pipeline parallelism: stage-to-stage transfers" in line, line
+    assert "CPU weight offloading: offloaded weights" in line, line
 
 
 def test_a_valid_foundry_start_without_a_cuda_device_is_refused_up_front(qwen3_dir, foundry_toml):
@@ -130,20 +145,15 @@ def test_the_same_check_in_process_refuses_before_vllm_builds_its_config(
 ):
     """The no-device refusal comes before vLLM's own config step (which would look at the model)."""
     import vllm.platforms
-    from vllm.engine.arg_utils import EngineArgs
     from vllm.platforms.cpu import CpuPlatform
 
     from foundry_core.config import ConfigError
+    from foundry_vllm_plugin import engine_args
 
-    monkeypatch.setattr(vllm.platforms, "_current_platform", CpuPlatform(), raising=False)
-    monkeypatch.setattr(vllm.platforms, "current_platform", CpuPlatform(), raising=False)
+    monkeypatch.setattr(vllm.platforms, "current_platform", CpuPlatform())
     called = []
-    inner = EngineArgs.create_engine_config.__wrapped__
-    monkeypatch.setattr(EngineArgs.create_engine_config, "__wrapped__", inner)
+    monkeypatch.setattr(engine_args, "prepare_engine_args", lambda a: called.append("prepare"))
     args = engine_args_factory(additional_config={"foundry": {"config": str(foundry_toml)}})
-    monkeypatch.setattr(
-        "foundry_vllm_plugin.engine_args.prepare_engine_args", lambda a: called.append("prepare")
-    )
-    with pytest.raises(ConfigError, match="no CUDA device") as err:
+    with pytest.raises(ConfigError, match="no CUDA device: vLLM runs on its 'cpu' platform") as err:
         args.create_engine_config()
     assert isinstance(err.value, SystemExit) and called == []
