@@ -365,6 +365,7 @@ class FoundrySession:
                 **guard,
             )
             self.report["save_timings_s"] = {k: round(v, 3) for k, v in save_timings.items()}
+            self.workspace_tensors = {}  # saved; vLLM's manager holds what it still uses
         except fc.ArchiveSuperseded:  # under the lock, after a wait: nothing was written
             self._keep_other_save("published an archive", graphs=len(graph_map))
             return

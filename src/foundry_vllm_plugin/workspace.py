@@ -242,6 +242,11 @@ def check_restorable(saved: dict, restored_tensors: dict) -> None:
                 f"vLLM's persistent workspace resource {item['key']} (slot {i}) differs from the SAVE's "
                 f"({'missing' if match is None else match['key']})"
             )
+        lacking = [
+            n for n in item["fields"] if f"{PERSISTENT_PREFIX}{i}/{position}/{n}" not in restored_tensors
+        ]
+        if lacking:
+            raise WorkspaceMismatch(f"the archive lacks vLLM's persistent workspace resource {item['key']}")
 
 
 def install(saved: dict, restored_tensors: dict) -> int:
