@@ -368,6 +368,11 @@ def test_load_whose_workspace_differs_from_the_save_is_refused(cpu_workspace_man
     with pytest.raises(workspace.WorkspaceMismatch, match="slot 0 grew to 8192 bytes before the graphs"):
         workspace.check_restorable(listing, saved_tensors)
     vllm_workspace.init_workspace_manager(torch.device("cpu"), 1)
+    _grow_like_vllm(vllm_workspace.current_workspace_manager())
+    partial = {k: v for k, v in saved_tensors.items() if not k.startswith("vllm.persistent/0/1/")}
+    with pytest.raises(workspace.WorkspaceMismatch, match="archive lacks vLLM's persistent workspace"):
+        workspace.check_restorable(listing, partial)
+    vllm_workspace.init_workspace_manager(torch.device("cpu"), 1)
     vllm_workspace.current_workspace_manager().get_simultaneous(((100,), torch.uint8))
     with pytest.raises(workspace.WorkspaceMismatch, match="resource .*marlin_locks.* differs .*missing"):
         workspace.check_restorable(listing, saved_tensors)
