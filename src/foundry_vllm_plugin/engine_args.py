@@ -84,6 +84,20 @@ def prepare_engine_args(engine_args: Any) -> None:
     inductor.pin(inductor_config)  # a user's contrary setting stays: check_supported refuses it
 
 
+def refuse_without_cuda() -> None:
+    """Up front, before vLLM builds its config for a Foundry start: a machine where vLLM found no
+    CUDA device (its platform is the CPU one, or none) is refused in one line, rather than going on
+    to a worker that fails in its first CUDA call."""
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cuda():
+        return
+    kind = getattr(current_platform, "device_type", "") or "unspecified"
+    raise FoundryUnsupportedError(
+        "no CUDA device", f"vLLM runs on its {kind!r} platform here, and Foundry persists CUDA graphs only"
+    )
+
+
 def finalize_engine_config(vllm_config: Any) -> Any:
     """After vLLM built the config: refuse what Foundry cannot persist, then install the Foundry worker."""
     cfg = settings.foundry_config(vllm_config.additional_config)
@@ -143,16 +157,21 @@ def _wrap_from_cli_args(orig):
     @functools.wraps(orig)
     def from_cli_args(cls, args: argparse.Namespace):
         engine_args = orig(cls, args)
-        entry = settings.entry_from_flags(
-            bool(getattr(args, "enable_foundry", False)), getattr(args, "foundry_config", None)
-        )
-        if entry is not None:
-            extra = engine_args.additional_config
-            if extra is None:
-                extra = {}
-            if not isinstance(extra, dict):
-                raise settings.ConfigError("--enable-foundry needs additional_config to be a JSON object")
-            engine_args.additional_config = {**extra, settings.ADDITIONAL_CONFIG_KEY: entry}
+        try:
+            entry = settings.entry_from_flags(
+                bool(getattr(args, "enable_foundry", False)), getattr(args, "foundry_config", None)
+            )
+            if entry is not None:
+                extra = engine_args.additional_config
+                if extra is None:
+                    extra = {}
+                if not isinstance(extra, dict):
+                    raise settings.ConfigError("--enable-foundry needs additional_config to be a JSON object")
+                engine_args.additional_config = {**extra, settings.ADDITIONAL_CONFIG_KEY: entry}
+        except settings.ConfigError as e:  # a bad flag pair or TOML: one line at `vllm serve`'s end
+            from foundry_core.engine import exiting
+
+            raise exiting(e) from None
         return engine_args
 
     setattr(from_cli_args, _MARK, True)
@@ -177,6 +196,7 @@ def _wrap_create_engine_config(orig):
                 **self.additional_config,
                 settings.ADDITIONAL_CONFIG_KEY: settings.make_entry(entry["config"]),
             }
+            refuse_without_cuda()
             prepare_engine_args(self)
             launch_caches(self.additional_config)
             config = orig(self, *args, **kwargs)
@@ -188,19 +208,47 @@ def _wrap_create_engine_config(orig):
     return create_engine_config
 
 
+def _plain_function(cls: type, name: str, kind: type) -> Any:
+    """The function behind ``cls.<name>`` when vLLM defines it there as ``kind`` (staticmethod,
+    classmethod or a plain function: ``None``); raises ``TypeError`` for any other layout."""
+    attr = cls.__dict__.get(name)
+    if kind is type(None):
+        if not callable(attr) or isinstance(attr, (staticmethod, classmethod)):
+            raise TypeError(f"{cls.__name__}.{name} is no longer a method")
+        return attr
+    if not isinstance(attr, kind):
+        raise TypeError(f"{cls.__name__}.{name} is no longer a {kind.__name__}")
+    return attr.__func__
+
+
 def install(arg_utils: Any) -> bool:
-    """Wrap ``EngineArgs`` in an imported ``vllm.engine.arg_utils``; returns False if already done."""
-    cls = arg_utils.EngineArgs
-    if getattr(cls.__dict__.get("create_engine_config"), _MARK, False):
+    """Wrap ``EngineArgs`` in an imported ``vllm.engine.arg_utils``; returns False if already done or
+    when this vLLM's ``EngineArgs`` does not have the layout the wrappers expect. Never raises: vLLM's
+    plugin loader does not catch, and a failure here would stop every vLLM process, Foundry on or off.
+    All three methods are wrapped, or none (the flags without the config step would be ignored)."""
+    try:
+        cls = arg_utils.EngineArgs
+        if getattr(cls.__dict__.get("create_engine_config"), _MARK, False):
+            return False
+        add_fn = _plain_function(cls, "add_cli_args", staticmethod)
+        from_cli_fn = _plain_function(cls, "from_cli_args", classmethod)
+        create_fn = _plain_function(cls, "create_engine_config", type(None))
+        wrapped = (
+            staticmethod(_wrap_add_cli_args(add_fn)),
+            classmethod(_wrap_from_cli_args(from_cli_fn)),
+            _wrap_create_engine_config(create_fn),
+        )
+    except Exception as e:
+        logger.warning(
+            "Foundry: not installed in this vLLM (%s: %s); --enable-foundry is not available",
+            type(e).__name__,
+            e,
+        )
         return False
-    add = cls.__dict__["add_cli_args"]
-    add_fn = add.__func__ if isinstance(add, staticmethod) else add
-    cls.add_cli_args = staticmethod(_wrap_add_cli_args(add_fn))
-    from_cli = cls.__dict__["from_cli_args"]
-    cls.from_cli_args = classmethod(_wrap_from_cli_args(from_cli.__func__))
-    cls.create_engine_config = _wrap_create_engine_config(cls.__dict__["create_engine_config"])
+    cls.add_cli_args, cls.from_cli_args, cls.create_engine_config = wrapped
     return True
 
 
 def installed(arg_utils: Any) -> bool:
-    return bool(getattr(arg_utils.EngineArgs.__dict__.get("create_engine_config"), _MARK, False))
+    cls = getattr(arg_utils, "EngineArgs", None)
+    return bool(getattr(getattr(cls, "__dict__", {}).get("create_engine_config"), _MARK, False))

@@ -88,83 +88,16 @@ def _check_common(runner: Any) -> None:
         )
 
 
-def workspace_locked() -> bool | None:
-    """Whether vLLM's workspace manager is locked now; ``None`` where there is none.
-
-    Read right after vLLM's own capture at SAVE, so that LOAD leaves the workspace exactly as that
-    capture did: the V1 runner and the V2 runner of recent releases lock it at the end of
-    ``capture_model``, the V2 runner of older releases (0.26) does not.
-    """
+def _captures_inner_graphs(model_state: Any) -> bool:
+    """Whether the V2 runner's model state captures graphs of its own inside the model's forward
+    (vLLM 0.33's ``ModelState.capture_inner_cudagraphs``, overridden by a few model families)."""
     try:
-        from vllm.v1.worker.workspace import current_workspace_manager, is_workspace_manager_initialized
-    except ImportError:  # releases without a workspace manager
-        return None
-    if not is_workspace_manager_initialized():
-        return None
-    return bool(current_workspace_manager().is_locked())
-
-
-def lock_workspace() -> None:
-    """Lock vLLM's workspace as its capture does (a no-op where there is no workspace manager)."""
-    try:
-        from vllm.v1.worker.workspace import is_workspace_manager_initialized, lock_workspace
-    except ImportError:
-        return
-    if is_workspace_manager_initialized():
-        lock_workspace()
-
-
-def _workspace_manager() -> Any | None:
-    try:
-        from vllm.v1.worker.workspace import current_workspace_manager, is_workspace_manager_initialized
-    except ImportError:  # releases without a workspace manager
-        return None
-    return current_workspace_manager() if is_workspace_manager_initialized() else None
-
-
-def workspace_sizes() -> list[int] | None:
-    """The byte size of each of vLLM's shared workspace slots now; ``None`` where there is no manager."""
-    manager = _workspace_manager()
-    if manager is None:
-        return None
-    return [0 if ws is None else int(ws.numel() * ws.element_size()) for ws in manager._current_workspaces]
-
-
-def place_workspaces(sizes: list[int]) -> None:
-    """Allocate vLLM's workspace slots anew at exactly ``sizes`` bytes, in the caller's allocator.
-
-    vLLM grows its shared workspace lazily, first in the memory profiling run, which runs outside
-    the Foundry region at SAVE and at LOAD; fused-MoE kernels in the decode graphs then point into
-    it. Called inside the region's routing at the same step of SAVE and LOAD with the sizes SAVE's
-    profiling reached, the workspace lands at the same region offset in both, and capture finds it
-    large enough not to grow. A LOAD whose profiling needed more than the SAVE's is refused.
-    """
-    import torch
-
-    manager = _workspace_manager()
-    if manager is None:
-        if any(sizes):
-            raise FoundryRestoreError(
-                "the archive has vLLM workspace sizes, this vLLM has no workspace manager"
-            )
-        return
-    slots = manager._current_workspaces
-    now = workspace_sizes() or []
-    if len(slots) != len(sizes):
-        raise FoundryRestoreError(
-            f"vLLM has {len(slots)} workspace slots, the archive was saved with {len(sizes)}"
-        )
-    grown = [i for i, (n, want) in enumerate(zip(now, sizes)) if n > want]
-    if grown:
-        i = grown[0]
-        raise FoundryRestoreError(
-            f"vLLM's workspace slot {i} grew to {now[i]} bytes before the graphs, the SAVE's to {sizes[i]}"
-        )
-    for i in range(len(slots)):
-        slots[i] = None  # the profiling run's buffer (outside the region) goes back to the cache
-    for i, n in enumerate(sizes):
-        if n:
-            slots[i] = torch.empty((n,), dtype=torch.uint8, device=manager._device)
+        from vllm.v1.worker.gpu.model_states.interface import ModelState
+    except ImportError:  # releases without the hook
+        return False
+    base = getattr(ModelState, "capture_inner_cudagraphs", None)
+    own = getattr(type(model_state), "capture_inner_cudagraphs", None)
+    return base is not None and own is not None and own is not base
 
 
 class V2Adapter:
@@ -201,6 +134,13 @@ class V2Adapter:
         model_state = getattr(self.runner, "model_state", None)
         if getattr(model_state, "supports_mm_inputs", False):
             raise FoundryUnsupportedError("multimodal inputs", "encoder graphs are not persisted")
+        if _captures_inner_graphs(model_state):
+            raise FoundryUnsupportedError(
+                f"inner CUDA graphs of {type(model_state).__name__}",
+                "they are captured apart and not persisted",
+            )
+        if getattr(self.runner, "adaptive_verification", None) is not None:
+            raise FoundryUnsupportedError("adaptive verification", "its profiling runs after the capture")
         _check_common(self.runner)
 
     def collect(self) -> tuple[dict, dict, list[dict]]:

@@ -15,12 +15,22 @@ import time
 from typing import Any
 
 from foundry_core.engine import capture, decide
-from foundry_vllm_plugin import archive, graphs, settings
+from foundry_vllm_plugin import archive, graphs, settings, workspace
 
 logger = logging.getLogger("vllm.foundry")  # under vLLM's logger: same handlers and level
 
 #: The compile and JIT caches a vLLM engine process fills (foundry_core.engine.caches.KINDS).
-CACHE_KINDS = ("vllm", "inductor", "triton", "tvm-ffi", "flashinfer", "deep-gemm", "humming", "cuda")
+CACHE_KINDS = (
+    "vllm",
+    "inductor",
+    "triton",
+    "tvm-ffi",
+    "flashinfer",
+    "flashinfer-autotune",
+    "deep-gemm",
+    "humming",
+    "cuda",
+)
 #: Carried files the API server reads itself, before it starts the engine core: the registry's
 #: model-inspection records (``$VLLM_CACHE_ROOT/modelinfos``), each keyed by its model file's hash.
 LAUNCHER_RECORDS = {"vllm": ("modelinfos/",)}
@@ -141,7 +151,8 @@ class FoundrySession:
         self.kv_layout: dict | None = None  # archive.kv_layout, once vLLM sized the KV cache
         self.setup: dict | None = None  # region layout when the setup ended (segments, cursor)
         self.workspace_locked: bool | None = None  # vLLM's workspace lock right after its capture (SAVE)
-        self.workspace_bytes: list[int] | None = None  # vLLM's workspace slots, placed in the region
+        self.workspace: dict | None = None  # SAVE: workspace.listing() of what was placed for the capture
+        self.workspace_tensors: dict = {}  # SAVE: the placed workspace tensors, carried by name
         self.restored = None  # the core's Restored: owns the modules and memory the graphs use
         self.verified = None  # the core Archive check_core_archive read, until restore() hands it to load
         self.prepared = None  # LOAD: modules and graphs being rebuilt from open() on
@@ -272,11 +283,17 @@ class FoundrySession:
             yield
 
     def begin_capture_routing(self) -> None:
-        """SAVE: route vLLM's warmups and capture into the region until :meth:`end_capture_routing`."""
+        """SAVE, when vLLM starts its capture: route it into the region until
+        :meth:`end_capture_routing`, and first allocate vLLM's workspace there anew (its scratch and
+        persistent resources, which profiling and warmups grew outside the region), so that the graphs
+        point into memory the archive carries. vLLM's warmups before the capture (``kernel_warmup``,
+        ``warmup_kernels``) run outside the region, at SAVE as at LOAD."""
         if self._capture_routing is None:
             stack = contextlib.ExitStack()
             stack.enter_context(self.routing("vllm.capture"))
             self._capture_routing = stack
+            with self.region.label("vllm.workspace"):
+                self.workspace_tensors, self.workspace = workspace.place()
 
     def end_capture_routing(self) -> None:
         """Stop the routing begun by :meth:`begin_capture_routing` (idempotent).
@@ -327,7 +344,7 @@ class FoundrySession:
             "runner": adapter.kind,
             "setup": self.setup,
             "workspace_locked": self.workspace_locked,
-            "workspace_bytes": self.workspace_bytes,
+            "workspace": self.workspace,
         }
         published = archive.read_manifest(mpath) or {}
         finished_here = published.get("fingerprint") == self.fingerprint
@@ -351,7 +368,7 @@ class FoundrySession:
             self.report["archive_digest"] = fc.save(
                 core,
                 graphs=graph_map,
-                tensors=tensors,
+                tensors={**tensors, **self.workspace_tensors},
                 region=self.region,
                 fingerprint_model=self.fingerprint,
                 slots=dict(sizing),
@@ -364,6 +381,7 @@ class FoundrySession:
                 **guard,
             )
             self.report["save_timings_s"] = {k: round(v, 3) for k, v in save_timings.items()}
+            self.workspace_tensors = {}  # saved; vLLM's manager holds what it still uses
         except fc.ArchiveSuperseded:  # under the lock, after a wait: nothing was written
             self._keep_other_save("published an archive", graphs=len(graph_map))
             return
@@ -486,15 +504,21 @@ class FoundrySession:
             raise graphs.FoundryRestoreError(
                 f"archive was saved from model runner {sizing.get('runner')}, this engine uses {adapter.kind}"
             )
+        try:
+            workspace.check_restorable(sizing.get("workspace") or {}, restored.tensors)
+        except workspace.WorkspaceMismatch as e:
+            raise graphs.FoundryRestoreError(str(e)) from None
 
     def _install(self, adapter: Any, restored: Any, t0: float) -> int:
         sizing = (self.manifest or {}).get("sizing", {})
         n = adapter.install(restored, self.manifest.get("graphs", []) if self.manifest else [])
         self.restored = restored
         self.report["archive_digest"] = restored.digest
-        # Leave vLLM's workspace as its own capture left it at SAVE (older manifests: locked, as V1 does).
+        # Leave vLLM's workspace as its own capture left it at SAVE: the SAVE's scratch and persistent
+        # tensors (restored at their addresses, where the graphs point), then locked if it was.
+        self.report["workspace_tensors"] = workspace.install(sizing.get("workspace") or {}, restored.tensors)
         if sizing.get("workspace_locked", True):
-            graphs.lock_workspace()
+            workspace.lock()
         elapsed = time.perf_counter() - t0
         timings = getattr(restored, "timings", None)
         from foundry_core.engine import prepare

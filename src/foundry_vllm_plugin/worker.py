@@ -17,16 +17,20 @@ vLLM imports this module only in a worker process of an engine with Foundry on (
 4. ``determine_available_memory`` (not routed): LOAD sets ``kv_cache_memory_bytes`` from the manifest,
    which makes vLLM skip memory profiling and the throwaway CUDA-graph memory capture.  vLLM still runs
    ``profile_run`` once, which compiles the model or loads the torch.compile cache: prefill and mixed
-   batches still run through the compiled model, so compilation is kept on LOAD.
+   batches still run through the compiled model, so compilation is kept on LOAD.  SAVE's throwaway
+   capture leaves no workspace resource behind, and both modes end this step with the region's graph
+   pool and an emptied allocator cache (``profiling_state``).
 5. ``initialize_from_config``: the KV cache (and attention metadata buffers) routed into the region;
-   LOAD checks the block count.  This ends the *setup*, which SAVE and LOAD repeat identically; SAVE
-   marks it with ``region.end_setup()``.
-6. ``compile_or_warm_up_model``: ``capture_model`` is replaced on the runner instance.  SAVE runs vLLM's
-   warmups and capture routed into the region (``keep_graph``), ends the routing, then persists graphs,
-   the graph output buffers and the sizing; the core also snapshots eager state that warmups created
-   after the setup.  LOAD runs vLLM's kernel warmups outside the region (so the region holds exactly
-   the setup when the core checks it), and in place of the capture restores the graphs: no per-graph
-   warmup, no capture.  Either way the start report (``rank{r}.start.json``) is written at the end.
+   LOAD checks the block count and layout.  This ends the *setup*, which SAVE and LOAD repeat
+   identically; SAVE marks it with ``region.end_setup()``.
+6. ``compile_or_warm_up_model``: ``capture_model`` is replaced on the runner instance.  vLLM's warmups
+   before it (compile sizes, ``kernel_warmup``, 0.33's ``warmup_kernels``) run outside the region in
+   both modes.  SAVE routes from the capture on: vLLM's workspace (scratch and persistent resources,
+   grown by those warmups) is allocated anew in the region, vLLM captures (``keep_graph``), the routing
+   ends, then graphs, graph output buffers, workspace tensors and sizing are persisted; the core also
+   snapshots eager state created after the setup.  LOAD, in place of the capture, restores the graphs,
+   hands vLLM's workspace manager the restored workspace tensors and locks it as SAVE's capture did:
+   no per-graph warmup, no capture.  Either way the start report (``rank{r}.start.json``) is written.
 
 7. ``execute_model`` (serving): after batches 1, 2, 4, ... a SAVE stores the compile caches again when
    the first requests built more kernels (on a background thread).
@@ -49,7 +53,8 @@ from vllm.v1.worker.gpu_worker import Worker as _VllmGpuWorker
 
 from foundry_core.engine import inductor, prewarm
 from foundry_core.engine.profiling import profiled
-from foundry_vllm_plugin import archive, graphs
+from foundry_vllm_plugin import archive, graphs, workspace
+from foundry_vllm_plugin.profiling_state import after_restore, neutral_profiling, settle_after_profiling
 from foundry_vllm_plugin.session import (
     FoundrySession,
     route_runner_build,
@@ -142,7 +147,11 @@ class FoundryWorker(_VllmGpuWorker):
                     s.rank,
                     kv,
                 )
-            available = super().determine_available_memory()
+                available = super().determine_available_memory()
+            else:
+                with neutral_profiling(self.model_runner, s):
+                    available = super().determine_available_memory()
+            settle_after_profiling(self.model_runner, s)
         s.kv_cache_memory_bytes = int(available)
         return available
 
@@ -163,15 +172,6 @@ class FoundryWorker(_VllmGpuWorker):
                     raise graphs.FoundryRestoreError(
                         f"KV cache layout differs from the archive's ({why[:300]})"
                     )
-            # The workspace vLLM's profiling grew outside the region moves into it, at the same
-            # step of SAVE and LOAD (the sizes are SAVE's; older archives did not move it).
-            if s.mode == "save":
-                s.workspace_bytes = graphs.workspace_sizes()
-            else:
-                s.workspace_bytes = s.manifest["sizing"].get("workspace_bytes")
-            if s.workspace_bytes is not None:
-                with s.routing("vllm.workspace"):
-                    graphs.place_workspaces(s.workspace_bytes)
             with s.routing("vllm.kv_cache"):
                 super().initialize_from_config(kv_cache_config)
             s.num_gpu_blocks = int(kv_cache_config.num_blocks)
@@ -199,19 +199,23 @@ class FoundryWorker(_VllmGpuWorker):
             s.report["stream_captures"]["before_graphs"] = stream_captures()
             try:
                 if s.mode == "load" and s.restore_or_capture(adapter):
+                    after_restore(runner)
                     return 0
                 if s.mode == "capture":  # the restore failed: vLLM captures as alone, nothing saved
                     size = vllm_capture(*cargs, **ckwargs)
                     s.report["capture_s"] = round(time.perf_counter() - marks["graphs_begin"], 3)
                     return size
                 try:
+                    # Routed from here only: vLLM's warmups before the capture ran outside the region,
+                    # as they do at LOAD; the workspace they grew is placed in the region first.
+                    s.begin_capture_routing()
                     with graphs.keep_captured_graphs():
                         size = vllm_capture(*cargs, **ckwargs)
                 finally:
                     s.end_capture_routing()  # foundry_core.save runs unrouted
                 s.report["capture_s"] = round(time.perf_counter() - marks["graphs_begin"], 3)
                 s.report["stream_captures"]["after_capture"] = stream_captures()
-                s.workspace_locked = graphs.workspace_locked()
+                s.workspace_locked = workspace.locked()
                 s.save(adapter)
                 return size
             finally:
@@ -220,8 +224,6 @@ class FoundryWorker(_VllmGpuWorker):
 
         runner.capture_model = capture_model
         try:
-            if s.mode == "save":
-                s.begin_capture_routing()
             with profiled(f"vllm-compile-warmup-graphs-{s.mode}", s.rank, logger):
                 result = super().compile_or_warm_up_model(*args, **kwargs)
             s.publish(self.device.index if self.device.index is not None else 0)

@@ -104,3 +104,15 @@ def base_vllm_config(tmp_path_factory, qwen3_dir):
         additional_config={"foundry": {"config": str(toml)}},
     )
     return args.create_engine_config()
+
+
+@pytest.fixture
+def cpu_workspace_manager():
+    """vLLM's own workspace manager on the CPU, reset afterwards."""
+    import torch
+    from vllm.v1.worker import workspace as vllm_workspace
+
+    saved = vllm_workspace._manager
+    vllm_workspace.init_workspace_manager(torch.device("cpu"), 1)
+    yield vllm_workspace.current_workspace_manager()
+    vllm_workspace._manager = saved

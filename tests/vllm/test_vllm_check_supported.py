@@ -314,3 +314,24 @@ def test_lora_is_refused_through_engine_args(engine_args_factory, foundry_toml):
 def test_without_foundry_the_same_settings_are_left_to_vllm(engine_args_factory):
     vllm_config = engine_args_factory(enforce_eager=True, enable_lora=True).create_engine_config()
     assert vllm_config.lora_config is not None and vllm_config.model_config.enforce_eager
+
+
+def test_every_refused_feature_is_listed_in_one_line(base_vllm_config):
+    """A configuration with several refused features names them all, as SGLang's refusal does, so a
+    user fixes everything at once (the refusal once stopped at the first)."""
+    config = copy.deepcopy(base_vllm_config)
+    for apply in (_enforce_eager, _speculative, _lora, _pp, _kv_offload):
+        apply(config)
+    with pytest.raises(FoundryUnsupportedError) as err:
+        check_supported(config)
+    text = str(err.value)
+    assert "\n" not in text
+    assert err.value.reasons == [
+        "enforce_eager: it turns CUDA graphs off, so there is nothing to persist",
+        "speculative decoding: draft and verify graphs have their own buffers that are not persisted",
+        "LoRA: adapter slots and punica buffers are swapped behind the graph",
+        "KV cache offloading: it runs a KV connector beside the engine",
+        "pipeline parallelism: stage-to-stage transfers run through NCCL state that a fresh process "
+        "rebuilds elsewhere",
+    ]
+    assert err.value.feature == "enforce_eager"  # the first, for code that reads one

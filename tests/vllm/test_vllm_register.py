@@ -103,3 +103,28 @@ def test_register_is_idempotent():
         assert not getattr(inner, engine_args._MARK, False), f"{name} is wrapped twice"
     finders = [f for f in sys.meta_path if type(f).__name__ == "_ArgUtilsFinder"]
     assert finders == []
+
+
+def test_an_engine_args_of_another_layout_is_left_alone_without_raising(caplog):
+    """vLLM's plugin loader does not catch: a release whose EngineArgs no longer has the methods in
+    the form the wrappers expect gets a warning and no Foundry flags, never an exception, and not a
+    partial install (flags without the config step would be silently ignored)."""
+    import logging
+    import types
+
+    from vllm.engine.arg_utils import EngineArgs
+
+    from foundry_vllm_plugin import engine_args
+
+    class Reshaped(EngineArgs):
+        # from_cli_args as a staticmethod, add_cli_args and create_engine_config only inherited
+        from_cli_args = staticmethod(lambda args: None)
+
+    module = types.SimpleNamespace(EngineArgs=Reshaped)
+    before = dict(Reshaped.__dict__)
+    with caplog.at_level(logging.WARNING, logger="vllm.foundry"):
+        assert engine_args.install(module) is False
+    assert dict(Reshaped.__dict__) == before
+    assert not engine_args.installed(module)
+    assert "Foundry: not installed in this vLLM (TypeError" in caplog.text
+    assert engine_args.install(types.SimpleNamespace()) is False  # no EngineArgs at all

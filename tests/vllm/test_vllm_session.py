@@ -16,7 +16,7 @@ import types
 import pytest
 
 import foundry_core
-from foundry_vllm_plugin import archive, graphs
+from foundry_vllm_plugin import archive, workspace
 from foundry_vllm_plugin.graphs import FoundryRestoreError
 from foundry_vllm_plugin.session import FoundrySession, route_runner_build
 
@@ -71,7 +71,7 @@ def test_save_writes_the_manifest_only_after_the_core_archive(base_vllm_config, 
         "runner": "v2",
         "setup": None,
         "workspace_locked": None,
-        "workspace_bytes": None,
+        "workspace": None,
     }
     assert (kw["rank"], kw["world_size"]) == (0, 1)
     manifest = archive.read_manifest(mpath)
@@ -246,7 +246,7 @@ def test_restore_leaves_the_workspace_as_the_save_left_it(base_vllm_config, monk
         sizing["workspace_locked"] = recorded
     s.manifest = {"sizing": sizing, "graphs": []}
     calls = []
-    monkeypatch.setattr(graphs, "lock_workspace", lambda: calls.append(1))
+    monkeypatch.setattr(workspace, "lock", lambda: calls.append(1))
     restored = _restored(kv_cache_memory_bytes=1 << 30, num_gpu_blocks=4096, runner="v2")
     monkeypatch.setattr(foundry_core, "load", lambda path, **kw: restored)
     s.restore(Adapter())
@@ -255,62 +255,140 @@ def test_restore_leaves_the_workspace_as_the_save_left_it(base_vllm_config, monk
     assert s.report["graphs"] == 1 and s.report["runner"] == "v2" and "restore_s" in s.report
 
 
-def test_save_records_the_workspace_lock_and_sizes_and_reports(base_vllm_config, monkeypatch):
+def test_save_records_the_workspace_lock_and_listing_and_carries_its_tensors(base_vllm_config, monkeypatch):
     s = _session(base_vllm_config, "save")
     s.workspace_locked = False
-    s.workspace_bytes = [3 << 20]
+    s.workspace = {"slots": [{"scratch_bytes": 1024, "persistent": []}]}
+    s.workspace_tensors = {"vllm.workspace/0": "W"}
     seen = {}
     monkeypatch.setattr(foundry_core, "save", lambda path, **kw: seen.update(kw) or "digest")
     s.save(Adapter())
     s.publish(0)
     assert seen["slots"]["workspace_locked"] is False
+    assert seen["tensors"] == {"hidden_states": "T", "vllm.workspace/0": "W"}
     sizing = archive.read_manifest(archive.manifest_path(s.cfg, 0))["sizing"]
-    assert sizing["workspace_locked"] is False and sizing["workspace_bytes"] == [3 << 20]
+    assert sizing["workspace_locked"] is False and sizing["workspace"] == s.workspace
     assert s.report["graphs"] == 2 and "save_s" in s.report
 
 
-@pytest.fixture
-def cpu_workspace_manager():
-    """vLLM's own workspace manager on the CPU, reset afterwards."""
-    import torch
-    from vllm.v1.worker import workspace
+def _vllm_moe_permute_module():
+    """vLLM's ``moe_permute_unpermute`` module, loaded from its file: the ``fused_moe`` package around
+    it imports CUDA-only kernels under the CPU stand-in platform; the module itself needs none."""
+    import importlib.util
+    import sys
+    from pathlib import Path
 
-    saved = workspace._manager
-    workspace.init_workspace_manager(torch.device("cpu"), 1)
-    yield workspace.current_workspace_manager()
-    workspace._manager = saved
+    import vllm
 
-
-def test_profiling_workspace_moves_to_a_new_buffer_of_the_saved_size(cpu_workspace_manager):
-    import torch
-
-    # The profiling run grows the workspace (outside the region); the SAVE records that size and
-    # allocates it anew, where the caller routes allocations (the region at SAVE and LOAD).
-    (view,) = cpu_workspace_manager.get_simultaneous(((1000,), torch.uint8))
-    old_ptr = view.data_ptr()
-    sizes = graphs.workspace_sizes()
-    assert sizes == [1024]  # vLLM rounds each part up to 256 bytes
-    graphs.place_workspaces(sizes)
-    assert graphs.workspace_sizes() == [1024]
-    (again,) = cpu_workspace_manager.get_simultaneous(((600,), torch.uint8))
-    assert again.data_ptr() != old_ptr  # the new buffer, large enough: no growth at capture
-    assert again.data_ptr() == cpu_workspace_manager._current_workspaces[0].data_ptr()
+    name = "foundry_test_vllm_moe_permute_unpermute"
+    if name not in sys.modules:
+        path = Path(vllm.__file__).parent / "model_executor/layers/fused_moe/moe_permute_unpermute.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules[name] = module
+    return sys.modules[name]
 
 
-def test_load_allocates_the_saved_workspace_before_any_profiling(cpu_workspace_manager):
-    assert graphs.workspace_sizes() == [0]
-    graphs.place_workspaces([4096])
-    assert graphs.workspace_sizes() == [4096]
-
-
-def test_load_whose_profiling_needed_a_larger_workspace_is_refused(cpu_workspace_manager):
+def _grow_like_vllm(manager, scratch_bytes=1000):
+    """What vLLM's profiling and warmups leave in the manager: a scratch buffer, Marlin-style zeroed
+    locks and the MoE permute scratch (vLLM's own MoEPermuteScratch)."""
     import torch
 
-    cpu_workspace_manager.get_simultaneous(((8192,), torch.uint8))
-    with pytest.raises(FoundryRestoreError, match="grew to 8192 bytes before the graphs, the SAVE's to 4096"):
-        graphs.place_workspaces([4096])
-    with pytest.raises(FoundryRestoreError, match="1 workspace slots, the archive was saved with 2"):
-        graphs.place_workspaces([8192, 0])
+    get_moe_permute_scratch = _vllm_moe_permute_module().get_moe_permute_scratch
+    manager.get_simultaneous(((scratch_bytes,), torch.uint8))
+    locks = manager.get_persistent(("marlin_locks", "stream"), (8,), torch.int32, zero_init=True)
+    moe = get_moe_permute_scratch(num_experts=4, num_local_experts=4, device=torch.device("cpu"))
+    moe.expert_first_token_offset.copy_(torch.arange(5))
+    return locks, moe
+
+
+def test_save_places_scratch_and_persistent_resources_anew_with_their_contents(cpu_workspace_manager):
+    """At SAVE's capture every tensor vLLM's workspace holds is allocated anew where allocations are
+    routed (the region): the persistent resources as well as the scratch (the plugin once moved the
+    scratch only, and MoE decode graphs then pointed outside the region)."""
+    import torch
+
+    locks, moe = _grow_like_vllm(cpu_workspace_manager)
+    old = {t.data_ptr() for t in (locks, moe.expert_first_token_offset)}
+    old.add(cpu_workspace_manager._current_workspaces[0].data_ptr())
+    tensors, listing = workspace.place()
+    assert sorted(tensors) == [
+        "vllm.persistent/0/0/",
+        "vllm.persistent/0/1/expert_first_token_offset",
+        "vllm.workspace/0",
+    ]
+    assert not {t.data_ptr() for t in tensors.values()} & old
+    # The manager holds the new tensors, with the old contents; the MoE scratch object is the same.
+    again = cpu_workspace_manager.get_persistent(("marlin_locks", "stream"), (8,), torch.int32)
+    assert again.data_ptr() == tensors["vllm.persistent/0/0/"].data_ptr() and not again.any()
+    assert (
+        moe.expert_first_token_offset.data_ptr()
+        == tensors["vllm.persistent/0/1/expert_first_token_offset"].data_ptr()
+    )
+    assert moe.expert_first_token_offset.tolist() == [0, 1, 2, 3, 4]
+    (slot,) = listing["slots"]
+    assert slot["scratch_bytes"] == 1024  # vLLM rounds each part up to 256 bytes
+    assert [p["key"] for p in slot["persistent"]][0] == "(torch.Tensor,('marlin_locks','stream'))"
+    assert slot["persistent"][1]["fields"] == {"expert_first_token_offset": [[5], "int64"]}
+
+
+def test_load_hands_the_restored_workspace_to_vllm_and_it_stays_locked(cpu_workspace_manager):
+    import torch
+    from vllm.v1.worker import workspace as vllm_workspace
+
+    _grow_like_vllm(cpu_workspace_manager)
+    saved_tensors, listing = workspace.place()  # what foundry_core.load hands back at LOAD
+    vllm_workspace.init_workspace_manager(torch.device("cpu"), 1)  # a LOAD process after its warmups
+    manager = vllm_workspace.current_workspace_manager()
+    locks, moe = _grow_like_vllm(manager)
+    workspace.check_restorable(listing, saved_tensors)
+    assert workspace.install(listing, saved_tensors) == 3
+    workspace.lock()
+    assert manager._current_workspaces[0].data_ptr() == saved_tensors["vllm.workspace/0"].data_ptr()
+    again = manager.get_persistent(("marlin_locks", "stream"), (8,), torch.int32)
+    assert again.data_ptr() == saved_tensors["vllm.persistent/0/0/"].data_ptr()
+    assert (
+        moe.expert_first_token_offset.data_ptr()
+        == saved_tensors["vllm.persistent/0/1/expert_first_token_offset"].data_ptr()
+    )
+    with pytest.raises(AssertionError, match="Workspace is locked"):
+        manager.get_persistent(("marlin_locks", "other"), (8,), torch.int32)
+
+
+def test_load_whose_workspace_differs_from_the_save_is_refused(cpu_workspace_manager):
+    import torch
+    from vllm.v1.worker import workspace as vllm_workspace
+
+    _grow_like_vllm(cpu_workspace_manager)
+    saved_tensors, listing = workspace.place()
+    vllm_workspace.init_workspace_manager(torch.device("cpu"), 1)
+    manager = vllm_workspace.current_workspace_manager()
+    _grow_like_vllm(manager, scratch_bytes=8192)
+    with pytest.raises(workspace.WorkspaceMismatch, match="slot 0 grew to 8192 bytes before the graphs"):
+        workspace.check_restorable(listing, saved_tensors)
+    vllm_workspace.init_workspace_manager(torch.device("cpu"), 1)
+    _grow_like_vllm(vllm_workspace.current_workspace_manager())
+    partial = {k: v for k, v in saved_tensors.items() if not k.startswith("vllm.persistent/0/1/")}
+    with pytest.raises(workspace.WorkspaceMismatch, match="archive lacks vLLM's persistent workspace"):
+        workspace.check_restorable(listing, partial)
+    vllm_workspace.init_workspace_manager(torch.device("cpu"), 1)
+    vllm_workspace.current_workspace_manager().get_simultaneous(((100,), torch.uint8))
+    with pytest.raises(workspace.WorkspaceMismatch, match="resource .*marlin_locks.* differs .*missing"):
+        workspace.check_restorable(listing, saved_tensors)
+
+
+def test_a_workspace_mismatch_unloads_the_restore_before_anything_is_installed(base_vllm_config, monkeypatch):
+    s = _session(base_vllm_config, "load")
+    sizing = {"kv_cache_memory_bytes": 1 << 30, "num_gpu_blocks": 4096, "runner": "v2"}
+    sizing["workspace"] = {"slots": [{"scratch_bytes": 1024, "persistent": []}]}
+    s.manifest = {"sizing": sizing, "graphs": []}
+    restored = _restored(kv_cache_memory_bytes=1 << 30, num_gpu_blocks=4096, runner="v2")
+    monkeypatch.setattr(foundry_core, "load", lambda path, **kw: restored)
+    adapter = Adapter()
+    with pytest.raises(FoundryRestoreError, match="has no workspace manager"):
+        s.restore(adapter)
+    assert restored.unloads == 1 and adapter.installed is None
 
 
 def test_start_report_is_written_next_to_the_archive(base_vllm_config):
@@ -376,10 +454,12 @@ def test_capture_routing_ends_before_the_save_and_only_once(base_vllm_config):
     s.region = RoutingRegion()
     s.begin_capture_routing()
     s.begin_capture_routing()  # already routing: no second context
-    assert s.region.events == ["route+", "label+vllm.capture"]
+    # vLLM's workspace is placed first, inside the routing (workspace.place: none in this process).
+    begun = ["route+", "label+vllm.capture", "label+vllm.workspace", "label-vllm.workspace"]
+    assert s.region.events == begun and s.workspace == {"slots": []}
     s.end_capture_routing()
     s.end_capture_routing()
-    assert s.region.events == ["route+", "label+vllm.capture", "label-vllm.capture", "route-"]
+    assert s.region.events == [*begun, "label-vllm.capture", "route-"]
 
 
 def test_runner_build_is_routed_from_init_workspace_manager_to_the_end_of_init_device():

@@ -84,7 +84,23 @@ def test_vllm_internals_that_the_worker_relies_on(tmp_path):
 
         assert callable(workspace.is_workspace_manager_initialized)
         assert "def is_locked" in inspect.getsource(workspace.WorkspaceManager)
-        assert graphs.workspace_locked() is None  # no manager in this process
+        # Foundry places the scratch and the persistent resources (0.33) at SAVE's capture and hands
+        # them back at LOAD: the manager keeps them in these two lists.
+        wm_init = inspect.getsource(workspace.WorkspaceManager.__init__)
+        assert "self._current_workspaces" in wm_init and "self._persistent_resources" in wm_init
+        from foundry_vllm_plugin import workspace as foundry_workspace
+        assert foundry_workspace.locked() is None  # no manager in this process
+
+        # 0.33: warmup_kernels runs before the capture (SAVE routes from the capture on), the V2
+        # capture ends with inner graphs, the KV connector's reset and the lock (LOAD mirrors them),
+        # and the graph-memory profiling swaps the global pool (SAVE only; settled in both modes).
+        warm = inspect.getsource(Worker._compile_or_warm_up_model)
+        assert warm.index("warmup_kernels(") < warm.index("self.model_runner.capture_model()")
+        cap = inspect.getsource(GPUModelRunner.capture_model)
+        for part in ("capture_inner_cudagraphs(", "reset_capture_state()", "lock_workspace()", "profile_only"):
+            assert part in cap, part
+        prof = inspect.getsource(cu.profile_cudagraph_memory)
+        assert "_global_graph_pool" in prof and "capture_model(profile_only=True)" in prof
 
         a = cu.BatchExecutionDescriptor(cg_mode=CUDAGraphMode.FULL, num_tokens=8, num_reqs=8, uniform_token_count=1)
         b = dataclasses.replace(a)
@@ -229,9 +245,29 @@ def test_v2_adapter_installs_exactly_the_planned_graphs(tmp_path):
         else:
             raise AssertionError("a partial archive was installed")
 
+        # vLLM 0.33's V2 capture also captures a model state's inner graphs and runs adaptive
+        # verification's profiling: neither is persisted, so a runner with either is refused.
+        from vllm.v1.worker.gpu.model_states.interface import ModelState
+
+        class InnerGraphs(ModelState):
+            def capture_inner_cudagraphs(self, *args):
+                pass
+
+        InnerGraphs.__abstractmethods__ = frozenset()
+        inner = runner()
+        inner.model_state = object.__new__(InnerGraphs)
+        adaptive = runner()
+        adaptive.adaptive_verification = object()
+        plain_state = type("PlainState", (ModelState,), {})
+        plain_state.__abstractmethods__ = frozenset()
+        plain = runner()
+        plain.model_state = object.__new__(plain_state)
+        graphs.adapter_for(plain).check()  # the interface's own no-op hook: accepted
         for bad, text in (
             (runner(mode=CUDAGraphMode.FULL_AND_PIECEWISE), "effective cudagraph_mode=FULL_AND_PIECEWISE"),
             (runner(descs={CUDAGraphMode.FULL: [d8], CUDAGraphMode.PIECEWISE: [d4]}), "PIECEWISE graphs"),
+            (inner, "inner CUDA graphs of InnerGraphs"),
+            (adaptive, "adaptive verification"),
         ):
             try:
                 graphs.adapter_for(bad).check()
@@ -322,6 +358,8 @@ def test_compile_or_warm_up_model_saves_unrouted_and_loads_without_capturing(tmp
         class Runner:
             def __init__(self):
                 self.cudagraph_manager = types.SimpleNamespace(graphs={}, _capture_descs={})
+                # vLLM 0.33's capture ends with the KV connector's reset: LOAD does it in its place.
+                self.kv_connector = types.SimpleNamespace(reset_capture_state=lambda: events.append("kv_reset"))
 
             def capture_model(self):
                 kept = torch.cuda.CUDAGraph is not BASE
@@ -367,8 +405,11 @@ def test_compile_or_warm_up_model_saves_unrouted_and_loads_without_capturing(tmp
             assert "capture_model" not in vars(w.model_runner)  # vLLM's own method again
             assert torch.cuda.CUDAGraph is BASE
             if mode == "save":
+                # Routed from vLLM's capture on: its warmups before it (kernel_warmup, and 0.33's
+                # warmup_kernels) run outside the region, as at LOAD.
                 i = events.index(("vllm_capture", True))
-                assert events[0] == "route+" and events[i + 1] == "route-", events
+                assert events[:2] == ["warmup", "route+"] and events[i - 1] == "route+", events
+                assert events[i + 1] == "route-", events
                 assert events.index(("save", "v2")) > i + 1 and ("after_capture", 123) in events
                 # The manifest (and the carried caches) only after vLLM's last warmup.
                 assert events.index(("publish", 0)) > events.index(("save", "v2")), events
@@ -377,10 +418,12 @@ def test_compile_or_warm_up_model_saves_unrouted_and_loads_without_capturing(tmp
             elif mode == "load":
                 assert "route+" not in events and not any(e[0] == "vllm_capture" for e in events if isinstance(e, tuple))
                 assert ("restore", "v2") in events and ("after_capture", 0) in events
+                assert events.index("kv_reset") == events.index(("restore", "v2")) + 1, events
             else:  # vLLM captures as it would alone: no kept graphs, no save, its own size returned
                 assert events.index(("restore", "v2")) < events.index(("vllm_capture", False)), events
                 assert ("after_capture", 123) in events and not any(e[0] == "save" for e in events if isinstance(e, tuple))
                 assert "route+" not in events and "capture_s" in w._foundry.report
+                assert "kv_reset" not in events  # vLLM's own capture resets it
             assert events[-2:] == ["stop", "report"], events
             phases = w._foundry.report["phases_s"]
             assert {"compile_or_warm_up_model", "warmup_before_graphs", "graphs", "warmup_after_graphs"} <= set(phases)

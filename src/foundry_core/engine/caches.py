@@ -83,6 +83,13 @@ KINDS: dict[str, CacheKind] = {
         CacheKind("tvm-ffi", ("TVM_FFI_CACHE_DIR",), "tvm-ffi: kernels built with nvcc at first use"),
         # FlashInfer reads its base once, at import: set it before the engine imports FlashInfer.
         CacheKind("flashinfer", ("FLASHINFER_WORKSPACE_BASE",), "FlashInfer: JIT modules"),
+        # vLLM's FlashInfer autotune results (FP8 MoE and GEMM tactics). Without the variable, vLLM 0.33
+        # leaves FlashInfer's managed store at FlashInfer's own default, outside every carried folder.
+        CacheKind(
+            "flashinfer-autotune",
+            ("VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR",),
+            "vLLM: FlashInfer autotune results (FP8 MoE, GEMM tactics)",
+        ),
         # SGLang copies SGLANG_DG_CACHE_DIR over DG_JIT_CACHE_DIR when it imports its DeepGEMM wrapper.
         CacheKind("deep-gemm", ("DG_JIT_CACHE_DIR", "SGLANG_DG_CACHE_DIR"), "DeepGEMM: JIT kernels"),
         # vLLM's quantized-GEMM kernel library builds its launcher with ninja at first use.
