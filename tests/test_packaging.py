@@ -180,8 +180,9 @@ def test_a_vllm_register_that_fails_logs_one_line_and_returns(tmp_path):
         [stub],
     )
     (line,) = out["log"]
-    assert line.startswith("ERROR Foundry: the vLLM plugin was not registered (KeyError")
-    assert line.endswith("vLLM starts without Foundry")
+    # engine_args.install() declines an EngineArgs of another layout itself, in one line
+    assert line.startswith("WARNING Foundry: not installed in this vLLM (TypeError: EngineArgs.add_cli_args")
+    assert line.endswith("--enable-foundry is not available")
     assert out["sglang_plugin"] is False
 
 
