@@ -14,20 +14,20 @@ when every rank restored with no decode capture, no NCCL kernel in its graphs, a
 to SAVE's (logits for the core; greedy tokens and top-5 logprobs for an engine, which answers as
 one server); an engine part whose SAVE was refused at startup is ``refused`` with the engine's line.
 
-The runs on ``nvidia-h200-x2``, one device call each after the wheel set, with the scripts of commit
-f9f230b (``cold_start.py`` and ``run_cold_h200.sh`` were replaced by the single-GPU ``benchmarks/sxs.py``
-later; their result files stay; names by ``NAME``, ``FOUNDRY_COMMIT`` as usual):
+The core part on ``nvidia-h200-x2`` (and ``nvidia-h200-x4`` with 4 ranks; ``FOUNDRY_COMMIT`` as
+usual):
 
     CORE_PARTS=tp bash benchmarks/run_h200_core.sh                     # -> tp-h200x2.json
-    NAME=tp2-sglang-h200x2 COLD_ARGS='--runs save,load_cold --weights seeded --engine-arg=--tp-size=2
-      --engine-arg=--enable-torch-symm-mem --engine-arg=--disable-custom-all-reduce
-      --engine-arg=--cuda-graph-bs-decode=8' bash benchmarks/run_cold_h200.sh sglang
-    NAME=dp2-sglang-h200x2 COLD_ARGS='--runs save,load_cold --weights seeded --engine-arg=--dp-size=2'
-      bash benchmarks/run_cold_h200.sh sglang
-    NAME=tp2-vllm-h200x2 COLD_ARGS='--runs save --engine-arg=--tensor-parallel-size=2
-      --engine-arg=--disable-custom-all-reduce' bash benchmarks/run_cold_h200.sh vllm   # refused
 
-and on ``nvidia-h200-x4`` the first two with 4 ranks (``--tp-size=4``; ``tp4-h200x4.json``).
+The engine parts have no script in the tree now: ``benchmarks/sxs.py``, which replaced
+``cold_start.py`` and ``run_cold_h200.sh`` (removed in a660f93; read them with ``git show
+a660f93^:benchmarks/cold_start.py``), starts one-GPU servers only and has no TP or DP option. An
+engine part is a JSON in that script's format, the fields :func:`engine_part` reads: ``runs.save``
+(``ok``, ``log_tail``), ``tokens_identical_to_save``, ``logprobs_identical_to_save``, the ready times
+and per rank its start report in ``ranks`` (docs/sglang.md, "Tensor parallelism", has
+the server flags: SGLang ``--tp-size 2 --enable-torch-symm-mem --disable-custom-all-reduce
+--cuda-graph-bs-decode 8`` or ``--dp-size 2``; vLLM ``--tensor-parallel-size 2
+--disable-custom-all-reduce``, refused at startup).
 """
 
 from __future__ import annotations
