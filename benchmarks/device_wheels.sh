@@ -3,6 +3,7 @@
 # one device call carries, and the lists benchmarks/device_site.sh installs from.
 #   bash benchmarks/device_wheels.sh            # both engines
 #   bash benchmarks/device_wheels.sh sglang     # one
+#   PIECE_MIB=56 bash benchmarks/device_wheels.sh sglang   # pieces of a given size
 # Downloads each engine's resolved list (../shared/tools/device-wheels/lists: SGLang 0.5.23 with
 # torch 2.14.1 and upstream foundry-core 0.1.0rc3; vLLM 0.33.0 with torch 2.14.0) with that folder's
 # fetch.sh into .devwheels/dl-<engine>/cache, then writes
@@ -27,8 +28,12 @@ DROP='^(nvidia_cudnn_cu13|nvidia_cufft|nvidia_curand|nvidia_cusolver|nvidia_cusp
 PEER='^foundry_core-'
 grep -qx '/.devwheels/' .git/info/exclude 2>/dev/null || echo /.devwheels/ >>.git/info/exclude
 mkdir -p .devwheels/lists
-tree_mib=$(($(git ls-files -z | du --files0-from=- -cb | tail -n 1 | cut -f1) / 1048576 + 1))
+# (files moved out of the checkout for a lease do not travel: du skips them)
+tree_bytes=$(git ls-files -z | du --files0-from=- -cb 2>/dev/null | tail -n 1 | cut -f1) || true
+tree_mib=$((tree_bytes / 1048576 + 1))
 piece=$((64 - tree_mib - 4))
+# PIECE_MIB: the size itself, for a lease whose calls carry a smaller tree than the checkout's
+piece=${PIECE_MIB:-$piece}
 [ "$piece" -ge 16 ] || { echo "the tracked tree takes ${tree_mib} MiB: too little is left for a piece" >&2; exit 1; }
 for engine in "${@:-sglang vllm}"; do
   for e in $engine; do
