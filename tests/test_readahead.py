@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -35,6 +37,19 @@ def _archive_with_model(tmp_path):
     return archive, caches, model
 
 
+def _record_in_fresh_process(archive, caches, model):
+    """``record`` as a SAVE process makes it: in a fresh interpreter. This test process has imported
+    modules from other tests' temporary folders, which a LOAD rightly counts as untrusted."""
+    src = Path(readahead.__file__).resolve().parents[2]
+    code = (
+        "import sys; from pathlib import Path; from foundry_core.engine import readahead; "
+        "readahead.record(Path(sys.argv[1]), 'rank0', caches_dir=Path(sys.argv[2]), "
+        "model='tiny-model', model_dir=Path(sys.argv[3]))"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")])}
+    subprocess.run([sys.executable, "-c", code, str(archive), str(caches), str(model)], env=env, check=True)
+
+
 def test_record_lists_modules_libraries_caches_and_model(tmp_path):
     archive, caches, model = _archive_with_model(tmp_path)
     path = readahead.record(archive, "rank0", caches_dir=caches, model="tiny-model", model_dir=model)
@@ -55,7 +70,7 @@ def test_record_lists_modules_libraries_caches_and_model(tmp_path):
 
 def test_plan_skips_changed_missing_and_untrusted_files(tmp_path):
     archive, caches, model = _archive_with_model(tmp_path)
-    readahead.record(archive, "rank0", caches_dir=caches, model="tiny-model", model_dir=model)
+    _record_in_fresh_process(archive, caches, model)
     list_path = archive / "readahead-rank0.json"
     data = json.loads(list_path.read_text())
     before = readahead.plan(archive, model_names=["tiny-model"])
@@ -88,7 +103,7 @@ def test_plan_skips_changed_missing_and_untrusted_files(tmp_path):
 
 def test_model_directory_is_trusted_only_when_this_start_names_that_model(tmp_path):
     archive, caches, model = _archive_with_model(tmp_path)
-    readahead.record(archive, "rank0", caches_dir=caches, model="tiny-model", model_dir=model)
+    _record_in_fresh_process(archive, caches, model)
     other = readahead.plan(archive, model_names=["other-model"])
     assert not any(f[0].startswith(str(model.resolve())) for f in other.files)
     assert other.skipped["untrusted"] == 2  # config.json and the weights
