@@ -21,6 +21,10 @@ from typing import Any
 
 if str(Path(__file__).resolve().parent) not in sys.path:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sxs_model import SPECIALS as TOKENIZER_SPECIALS  # noqa: E402
+from sxs_model import WORDS as TOKENIZER_WORDS  # noqa: E402
+from sxs_model import tokenizer_files, tokenizer_vocab  # noqa: E402,F401
+from sxs_modes import CACHE_ENV  # noqa: E402
 from sxs_server import ServerDied, free_port, http_json, kill_group, wait_ready  # noqa: E402,F401
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,13 +56,8 @@ MODEL_CONFIG: dict[str, Any] = {
 }
 
 
-# The servers only need a tokenizer that loads: prompts are token ids, outputs are compared as ids.
-TOKENIZER_WORDS = 4096
-
-
-TOKENIZER_SPECIALS = ("<unk>", "<|endoftext|>", "<|im_end|>")
-
-
+# The servers only need a tokenizer that loads (sxs_model's): prompts are token ids, outputs are
+# compared as ids.
 EOS_TOKEN = "<|im_end|>"
 
 
@@ -116,67 +115,9 @@ FOUNDRY_SETTINGS_ENV = (
 )
 
 
-#: Cache locations a run must not inherit: Foundry sets the ones it handles inside its engine
-#: processes, and stock must fall back to the defaults under its fresh HOME/TMPDIR.
-CACHE_ENV = (
-    "TRITON_CACHE_DIR",
-    "TORCHINDUCTOR_CACHE_DIR",
-    "VLLM_CACHE_ROOT",
-    "TVM_FFI_CACHE_DIR",
-    "FLASHINFER_WORKSPACE_BASE",
-    "DG_JIT_CACHE_DIR",
-    "CUDA_CACHE_PATH",
-    "XDG_CACHE_HOME",
-    "TRITON_HOME",  # would move ~/.triton out of the fresh HOME
-    "TORCH_EXTENSIONS_DIR",  # would move ~/.cache/torch_extensions out of it
-)
-
-
-def tokenizer_vocab() -> dict[str, int]:
-    words = [*TOKENIZER_SPECIALS, *(f"w{i}" for i in range(TOKENIZER_WORDS))]
-    return {w: i for i, w in enumerate(words)}
-
-
-def tokenizer_files() -> dict[str, dict[str, Any]]:
-    """A word-level tokenizer as ``tokenizer.json`` + ``tokenizer_config.json``, written by hand: the
-    fallback where the parent's interpreter lacks ``tokenizers``/``transformers`` (the vLLM site)."""
-    added = [
-        {
-            "id": i,
-            "content": t,
-            "single_word": False,
-            "lstrip": False,
-            "rstrip": False,
-            "normalized": False,
-            "special": True,
-        }
-        for i, t in enumerate(TOKENIZER_SPECIALS)
-    ]
-    tokenizer = {
-        "version": "1.0",
-        "truncation": None,
-        "padding": None,
-        "added_tokens": added,
-        "normalizer": None,
-        "pre_tokenizer": {"type": "WhitespaceSplit"},
-        "post_processor": None,
-        "decoder": None,
-        "model": {"type": "WordLevel", "vocab": tokenizer_vocab(), "unk_token": "<unk>"},
-    }
-    return {"tokenizer.json": tokenizer, "tokenizer_config.json": tokenizer_config()}
-
-
 def tokenizer_config() -> dict[str, Any]:
-    # PreTrainedTokenizerFast loads in transformers 4 and 5 alike (5 maps it to its TokenizersBackend),
-    # and an explicit class keeps AutoTokenizer from picking Qwen2's tokenizer by model_type.
-    return {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": "<|endoftext|>",
-        "eos_token": EOS_TOKEN,
-        "pad_token": "<|endoftext|>",
-        "unk_token": "<unk>",
-        "model_max_length": 40960,
-    }
+    # sxs_model's: PreTrainedTokenizerFast loads in transformers 4 and 5 alike
+    return dict(tokenizer_files()["tokenizer_config.json"])
 
 
 def write_tokenizer(model_dir: Path) -> str:

@@ -27,8 +27,14 @@ WORDS = 4096
 SPECIALS = ("<unk>", "<|endoftext|>", "<|im_end|>")
 
 
-def _tokenizer_files() -> dict[str, Any]:
-    vocab = {w: i for i, w in enumerate([*SPECIALS, *(f"w{i}" for i in range(WORDS))])}
+def tokenizer_vocab() -> dict[str, int]:
+    return {w: i for i, w in enumerate([*SPECIALS, *(f"w{i}" for i in range(WORDS))])}
+
+
+def tokenizer_files() -> dict[str, Any]:
+    """A word-level tokenizer as ``tokenizer.json`` + ``tokenizer_config.json``, written by hand
+    (no ``tokenizers`` needed in the interpreter that writes it)."""
+    vocab = tokenizer_vocab()
     added = [
         {
             "id": i,
@@ -74,7 +80,7 @@ def write(shape: str, model_dir: Path) -> dict[str, Any]:
         return json.loads(done.read_text())
     model_dir.mkdir(parents=True, exist_ok=True)
     (model_dir / "config.json").write_text(config_path.read_text())
-    for name, data in _tokenizer_files().items():
+    for name, data in tokenizer_files().items():
         (model_dir / name).write_text(json.dumps(data, indent=1))
     info: dict[str, Any] = {"shape": shape, "config": str(config_path.relative_to(REPO)), "weights": weights}
     if weights == "seeded":

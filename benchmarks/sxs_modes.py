@@ -77,9 +77,9 @@ ALLOW_VAR = {"sglang": "SGLANG_PLUGINS", "vllm": "VLLM_PLUGINS"}
 PEER_CONFIG_ENV = "FOUNDRY_GRAPH_EXTENSION_CONFIG"
 SHIM_DIST = "foundry_graphs_sxs_shim-0.0.0"
 
-#: Variables a start must not inherit from the calling shell: cache locations (each engine must
-#: fall back to its default under HOME/TMPDIR) and Foundry settings.
-SCRUBBED_ENV = (
+#: Cache locations a start must not inherit from the calling shell: each engine must fall back to
+#: its default under HOME/TMPDIR.
+CACHE_ENV = (
     "TRITON_CACHE_DIR",
     "TORCHINDUCTOR_CACHE_DIR",
     "VLLM_CACHE_ROOT",
@@ -88,8 +88,12 @@ SCRUBBED_ENV = (
     "DG_JIT_CACHE_DIR",
     "CUDA_CACHE_PATH",
     "XDG_CACHE_HOME",
-    "TRITON_HOME",
-    "TORCH_EXTENSIONS_DIR",
+    "TRITON_HOME",  # would move ~/.triton out of the fresh HOME
+    "TORCH_EXTENSIONS_DIR",  # would move ~/.cache/torch_extensions out of it
+)
+#: Everything a start must not inherit: cache locations and Foundry's (and upstream's) settings.
+SCRUBBED_ENV = (
+    *CACHE_ENV,
     "FOUNDRY_CONFIG",
     "FOUNDRY_MODE",
     "FOUNDRY_ARCHIVE_DIR",
