@@ -1,7 +1,7 @@
 """The release gate, the configuration keys it and ``strict`` add, and ``auto``'s fallbacks under ``strict``.
 
-The engines' own launch paths are exercised with the real packages in tests/sglang/test_release_gate.py
-and tests/vllm/test_release_gate.py; here the rules themselves, on the real configuration parser.
+The engines' own launch paths are exercised with the real packages in tests/sglang/test_sglang_release_gate.py
+and tests/vllm/test_vllm_release_gate.py; here the rules themselves, on the real configuration parser.
 """
 
 from __future__ import annotations

@@ -50,6 +50,9 @@ def launch(parse, monkeypatch):
     def _launch(*argv: str):
         sa = parse(*argv)
         publish(sa, role="tokenizer")
+        # As SGLang's launcher leaves it before this call (engine.py's _set_envs_and_config): the
+        # suite's other tests may have left this process's default start method elsewhere.
+        mp.set_start_method("spawn", force=True)
         result, procs = Engine._launch_scheduler_processes(sa, PortArgs.init_new(sa), report_start)
         try:
             return result_infos(result)
@@ -61,10 +64,15 @@ def launch(parse, monkeypatch):
         result.wait_for_ready()
         return result.scheduler_infos
 
-    return _launch
+    before = mp.get_start_method(allow_none=True)
+    yield _launch
+    mp.set_start_method(before, force=True)
 
 
-def test_a_clean_launcher_forks_its_scheduler_with_sglang_imported_and_foundry_hooked(launch):
+def test_a_clean_launcher_forks_its_scheduler_with_sglang_imported_and_foundry_hooked(launch, monkeypatch):
+    # A launcher runs no other thread here; this test process may still hold threads other tests
+    # left (the rule itself is test_start_method's).
+    monkeypatch.setattr(start_method, "foreign_threads", lambda threads=None: [])
     (info,) = launch()
     assert info["start_method"] == "fork"
     assert info["scheduler_imported"] is True  # no second import of SGLang
