@@ -1016,7 +1016,10 @@ def test_sustained_load_runs_two_passes_however_short(fake_engine):
         n: {k: s.get(k) for k in ("port", "exit_code", "log_tail")} for n, s in case["servers"].items()
     }
     assert details["passes"] == 2 and details["stock"]["vs_load"]["compared"] == 12, servers
-    assert case["verdict"] == "pass" and rc == 0, case.get("not_passed_checks")
+    # Which comparison differed, and how (an answer that errored counts as differing): this test
+    # failed now and then in whole-suite runs on a loaded 2-core host and passed alone.
+    why = {k: details.get(k) for k in ("mismatches", "first_mismatch", "errors", "stock", "reference")}
+    assert case["verdict"] == "pass" and rc == 0, (case.get("not_passed_checks"), why, servers)
 
 
 def test_sustained_load_on_a_base_without_its_reference_is_judged_against_stock(
