@@ -1833,7 +1833,7 @@ def case_sustained_load(ctx: Ctx, run: CaseRun) -> None:
                 next_sample = time.monotonic() + ctx.opts.sample_every
         wall = time.monotonic() - t0
     srv.stop()
-    asking.join(max(0.0, ctx.deadline() - time.time()))
+    asking.join(max(0.0, ctx.deadline() - time.monotonic()))  # deadline() is on the monotonic clock
     stock.stop()  # also when it was not ready by the deadline
     stock_passes = stock_out.get("passes")
     vs_load = compare_passes(load_first, stock_passes)
