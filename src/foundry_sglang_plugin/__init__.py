@@ -48,7 +48,7 @@ def _queue_hooks() -> None:
 
     from foundry_sglang_plugin import hooks, settings
 
-    _read_ahead()
+    _early_start()
     wanted = list(hooks.LAUNCHER_HOOKS)
     # Engine(..., enable_foundry=...) needs the Engine hook; only where SGLang has imported the
     # Engine already (it has whenever an Engine is being built), so other processes import nothing.
@@ -63,15 +63,37 @@ def _queue_hooks() -> None:
         _registered.add((target, kind))
 
 
-def _read_ahead() -> None:
-    """A LOAD reads its recorded files ahead from here on, while SGLang imports (never raises)."""
+def _early_start() -> None:
+    """From here on, while SGLang imports: a LOAD reads its recorded files ahead, and, in the
+    launcher, a fork server imports what the schedulers need (sched_start). Never raises."""
     if not any(a.startswith("--foundry-config") for a in sys.argv) and "FOUNDRY_CONFIG" not in os.environ:
         return  # no Foundry configuration named: nothing imported, as for a start without Foundry
     try:
         from foundry_core.early import start_readahead
+
+        start_readahead("foundry.sglang")
+        _start_forkserver()
     except Exception:  # noqa: BLE001 - register() never raises into the engine's plugin loader
         return
-    start_readahead("foundry.sglang")
+
+
+def _start_forkserver() -> None:
+    import multiprocessing
+
+    if multiprocessing.parent_process() is not None:  # a scheduler or the detokenizer: not a launcher
+        return
+    if os.environ.get("FOUNDRY_WORKER_START", "").strip().lower() == "spawn":
+        return
+    # The resource limits SGLang's launcher sets before it starts the schedulers (set_ulimit, in
+    # _set_envs_and_config), set now so that the server starts under them: a worker takes the
+    # launcher's limits at start, but glibc sizes a process's thread stacks at exec.
+    common = sys.modules.get("sglang.srt.utils.common")
+    if common is not None and hasattr(common, "set_ulimit"):
+        common.set_ulimit()
+    from foundry_core import forkserver
+    from foundry_sglang_plugin.sched_start import PRELOAD
+
+    forkserver.start(PRELOAD, logging.getLogger("foundry.sglang"))
 
 
 def enable(server_args: Any, config_path: str | os.PathLike) -> Any:

@@ -6,9 +6,17 @@ is a fresh interpreter that imports torch and SGLang again (24.5 s of a 64 s LOA
 launcher has imported all of it already (``engine.py`` imports ``run_scheduler_process``), so a
 forked scheduler starts with it in place. :func:`around_launch_schedulers` (installed for a Foundry
 launch once SGLang's engine module is imported, :func:`install`) forks for the one call that starts
-the schedulers when :func:`foundry_core.engine.start_method.decide` allows it, and spawns as SGLang
-does otherwise; the choice and its reason are in every scheduler's start report
+the schedulers when :func:`foundry_core.engine.start_method.decide` allows it. Where the launcher
+has initialised CUDA (on a GPU host it has: a kernel module SGLang imports asks the GPU at import),
+the schedulers fork from the fork server the plugin started at registration
+(:mod:`foundry_core.forkserver`, with :data:`PRELOAD` imported ahead) where one runs, and are
+spawned as SGLang does otherwise. The choice and its reason are in every scheduler's start report
 (``scheduler_start``).
+
+:data:`PRELOAD`: the third-party modules that make up most of a scheduler's imports and read no
+setting at import that the launcher changes later (the compile-cache folders Foundry points
+FlashInfer and Inductor to are read when they are first used, or by modules not listed here).
+SGLang itself is not listed: importing it initialises CUDA (above).
 
 SGLang's own reasons to spawn (:func:`blockers`): Ray placement, the data-parallel controller (a
 process that starts the schedulers itself), the memory saver (a library ``LD_PRELOAD``-ed into each
@@ -28,6 +36,7 @@ import logging
 import sys
 from typing import Any
 
+from foundry_core import forkserver
 from foundry_core.engine import start_method
 from foundry_sglang_plugin import settings
 from foundry_sglang_plugin._view import reader
@@ -36,6 +45,7 @@ logger = logging.getLogger("foundry.sglang")
 
 ENGINE_MODULE = "sglang.srt.entrypoints.engine"
 TARGET = f"{ENGINE_MODULE}.Engine._launch_scheduler_processes"
+PRELOAD = ("torch", "transformers", "numpy", "sympy", "PIL", "ml_dtypes", "openai", "scipy")
 _installed = False
 
 
@@ -96,17 +106,23 @@ def around_launch_schedulers(
 ) -> Any:
     if not settings.worker_enabled():  # Foundry is off for this launch: SGLang's own start
         return original(cls, server_args, port_args, run_scheduler_process_func, *args, **kwargs)
-    choice = start_method.decide(blockers=blockers(server_args, kwargs.get("placement_group")))
+    choice = start_method.decide(
+        blockers=blockers(server_args, kwargs.get("placement_group")), forkserver=forkserver.running()
+    )
     start_method.export(choice)  # the schedulers' start reports
     logger.info("Foundry: schedulers start by %s (%s)", choice.method, choice.reason)
-    if choice.method != "fork":
+    if choice.method == "fork":
+        target: Any = functools.partial(_forked_scheduler, run_scheduler_process_func)
+    elif choice.method == "forkserver":
+        # Like a spawned scheduler, it loads SGLang's plugins itself (run_scheduler_process does).
+        target = forkserver.WithLaunchState(run_scheduler_process_func)
+    else:
         return original(cls, server_args, port_args, run_scheduler_process_func, *args, **kwargs)
     import multiprocessing as mp
 
     before = mp.get_start_method(allow_none=True)
-    mp.set_start_method("fork", force=True)
+    mp.set_start_method(choice.method, force=True)
     try:
-        target = functools.partial(_forked_scheduler, run_scheduler_process_func)
         return original(cls, server_args, port_args, target, *args, **kwargs)
     finally:
         mp.set_start_method(before or "spawn", force=True)  # the detokenizer and later launches: SGLang's

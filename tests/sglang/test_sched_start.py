@@ -8,10 +8,13 @@ reports, from inside the started process, how it started and what it found impor
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import sys
+from pathlib import Path
 
 import pytest
 
+from foundry_core import forkserver
 from foundry_core.engine import start_method
 from foundry_sglang_plugin import sched_start, settings
 
@@ -31,6 +34,9 @@ def report_start(server_args, port_args, gpu_id, tp_rank, pp_rank, dp_rank, pipe
             "worker_hooks": (f"{SCHEDULER_MODULE}.Scheduler.__init__", "AROUND")
             in foundry_sglang_plugin._registered,
             "chosen": start_method.chosen(),
+            "parent": os.getppid(),
+            "preloaded": "colorsys" in sys.modules,  # what the fork server test below preloads
+            "set_after_server": os.environ.get("FOUNDRY_TEST_SET_AFTER_SERVER"),
         }
     )
 
@@ -95,6 +101,24 @@ def test_spawn_where_the_launcher_initialised_cuda(launch, monkeypatch):
     assert info["start_method"] == "spawn" and "CUDA is initialised" in info["chosen"]["reason"]
 
 
+def test_a_launcher_with_cuda_forks_its_scheduler_from_the_fork_server(launch, monkeypatch):
+    monkeypatch.setattr(start_method, "cuda_initialized", lambda: True)
+    monkeypatch.setattr(forkserver, "_started", None)  # this test's server; later tests see none
+    assert forkserver.start(["colorsys"])
+    # As SGLang's launcher sets NCCL_* and the like after the plugin registered.
+    monkeypatch.setenv("FOUNDRY_TEST_SET_AFTER_SERVER", "1")
+    (info,) = launch()
+    assert info["start_method"] == "forkserver"
+    assert info["chosen"]["method"] == "forkserver" and "CUDA is initialised" in info["chosen"]["reason"]
+    assert info["parent"] != os.getpid()  # forked from the server, not from this launcher
+    assert info["preloaded"] is True
+    assert info["set_after_server"] == "1"  # the launcher's environment at the scheduler's start
+    # No plugin state from the launcher: SGLang's run_scheduler_process loads the plugins itself,
+    # as in a spawned scheduler (this stand-in does not).
+    assert info["worker_hooks"] is False
+    assert mp.get_start_method() == "spawn"
+
+
 def test_sglang_reasons_to_spawn(parse):
     assert sched_start.blockers(parse()) == [] or all("NUMA" in b for b in sched_start.blockers(parse()))
     assert "the data-parallel controller starts the schedulers itself" in sched_start.blockers(
@@ -110,3 +134,48 @@ def test_foundry_off_leaves_sglangs_start_alone(launch, monkeypatch):
     monkeypatch.delenv(settings.ENV_MARKER)
     (info,) = launch()
     assert info["start_method"] == "spawn" and info["chosen"] is None
+
+
+REGISTER = """
+import json, multiprocessing as mp, sys
+sys.argv = ["sglang.launch_server", "--foundry-config", sys.argv[1]]
+import foundry_sglang_plugin
+from foundry_core import forkserver
+
+def child(q):
+    foundry_sglang_plugin.register()
+    q.put(forkserver.running())
+
+if __name__ == "__main__":
+    foundry_sglang_plugin.register()
+    launcher = forkserver.running()
+    q = mp.get_context("spawn").Queue()
+    p = mp.get_context("spawn").Process(target=child, args=(q,))
+    p.start()
+    print(json.dumps({"launcher": launcher, "child": q.get(timeout=120)}))
+    p.join(30)
+"""
+
+
+@pytest.mark.parametrize("worker_start", ["auto", "spawn"])
+def test_register_starts_the_fork_server_in_the_launcher_only(tmp_path, worker_start):
+    import json
+    import subprocess
+
+    script = tmp_path / "launcher.py"
+    script.write_text(REGISTER)
+    env = {**os.environ, start_method.ENV: worker_start, "FOUNDRY_READAHEAD": "0"}
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in [str(Path(sched_start.__file__).parents[1]), env.get("PYTHONPATH")] if p
+    )
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "foundry.toml")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["child"] is None  # a spawned scheduler or detokenizer starts no server of its own
+    assert out["launcher"] == (list(sched_start.PRELOAD) if worker_start == "auto" else None)

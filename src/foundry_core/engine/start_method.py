@@ -14,9 +14,15 @@ cannot inherit:
 * nothing the engine does per worker that needs a fresh ``exec`` (the plugin names those:
   ``blockers``, e.g. a library ``LD_PRELOAD``-ed into each worker, a ``numactl`` prefix).
 
+Where CUDA is initialised in the launcher, or another thread runs there, a worker can still start
+from the imported third-party modules: forked from the fork server the plugin started at its
+registration (:mod:`foundry_core.forkserver`, a clean interpreter that never touches CUDA), where
+one runs. The engine's own reasons to ``exec`` each worker (``blockers``) rule that out too.
+
 :func:`decide` applies these rules; the user's ``FOUNDRY_WORKER_START`` (``auto``, ``fork``,
-``spawn``) can ask for spawn always, or for fork, which the safety rules still override. The choice
-and its reason travel to the workers in :data:`CHOSEN_ENV` for their start reports.
+``forkserver``, ``spawn``) can ask for spawn always, or for fork or the fork server, which the
+safety rules still override. The choice and its reason travel to the workers in
+:data:`CHOSEN_ENV` for their start reports.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import json
 import os
 import sys
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 ENV = "FOUNDRY_WORKER_START"
@@ -38,13 +44,13 @@ FORK_SAFE_THREADS = ("foundry-readahead-reader-",)
 
 @dataclass(frozen=True)
 class Choice:
-    method: str  # "fork" or "spawn"
+    method: str  # "fork", "forkserver" or "spawn"
     reason: str
 
 
 def requested(environ: Mapping[str, str] | None = None) -> str:
     value = (os.environ if environ is None else environ).get(ENV, "auto").strip().lower()
-    return value if value in ("auto", "fork", "spawn") else "auto"
+    return value if value in ("auto", "fork", "forkserver", "spawn") else "auto"
 
 
 def cuda_initialized() -> bool:
@@ -74,24 +80,33 @@ def decide(
     blockers: Iterable[str] = (),
     cuda: bool | None = None,
     threads: Iterable[str] | None = None,
+    forkserver: Sequence[str] | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> Choice:
-    """Fork or spawn, with the reason. ``cuda`` and ``threads`` default to this process's state."""
+    """Fork, fork server or spawn, with the reason. ``cuda`` and ``threads`` default to this
+    process's state; ``forkserver`` names the modules a running fork server imported (None: none runs)."""
     wanted = requested(environ)
     if wanted == "spawn":
         return Choice("spawn", f"{ENV}=spawn")
     if not hasattr(os, "fork") or "fork" not in _methods():
         return Choice("spawn", "this platform cannot fork")
-    if cuda if cuda is not None else cuda_initialized():
-        return Choice(
-            "spawn", "CUDA is initialised in the launching process (a forked worker could not use it)"
-        )
     reasons = list(blockers)
     if reasons:
         return Choice("spawn", "; ".join(reasons))
+    unsafe = []
+    if cuda if cuda is not None else cuda_initialized():
+        unsafe.append("CUDA is initialised in the launching process (a forked worker could not use it)")
     others = foreign_threads() if threads is None else sorted(threads)
     if others:
-        return Choice("spawn", f"other threads run in the launching process ({', '.join(others[:5])})")
+        unsafe.append(f"other threads run in the launching process ({', '.join(others[:5])})")
+    if forkserver is not None and (unsafe or wanted == "forkserver"):
+        return Choice(
+            "forkserver",
+            "; ".join(unsafe or [f"{ENV}=forkserver"])
+            + f": workers fork from Foundry's fork server, which imported {', '.join(forkserver)}",
+        )
+    if unsafe:
+        return Choice("spawn", "; ".join(unsafe))
     return Choice(
         "fork",
         "CUDA not initialised and no other threads in the launching process: workers start from its "

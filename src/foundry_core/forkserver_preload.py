@@ -1,0 +1,48 @@
+"""Imported by the fork server of :mod:`foundry_core.forkserver` (only there): its preloading.
+
+``multiprocessing``'s server imports this one module; it imports the modules the launcher named in
+``FOUNDRY_FORKSERVER_PRELOAD``, each on its own, so that one that fails (missing, or raising at
+import) costs only itself, never the server. It records whether an import initialised CUDA (the
+workers then refuse to run, :func:`foundry_core.forkserver.apply_launch_state`), and passes the
+``SIGQUIT`` a worker sends its parent on a failure to the launcher, the server's parent.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+IMPORTED: list[str] = []
+FAILED: list[str] = []
+CUDA_INITIALISED = False
+
+
+def _preload() -> None:
+    global CUDA_INITIALISED
+    for name in filter(None, os.environ.get("FOUNDRY_FORKSERVER_PRELOAD", "").split(",")):
+        try:
+            __import__(name)
+            IMPORTED.append(name)
+        except Exception:  # noqa: BLE001 - the worker imports it itself, as a spawned one would
+            FAILED.append(name)
+    torch = sys.modules.get("torch")
+    try:
+        CUDA_INITIALISED = bool(torch is not None and torch.cuda.is_initialized())
+    except Exception:  # noqa: BLE001 - a torch without CUDA has no context to inherit
+        CUDA_INITIALISED = False
+
+
+def _forward_to_launcher(launcher: int) -> None:
+    def forward(signum: int, frame: object) -> None:
+        try:
+            os.kill(launcher, signum)
+        except OSError:
+            pass
+
+    signal.signal(signal.SIGQUIT, forward)
+
+
+if os.environ.get("FOUNDRY_FORKSERVER_PRELOAD") is not None:  # in the server, not in a test's import
+    _forward_to_launcher(os.getppid())
+    _preload()

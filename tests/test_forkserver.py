@@ -1,0 +1,134 @@
+"""Workers forked from Foundry's fork server get what a spawned worker gets from its launcher.
+
+Each scenario runs in a fresh interpreter (the fork server is one per process): that interpreter is
+the launcher; it starts the server, changes its own state the way an engine's launcher does before
+it starts its workers, and starts a worker through ``multiprocessing``'s ``forkserver`` method with
+:class:`foundry_core.forkserver.WithLaunchState` around the target.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from foundry_core import forkserver, forkserver_preload
+from foundry_core.engine import start_method
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+
+LAUNCHER = textwrap.dedent(
+    """
+    import json, multiprocessing as mp, os, resource, signal, sys, threading
+    from foundry_core import forkserver
+
+    def worker(queue):
+        from foundry_core import forkserver_preload
+        queue.put({
+            "parent": os.getppid(),
+            "preloaded": "colorsys" in sys.modules,
+            "imported": forkserver_preload.IMPORTED,
+            "failed": forkserver_preload.FAILED,
+            "set_after": os.environ.get("SET_AFTER_SERVER"),
+            "removed_after": os.environ.get("REMOVED_AFTER_SERVER"),
+            "preload_env": os.environ.get(forkserver.PRELOAD_ENV),
+            "nofile": resource.getrlimit(resource.RLIMIT_NOFILE)[0],
+            "umask": os.umask(0o022),
+            "sigquit_default": signal.getsignal(signal.SIGQUIT) == signal.SIG_DFL,
+        })
+        if os.environ.get("TELL_PARENT"):
+            os.kill(os.getppid(), signal.SIGQUIT)  # as SGLang's scheduler reports a failure
+
+    if __name__ == "__main__":
+        os.environ["REMOVED_AFTER_SERVER"] = "launcher-had-it"
+        assert forkserver.start(["colorsys", "no_such_module_for_foundry", "foundry_raising_mod"])
+        # What the launcher does between the plugin's registration and the workers' start.
+        os.environ["SET_AFTER_SERVER"] = "1"
+        del os.environ["REMOVED_AFTER_SERVER"]
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft - 1, hard))
+        os.umask(0o027)
+        told = threading.Event()
+        signal.signal(signal.SIGQUIT, lambda *a: told.set())
+        queue = mp.get_context("forkserver").Queue()
+        p = mp.get_context("forkserver").Process(target=forkserver.WithLaunchState(worker), args=(queue,))
+        p.start()
+        out = queue.get(timeout=120)
+        p.join(60)
+        out.update(launcher=os.getpid(), exitcode=p.exitcode, nofile_launcher=soft - 1,
+                   running=forkserver.running(), told=told.wait(10 if os.environ.get("TELL_PARENT") else 0))
+        print(json.dumps(out))
+    """
+)
+
+
+def _launch(tmp_path: Path, **env: str) -> dict:
+    script = tmp_path / "launcher.py"
+    script.write_text(LAUNCHER)
+    # A module whose import raises: the server goes on without it.
+    (tmp_path / "foundry_raising_mod.py").write_text("raise RuntimeError('import-time failure')\n")
+    environ = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, str(tmp_path)]), **env}
+    done = subprocess.run(
+        [sys.executable, str(script)], env=environ, capture_output=True, text=True, timeout=240, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the fork server start method is Linux's here")
+def test_a_worker_from_the_fork_server_has_the_launchers_state_at_start(tmp_path):
+    out = _launch(tmp_path)
+    assert out["exitcode"] == 0
+    assert out["parent"] != out["launcher"]  # forked from the server, not from the launcher
+    assert out["preloaded"] is True and out["imported"] == ["colorsys"]
+    assert out["failed"] == ["no_such_module_for_foundry", "foundry_raising_mod"]  # the server lived on
+    assert out["set_after"] == "1" and out["removed_after"] is None and out["preload_env"] is None
+    assert out["nofile"] == out["nofile_launcher"]
+    assert out["umask"] == 0o027
+    assert out["sigquit_default"] is True
+    assert out["running"] == ["colorsys", "no_such_module_for_foundry", "foundry_raising_mod"]
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the fork server start method is Linux's here")
+def test_a_workers_sigquit_to_its_parent_reaches_the_launcher(tmp_path):
+    out = _launch(tmp_path, TELL_PARENT="1")
+    assert out["told"] is True
+
+
+def test_a_server_that_initialised_cuda_is_refused_in_the_worker(monkeypatch):
+    monkeypatch.setattr(forkserver_preload, "CUDA_INITIALISED", True)
+    monkeypatch.setattr(forkserver_preload, "IMPORTED", ["torch"])
+    with pytest.raises(
+        RuntimeError, match="initialised CUDA while importing torch.*FOUNDRY_WORKER_START=spawn"
+    ):
+        forkserver.apply_launch_state(forkserver.launch_state())
+
+
+def test_the_fork_server_where_forking_the_launcher_is_unsafe():
+    preload = ("torch", "numpy")
+    c = start_method.decide(cuda=True, threads=[], forkserver=preload, environ={})
+    assert c.method == "forkserver" and "CUDA is initialised" in c.reason and "torch, numpy" in c.reason
+    c = start_method.decide(cuda=False, threads=["zmq-io"], forkserver=preload, environ={})
+    assert c.method == "forkserver" and "zmq-io" in c.reason
+    # A clean launcher forks: its own modules include the engine's, the server's do not.
+    assert start_method.decide(cuda=False, threads=[], forkserver=preload, environ={}).method == "fork"
+    asked = start_method.decide(
+        cuda=False, threads=[], forkserver=preload, environ={start_method.ENV: "forkserver"}
+    )
+    assert asked.method == "forkserver" and "=forkserver" in asked.reason
+    # The engine's reasons to exec each worker, and the user's spawn, still win.
+    assert start_method.decide(
+        blockers=["numactl"], cuda=True, threads=[], forkserver=preload, environ={}
+    ) == (start_method.Choice("spawn", "numactl"))
+    assert (
+        start_method.decide(
+            cuda=True, threads=[], forkserver=preload, environ={start_method.ENV: "spawn"}
+        ).method
+        == "spawn"
+    )
+    assert start_method.decide(cuda=True, threads=[], forkserver=None, environ={}).method == "spawn"
