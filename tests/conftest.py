@@ -104,3 +104,14 @@ def full_disk_at_flush(monkeypatch):
         monkeypatch.setattr(os, "fsync", fsync)
 
     return fill
+
+
+@pytest.fixture
+def arch(tmp_path):
+    """The sample archive of sample_archive.py, SAVEd as rank0: (path, digest)."""
+    # Imported here: every test directory loads this conftest, most need no archive module.
+    from sample_archive import save
+
+    path = tmp_path / "rank0"
+    digest = save(path)
+    return path, digest

@@ -7,6 +7,7 @@ ran once.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -131,3 +132,11 @@ def fresh_python():
     """``run(code, env=None) -> dict``: run ``code`` in a fresh interpreter (SGLang loads plugins once
     per process); the snippet prints one JSON object as its last line."""
     return _run_python
+
+
+@pytest.fixture
+def cfg(foundry_toml, tmp_path):
+    """The launch's Foundry config with the archive directory in this test's tmp_path."""
+    from foundry_core.config import load_config
+
+    return dataclasses.replace(load_config(foundry_toml), archive_dir=tmp_path / "archive")
