@@ -15,8 +15,9 @@ the given Python:
 For SGLang it also times a scheduler start (``--scheduler``): a child process that imports
 ``sglang.srt.managers.scheduler`` and answers, started by ``spawn`` (SGLang's way: the child
 imports again), by ``fork`` from a launcher that imported it (Foundry's way where it is safe), and
-from a ``forkserver`` that imported the third-party modules ahead (:data:`FORKSERVER_PRELOAD`; a
-possible way where the launcher has initialised CUDA, measured, not implemented).
+from Foundry's fork server (``foundry_core.forkserver`` with the SGLang plugin's ``PRELOAD``, the
+way where the launcher has initialised CUDA), started before the launcher's own import as the
+plugin's ``register()`` starts it.
 
 How much of each file was in memory after the eviction (``mincore``) is printed, since other
 processes on the machine keep pages of shared libraries mapped. Usage::
@@ -191,17 +192,16 @@ def _scheduler_child(conn, started: float) -> None:
     conn.close()
 
 
-#: Third-party modules a forkserver could import ahead without touching CUDA or reading a cache
-#: variable at import (not SGLang, whose bundled fla kernels query the GPU at import; not FlashInfer,
-#: which reads its workspace folder at import).
-FORKSERVER_PRELOAD = ["torch", "transformers", "numpy", "sympy", "PIL", "ml_dtypes", "openai", "scipy"]
-
-
 def _start_child(ctx, rounds: int) -> list[float]:
     out = []
     for _ in range(rounds):
         reader, writer = ctx.Pipe(duplex=False)
-        p = ctx.Process(target=_scheduler_child, args=(writer, time.time()))
+        target = _scheduler_child
+        if ctx.get_start_method() == "forkserver":
+            from foundry_core.forkserver import WithLaunchState
+
+            target = WithLaunchState(_scheduler_child)  # as sched_start wraps SGLang's function
+        p = ctx.Process(target=target, args=(writer, time.time()))
         p.start()
         out.append(reader.recv())
         p.join()
@@ -212,10 +212,13 @@ def measure_scheduler(rounds: int) -> dict:
     import importlib
     import multiprocessing as mp
 
-    # A forkserver started before the launcher's own imports, as a plugin's register() could: its
-    # first child waits for the preload, later ones find it done.
+    from foundry_core import forkserver
+    from foundry_sglang_plugin.sched_start import PRELOAD
+
+    # The fork server started before the launcher's own imports, as the plugin's register() starts
+    # it: its first child waits for the preload, later ones find it done.
+    assert forkserver.start(PRELOAD)
     server = mp.get_context("forkserver")
-    server.set_forkserver_preload(FORKSERVER_PRELOAD)
     t = time.perf_counter()
     first = _start_child(server, 1)
     forkserver_first_s = time.perf_counter() - t
@@ -231,7 +234,7 @@ def measure_scheduler(rounds: int) -> dict:
         "launcher_import_s": round(launcher_s, 2),
         "forkserver_first_child_s": round(first[0], 3),
         "forkserver_first_wall_s": round(forkserver_first_s, 3),
-        "forkserver_preload": FORKSERVER_PRELOAD,
+        "forkserver_preload": list(PRELOAD),
         "runs_s": {k: [round(x, 3) for x in v] for k, v in out.items()},
         "median_s": {k: round(statistics.median(v), 3) for k, v in out.items()},
     }

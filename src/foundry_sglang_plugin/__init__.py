@@ -20,6 +20,9 @@ from typing import Any
 __all__ = ["FoundryUnsupportedError", "check_supported", "enable", "register"]
 
 _registered: set[tuple[str, str]] = set()  # (target, hook kind) queued so far
+#: What the launcher's fork server imports for the schedulers (sched_start says why these): kept
+#: here so that register() starts it without importing more of Foundry.
+SCHEDULER_PRELOAD = ("torch", "transformers", "numpy", "sympy", "PIL", "ml_dtypes", "openai", "scipy")
 
 
 def register() -> None:
@@ -91,9 +94,8 @@ def _start_forkserver() -> None:
     if common is not None and hasattr(common, "set_ulimit"):
         common.set_ulimit()
     from foundry_core import forkserver
-    from foundry_sglang_plugin.sched_start import PRELOAD
 
-    forkserver.start(PRELOAD, logging.getLogger("foundry.sglang"))
+    forkserver.start(SCHEDULER_PRELOAD, logging.getLogger("foundry.sglang"))
 
 
 def enable(server_args: Any, config_path: str | os.PathLike) -> Any:

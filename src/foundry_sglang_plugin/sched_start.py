@@ -38,14 +38,14 @@ from typing import Any
 
 from foundry_core import forkserver
 from foundry_core.engine import start_method
-from foundry_sglang_plugin import settings
+from foundry_sglang_plugin import SCHEDULER_PRELOAD, settings
 from foundry_sglang_plugin._view import reader
 
 logger = logging.getLogger("foundry.sglang")
 
 ENGINE_MODULE = "sglang.srt.entrypoints.engine"
 TARGET = f"{ENGINE_MODULE}.Engine._launch_scheduler_processes"
-PRELOAD = ("torch", "transformers", "numpy", "sympy", "PIL", "ml_dtypes", "openai", "scipy")
+PRELOAD = SCHEDULER_PRELOAD
 _installed = False
 
 
