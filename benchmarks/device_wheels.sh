@@ -14,8 +14,8 @@
 #     run(command="mkdir -p /tmp/dw && cp .devwheels/parts-sglang/* /tmp/dw/ && ls /tmp/dw | wc -l",
 #         carry=[".devwheels/parts-sglang/part-aa"])
 #   and never pieces of two sets to one machine (device_site.sh concatenates every /tmp/dw/part-*).
-# Left out of every set (DROP below): wheels whose libraries the device image already holds under the
-# same soname for its CUDA 13 torch (cuDNN, cuFFT, cuRAND, cuSOLVER, cuSPARSE, cuSPARSELt: torch 2.14
+# Left out of every set (DROP below): NVSHMEM (the image holds the same 3.4.5), wheels whose
+# libraries the device image already holds under the same soname for its CUDA 13 torch (cuDNN, cuFFT, cuRAND, cuSOLVER, cuSPARSE, cuSPARSELt: torch 2.14
 # preloads each from the first site on sys.path that has it, the image's when ours lacks it; none is
 # on a decode step's path), the CUDA 12 build of the CUTLASS DSL libraries (the device runs CUDA 13),
 # and media and solver wheels no serving start imports (torchcodec, PyNvVideoCodec, z3).
@@ -24,7 +24,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 shared=../shared/tools/device-wheels
-DROP='^(nvidia_cudnn_cu13|nvidia_cufft|nvidia_curand|nvidia_cusolver|nvidia_cusparse|nvidia_cusparselt_cu13|nvidia_cutlass_dsl_libs_cu12|torchcodec|pynvvideocodec|z3_solver)-'
+DROP='^(nvidia_nvshmem_cu13|nvidia_cudnn_cu13|nvidia_cufft|nvidia_curand|nvidia_cusolver|nvidia_cusparse|nvidia_cusparselt_cu13|nvidia_cutlass_dsl_libs_cu12|torchcodec|pynvvideocodec|z3_solver)-'
 PEER='^foundry_core-'
 grep -qx '/.devwheels/' .git/info/exclude 2>/dev/null || echo /.devwheels/ >>.git/info/exclude
 mkdir -p .devwheels/lists
