@@ -92,7 +92,14 @@ def _start_forkserver() -> None:
     # launcher's limits at start, but glibc sizes a process's thread stacks at exec.
     common = sys.modules.get("sglang.srt.utils.common")
     if common is not None and hasattr(common, "set_ulimit"):
-        common.set_ulimit()
+        # Quietly: where the hard limit is lower, SGLang's own call says so in its log once.
+        sglang_log = logging.getLogger(common.__name__)
+        level = sglang_log.level
+        sglang_log.setLevel(logging.ERROR)
+        try:
+            common.set_ulimit()
+        finally:
+            sglang_log.setLevel(level)
     from foundry_core import forkserver
 
     forkserver.start(SCHEDULER_PRELOAD, logging.getLogger("foundry.sglang"))
