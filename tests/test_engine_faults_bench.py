@@ -6,7 +6,6 @@ engine)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -21,11 +20,21 @@ import pytest
 from foundry_core.archive import ArchiveWriter
 
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("engine_faults", ROOT / "benchmarks" / "engine_faults.py")
-ef = importlib.util.module_from_spec(_spec)
-sys.modules["engine_faults"] = ef  # dataclasses look their module up by name
-_spec.loader.exec_module(ef)
-cs = ef.cs
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import engine_faults  # noqa: E402  (benchmarks/ is no package)
+import engine_run as cs  # noqa: E402
+import faults_answers  # noqa: E402
+import faults_archive  # noqa: E402
+import faults_cases  # noqa: E402
+import faults_catalog  # noqa: E402
+import faults_context  # noqa: E402
+import faults_log  # noqa: E402
+import faults_result  # noqa: E402
+import faults_runner  # noqa: E402
+import faults_server  # noqa: E402
+import faults_sustained  # noqa: E402
+import faults_table  # noqa: E402
+import faults_verdicts  # noqa: E402
 
 TINY = json.loads((ROOT / "examples" / "qwen3-tiny" / "config.json").read_text())
 
@@ -38,11 +47,11 @@ def _args(*extra: str) -> list[str]:
 
 
 def test_parse_args_defaults_and_fixed_order():
-    opts = ef.parse_args(_args())
-    assert opts.cases == list(ef.DEFAULT_CASES) and "sustained_load" not in opts.cases
+    opts = engine_faults.parse_args(_args())
+    assert opts.cases == list(faults_catalog.DEFAULT_CASES) and "sustained_load" not in opts.cases
     assert opts.kill_points == ["persisting"] and opts.max_bs == 64 and opts.weights == "dummy"
     assert opts.model_config == str(ROOT / "examples" / "qwen3-tiny" / "config.json")
-    opts = ef.parse_args(
+    opts = engine_faults.parse_args(
         _args(
             "--cases",
             "damaged_cache,kill_during_save",
@@ -69,36 +78,42 @@ def test_parse_args_defaults_and_fixed_order():
 )
 def test_parse_args_refuses(extra):
     with pytest.raises(SystemExit):
-        ef.parse_args(_args(*extra))
+        engine_faults.parse_args(_args(*extra))
 
 
 def test_server_argv_pins_batch_and_kv_before_the_foundry_flags(tmp_path):
     toml = tmp_path / "f.toml"
-    argv = ef.server_argv("sglang", tmp_path, 1234, toml, dummy=False, max_bs=64, kv_tokens=1000, kv_bytes=5)
+    argv = faults_server.server_argv(
+        "sglang", tmp_path, 1234, toml, dummy=False, max_bs=64, kv_tokens=1000, kv_bytes=5
+    )
     at = argv.index("--enable-foundry")
     assert argv[argv.index("--cuda-graph-max-bs-decode") + 1] == "64"
     assert argv.count("--cuda-graph-max-bs-decode") == 1
     assert argv[argv.index("--max-total-tokens") + 1] == "1000" and argv.index("--max-total-tokens") < at
     assert "--kv-cache-memory-bytes" not in argv and argv[-1] == str(toml)
-    argv = ef.server_argv("vllm", tmp_path, 1234, toml, dummy=True, max_bs=8, kv_tokens=1000, kv_bytes=5)
+    argv = faults_server.server_argv(
+        "vllm", tmp_path, 1234, toml, dummy=True, max_bs=8, kv_tokens=1000, kv_bytes=5
+    )
     assert argv[argv.index("--max-num-seqs") + 1] == "8" and argv.count("--max-num-seqs") == 1
     assert argv[argv.index("--kv-cache-memory-bytes") + 1] == "5" and "--max-total-tokens" not in argv
-    stock = ef.server_argv("vllm", tmp_path, 1, toml, dummy=True, max_bs=0, kv_tokens=None, kv_bytes=None)
+    stock = faults_server.server_argv(
+        "vllm", tmp_path, 1, toml, dummy=True, max_bs=0, kv_tokens=None, kv_bytes=None
+    )
     assert stock == cs.server_command("vllm", tmp_path, 1, toml, dummy=True)
 
 
 def test_kv_sizes():
     # 4 layers x 8 KV heads x 128 x (K, V) x bf16 = 16 KiB a token.
-    assert ef.kv_sizes(TINY, 4.0) == (262144, 4 << 30)
+    assert faults_server.kv_sizes(TINY, 4.0) == (262144, 4 << 30)
     # Qwen3-1.7B: 112 KiB a token; at least two 40960-token requests.
-    tokens, nbytes = ef.kv_sizes(cs.MODEL_CONFIG, 4.0)
+    tokens, nbytes = faults_server.kv_sizes(cs.MODEL_CONFIG, 4.0)
     assert tokens == 2 * 40960 and nbytes == 4 << 30
-    assert ef.kv_sizes(TINY, 0) == (None, None)
+    assert faults_server.kv_sizes(TINY, 0) == (None, None)
 
 
 def test_write_toml_sets_the_mode(tmp_path):
     path = tmp_path / "a" / "foundry.toml"
-    ef.write_toml(path, tmp_path / "arch", "load", "8GiB")
+    faults_server.write_toml(path, tmp_path / "arch", "load", "8GiB")
     text = path.read_text()
     assert 'mode = "load"' in text and f'archive_dir = "{tmp_path / "arch"}"' in text and "8GiB" in text
 
@@ -139,12 +154,12 @@ VLLM_LOG = [
 
 
 def test_log_facts_sglang():
-    facts = ef.log_facts(SGLANG_LOG, "sglang")
+    facts = faults_log.log_facts(SGLANG_LOG, "sglang")
     assert facts["mode"] == "save" and facts["mode_line"]["t_s"] == 62.4
     assert "No space left on device" in facts["lines"]["save_failed"]["reason"]
     assert facts["lines"]["no_space"]["t_s"] == 90.1 and facts["counts"]["random_cache_folder"] == 1
     assert facts["engine_pids"] == [] and "published" not in facts["lines"]
-    stock = ef.log_facts(
+    stock = faults_log.log_facts(
         [
             (
                 30.0,
@@ -158,15 +173,15 @@ def test_log_facts_sglang():
 
 
 def test_log_facts_vllm():
-    facts = ef.log_facts(VLLM_LOG, "vllm")
+    facts = faults_log.log_facts(VLLM_LOG, "vllm")
     assert facts["mode"] == "load" and facts["engine_pids"] == [1973]
     assert "fails its sha256 check" in facts["lines"]["caches_refused_auto"]["reason"]
     assert "caches_refused_load" not in facts["lines"]
-    refused = ef.log_facts(
+    refused = faults_log.log_facts(
         [(20.0, "error: Foundry: carried caches /w/rank0.caches refused (x); mode=load cannot go on")], "vllm"
     )
     assert refused["mode"] is None and "caches_refused_load" in refused["lines"]
-    excerpt = ef.excerpt(VLLM_LOG)
+    excerpt = faults_log.excerpt(VLLM_LOG)
     assert len(excerpt) == 4 and excerpt[1].startswith("[   49.50]")
 
 
@@ -180,7 +195,7 @@ def test_pump_splits_progress_bars_and_watches_lines_as_they_come(tmp_path):
         "print('\\nend')\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    pump = ef.Pump(proc.stdout, tmp_path / "p.log", time.monotonic())
+    pump = faults_log.Pump(proc.stdout, tmp_path / "p.log", time.monotonic())
     pump.start()
     watch = pump.watch(r"Capturing batches \(bs=1\)")
     assert watch.event.wait(1.5), "a progress update is a line of its own, seen before the bar ends"
@@ -204,19 +219,19 @@ def test_compare_outputs():
         "token_logprobs": [[-1.0, -2.0, -3.0]] * 2,
         "top_logprobs": [[]] * 2,
     }
-    assert ef.compare_outputs(ref, json.loads(json.dumps(ref)))["equal"] is True
+    assert faults_answers.compare_outputs(ref, json.loads(json.dumps(ref)))["equal"] is True
     other = json.loads(json.dumps(ref))
     other["tokens"][1][2] = 9
     other["token_logprobs"][0][1] = -2.5
-    cmp = ef.compare_outputs(other, ref)
+    cmp = faults_answers.compare_outputs(other, ref)
     assert cmp["equal"] is False and cmp["tokens"] is False and cmp["logprobs"] is False
     assert cmp["first_difference"] == {"prompt": 1, "position": 2, "got": [9], "want": [6]}
     assert cmp["max_logprob_difference"] == 0.5
-    assert ef.compare_outputs(None, ref)["equal"] is None
+    assert faults_answers.compare_outputs(None, ref)["equal"] is None
 
 
 def test_sustained_requests_mix_batch_sizes():
-    requests = ef.sustained_requests(16)
+    requests = faults_sustained.sustained_requests(16)
     assert [len(r) for r in requests] == [1, 3, 8, 16]
     flat = [tuple(p) for r in requests for p in r]
     assert len(set(flat)) == len(flat)  # every prompt differs
@@ -225,7 +240,7 @@ def test_sustained_requests_mix_batch_sizes():
         for p in flat
         for t in p
     )
-    assert [len(r) for r in ef.sustained_requests(0)] == list(ef.SUSTAIN_SIZES)
+    assert [len(r) for r in faults_sustained.sustained_requests(0)] == list(faults_sustained.SUSTAIN_SIZES)
 
 
 def _answer(seed: int, prompts: int = 2) -> dict:
@@ -258,26 +273,28 @@ def _variant(answer: dict, change) -> dict:
 def test_answer_digest_equal_exactly_where_compare_outputs_is(change, equal):
     ref = _answer(3)
     got = _variant(ref, change)
-    assert ef.compare_outputs(got, ref)["equal"] is equal
-    assert (ef.answer_digest(got) == ef.answer_digest(ref)) is equal
+    assert faults_answers.compare_outputs(got, ref)["equal"] is equal
+    assert (faults_answers.answer_digest(got) == faults_answers.answer_digest(ref)) is equal
 
 
 def test_answer_digest_of_odd_floats_and_errors():
     ref = _answer(1)
     ref["token_logprobs"][0][0] = 0.0
     negative_zero = _variant(ref, lambda a: a["token_logprobs"][0].__setitem__(0, -0.0))
-    assert ef.compare_outputs(negative_zero, ref)["equal"] is True  # -0.0 == 0.0
-    assert ef.answer_digest(negative_zero) == ef.answer_digest(ref)
+    assert faults_answers.compare_outputs(negative_zero, ref)["equal"] is True  # -0.0 == 0.0
+    assert faults_answers.answer_digest(negative_zero) == faults_answers.answer_digest(ref)
     infinite = _variant(ref, lambda a: a["top_logprobs"][0][0][1].__setitem__(1, float("-inf")))
-    assert ef.compare_outputs(infinite, json.loads(json.dumps(infinite)))["equal"] is True
-    assert ef.answer_digest(infinite) == ef.answer_digest(json.loads(json.dumps(infinite)))
-    assert ef.answer_digest(infinite) != ef.answer_digest(ref)
+    assert faults_answers.compare_outputs(infinite, json.loads(json.dumps(infinite)))["equal"] is True
+    assert faults_answers.answer_digest(infinite) == faults_answers.answer_digest(
+        json.loads(json.dumps(infinite))
+    )
+    assert faults_answers.answer_digest(infinite) != faults_answers.answer_digest(ref)
     nan = _variant(ref, lambda a: a["token_logprobs"][1].__setitem__(2, float("nan")))
     nan_again = json.loads(json.dumps(nan))
-    assert ef.compare_outputs(nan, nan_again)["equal"] is False  # NaN equals nothing
-    assert ef.answer_digest(nan) != ef.answer_digest(nan_again)
-    assert ef.answer_digest({"error": "RuntimeError: boom"}) is None
-    assert ef.answer_digest({}) is None
+    assert faults_answers.compare_outputs(nan, nan_again)["equal"] is False  # NaN equals nothing
+    assert faults_answers.answer_digest(nan) != faults_answers.answer_digest(nan_again)
+    assert faults_answers.answer_digest({"error": "RuntimeError: boom"}) is None
+    assert faults_answers.answer_digest({}) is None
 
 
 def _passes(n: int, requests: int = 3) -> list[list[dict]]:
@@ -285,8 +302,8 @@ def _passes(n: int, requests: int = 3) -> list[list[dict]]:
 
 
 def _stock_case(load: list[list[dict]], stock: list[list[dict]] | None) -> dict:
-    digests = [[ef.answer_digest(g) for g in p] for p in load]
-    return ef.compare_with_stock(load[:2], digests, stock)
+    digests = [[faults_answers.answer_digest(g) for g in p] for p in load]
+    return faults_answers.compare_with_stock(load[:2], digests, stock)
 
 
 def test_compare_with_stock_counts_and_names_a_late_mismatch():
@@ -363,7 +380,9 @@ _DIFFERS = {"compared": 12, "mismatches": 2, "first_mismatch": {"pass": 0, "requ
     ],
 )
 def test_sustained_output_checks(base_reference, mismatches, stock_answered, vs_load, vs_reference, want):
-    got = ef.sustained_output_checks(base_reference, mismatches, stock_answered, vs_load, vs_reference)
+    got = faults_answers.sustained_output_checks(
+        base_reference, mismatches, stock_answered, vs_load, vs_reference
+    )
     assert (got["outputs_equal_reference"], got["outputs_equal_stock"]) == want
 
 
@@ -402,7 +421,7 @@ def _complete_archive(d: Path, engine: str = "sglang") -> None:
 @pytest.mark.parametrize("engine", ["sglang", "vllm"])
 def test_archive_state_of_a_complete_archive(tmp_path, engine):
     _complete_archive(tmp_path, engine)
-    state = ef.archive_state(tmp_path, engine)
+    state = faults_archive.archive_state(tmp_path, engine)
     assert (
         state["complete"] and state["consistent"] and not state["loadable_partial"] and state["any_archive"]
     )
@@ -413,11 +432,11 @@ def test_archive_state_of_a_complete_archive(tmp_path, engine):
     assert state["record"]["matches_graph_archive"] is True and state["leftovers"] == []
     assert {k: len(v) for k, v in state["versions"].items()} == {"rank0": 1, "rank0.caches": 1}
     # The record from another SAVE (its pool sizing differs): complete, but not consistent.
-    name = ef.RECORD_NAMES[engine]
+    name = faults_archive.RECORD_NAMES[engine]
     record = json.loads((tmp_path / name).read_text())
     record["slots" if engine == "sglang" else "sizing"] = {"memory_pool_config": {"tokens": 9}}
     (tmp_path / name).write_text(json.dumps(record))
-    state = ef.archive_state(tmp_path, engine)
+    state = faults_archive.archive_state(tmp_path, engine)
     assert state["complete"] and not state["consistent"] and state["record"]["matches_graph_archive"] is False
 
 
@@ -425,28 +444,28 @@ def test_archive_state_after_kills(tmp_path):
     # Killed while persisting: a scratch directory, nothing published.
     (tmp_path / ".rank0.tmp-123-abcdef12").mkdir()
     (tmp_path / ".rank0.lock").write_text("")
-    state = ef.archive_state(tmp_path, "sglang")
+    state = faults_archive.archive_state(tmp_path, "sglang")
     assert (
         state["leftovers"] == [".rank0.tmp-123-abcdef12"] and state["any_archive"] and not state["complete"]
     )
-    quick = ef.quick_state(tmp_path, "sglang")
+    quick = faults_archive.quick_state(tmp_path, "sglang")
     assert quick == {"scratch": [".rank0.tmp-123-abcdef12"], "link": None, "record": False}
     # A record with no graph archive behind it is what must never be offered to a LOAD.
     (tmp_path / "rank0.sglang.json").write_text(json.dumps({"fingerprint": {}}))
-    assert ef.archive_state(tmp_path, "sglang")["loadable_partial"] is True
+    assert faults_archive.archive_state(tmp_path, "sglang")["loadable_partial"] is True
     # Published graphs without caches and record: not complete, nothing loadable.
     other = tmp_path / "published"
     other.mkdir()
     _write(other / "rank0", "foundry-graphs", {"graphs/0.bin": b"g"}, {"graphs": [], "slots": {}})
-    state = ef.archive_state(other, "vllm")
+    state = faults_archive.archive_state(other, "vllm")
     assert state["graph"]["ok"] and not state["complete"] and not state["loadable_partial"]
-    assert ef.quick_state(other, "vllm")["link"].startswith(".rank0.")
+    assert faults_archive.quick_state(other, "vllm")["link"].startswith(".rank0.")
     # A lock file alone is no archive; a missing directory neither.
     lonely = tmp_path / "lonely"
     lonely.mkdir()
     (lonely / ".rank0.lock").write_text("")
-    assert not ef.archive_state(lonely, "sglang")["any_archive"]
-    assert ef.archive_state(tmp_path / "missing", "sglang")["exists"] is False
+    assert not faults_archive.archive_state(lonely, "sglang")["any_archive"]
+    assert faults_archive.archive_state(tmp_path / "missing", "sglang")["exists"] is False
 
 
 def test_stage_copy_and_flipped_byte(tmp_path):
@@ -457,7 +476,7 @@ def test_stage_copy_and_flipped_byte(tmp_path):
     (base / "rank0.start.json").write_text("{}")
     (base / ".rank0.caches.tmp-9-0123abcd").mkdir()  # a late caches save the base's stop interrupted
     copy = tmp_path / "case" / "archive"
-    ef.stage_archive(base, copy)
+    faults_archive.stage_archive(base, copy)
     skipped = {e for e in os.listdir(base) if e.endswith(".lock")} | {
         "rank0.start.json",
         ".rank0.caches.tmp-9-0123abcd",
@@ -465,16 +484,16 @@ def test_stage_copy_and_flipped_byte(tmp_path):
     assert {".rank0.lock", ".rank0.caches.lock"} <= skipped
     assert sorted(os.listdir(copy)) == sorted(set(os.listdir(base)) - skipped)
     assert os.readlink(copy / "rank0") == os.readlink(base / "rank0")  # relative: resolves in the copy
-    assert ef.archive_state(copy, "sglang")["consistent"]
-    flipped = ef.flip_byte(copy / "rank0.caches")
+    assert faults_archive.archive_state(copy, "sglang")["consistent"]
+    flipped = faults_archive.flip_byte(copy / "rank0.caches")
     assert flipped["member"] == "caches/triton/k.cubin" and flipped["new"] == flipped["old"] ^ 0xFF
-    state = ef.archive_state(copy, "sglang")
+    state = faults_archive.archive_state(copy, "sglang")
     assert (
         state["graph"]["ok"]
         and not state["caches"]["ok"]
         and "fails its sha256 check" in state["caches"]["error"]
     )
-    base_state = ef.archive_state(base, "sglang")  # the base is untouched (its leftover aside)
+    base_state = faults_archive.archive_state(base, "sglang")  # the base is untouched (its leftover aside)
     assert base_state["complete"] and base_state["caches"]["ok"] and base_state["leftovers"]
 
 
@@ -483,16 +502,21 @@ def test_largest_file_and_rlimit_threshold(tmp_path):
     (tmp_path / "a" / "big").write_bytes(b"x" * 300)
     (tmp_path / "small").write_bytes(b"x" * 10)
     os.symlink(tmp_path / "a" / "big", tmp_path / "link")
-    assert ef.largest_file([tmp_path, tmp_path / "missing"]) == {
+    assert faults_archive.largest_file([tmp_path, tmp_path / "missing"]) == {
         "bytes": 300,
         "path": str(tmp_path / "a" / "big"),
     }
-    assert ef.rlimit_threshold(4000, 1000) == (3000, ef.rlimit_threshold(4000, 1000)[1])
-    limit, why = ef.rlimit_threshold(2000, 1300)
+    assert faults_archive.rlimit_threshold(4000, 1000) == (
+        3000,
+        faults_archive.rlimit_threshold(4000, 1000)[1],
+    )
+    limit, why = faults_archive.rlimit_threshold(2000, 1300)
     assert limit is None and "not clearly larger" in why
-    assert ef.rlimit_threshold(None, 10)[0] is None
+    assert faults_archive.rlimit_threshold(None, 10)[0] is None
     assert (
-        ef.parse_size("1m") == 1 << 20 and ef.parse_size("64KiB") == 64 << 10 and ef.parse_size("123") == 123
+        faults_cases.parse_size("1m") == 1 << 20
+        and faults_cases.parse_size("64KiB") == 64 << 10
+        and faults_cases.parse_size("123") == 123
     )
 
 
@@ -500,30 +524,36 @@ def test_largest_file_and_rlimit_threshold(tmp_path):
 
 
 def test_verdict_and_kill_rules():
-    assert ef.verdict({"a": True, "b": True}) == "pass"
-    assert ef.verdict({"a": True, "b": None}) == "inconclusive"
-    assert ef.verdict({"a": None, "b": False}) == "fail"
-    assert ef.verdict({}) == "inconclusive"
+    assert faults_verdicts.verdict({"a": True, "b": True}) == "pass"
+    assert faults_verdicts.verdict({"a": True, "b": None}) == "inconclusive"
+    assert faults_verdicts.verdict({"a": None, "b": False}) == "fail"
+    assert faults_verdicts.verdict({}) == "inconclusive"
     complete = {"state_after": {"complete": True}}
     partial = {"state_after": {"complete": False}}
-    assert ef.restart_ok(partial, "save") is True and ef.restart_ok(complete, "save") is True
-    assert ef.restart_ok(partial, "load") is False  # a LOAD of what a killed SAVE left
-    assert ef.restart_ok(complete, "load") is True and ef.restart_ok(partial, None) is None
-    assert ef.requests_equal({}) is None
-    assert ef.requests_equal({"requests": [{"equal": True}, {"equal": False}]}) is False
+    assert (
+        faults_verdicts.restart_ok(partial, "save") is True
+        and faults_verdicts.restart_ok(complete, "save") is True
+    )
+    assert faults_verdicts.restart_ok(partial, "load") is False  # a LOAD of what a killed SAVE left
+    assert (
+        faults_verdicts.restart_ok(complete, "load") is True
+        and faults_verdicts.restart_ok(partial, None) is None
+    )
+    assert faults_verdicts.requests_equal({}) is None
+    assert faults_verdicts.requests_equal({"requests": [{"equal": True}, {"equal": False}]}) is False
     rec = {
         "ready_s": None,
         "exited_by_itself": True,
         "exit_code": 1,
         "facts": {"lines": {"save_refused": {}}},
     }
-    assert ef.refused_cleanly(rec, "save_refused") == {
+    assert faults_verdicts.refused_cleanly(rec, "save_refused") == {
         "never_ready": True,
         "exited_nonzero": True,
         "line": True,
     }
     served = {"ready_s": 3.0, "exited_by_itself": False, "exit_code": -15, "facts": {"lines": {}}}
-    assert ef.refused_cleanly(served, "save_refused") == {
+    assert faults_verdicts.refused_cleanly(served, "save_refused") == {
         "never_ready": False,
         "exited_nonzero": False,
         "line": False,
@@ -533,15 +563,15 @@ def test_verdict_and_kill_rules():
 def test_estimates_and_skipping():
     opts = types.SimpleNamespace(kill_points=["persisting", "published"], sustain=100.0)
     times = {"save": 100.0, "load": 50.0, "refuse": 30.0}
-    assert ef.estimate_s("kill_during_save", opts, times) == 300 + ef.MARGIN_S
-    assert ef.estimate_s("sustained_load", opts, times) == 160 + ef.MARGIN_S
+    assert faults_runner.estimate_s("kill_during_save", opts, times) == 300 + faults_context.MARGIN_S
+    assert faults_runner.estimate_s("sustained_load", opts, times) == 160 + faults_context.MARGIN_S
     ctx = types.SimpleNamespace(opts=opts, times=times, left=lambda: 200.0)
     assert (
-        ef.skip_reason("archive_replaced", ctx, True)
+        faults_runner.skip_reason("archive_replaced", ctx, True)
         == "skipped: needs about 245 s, 200 s of the budget left"
     )
-    assert ef.skip_reason("damaged_cache", ctx, True) is None
-    assert "base SAVE" in ef.skip_reason("damaged_cache", ctx, False)
+    assert faults_runner.skip_reason("damaged_cache", ctx, True) is None
+    assert "base SAVE" in faults_runner.skip_reason("damaged_cache", ctx, False)
 
 
 def test_assemble_and_summary():
@@ -550,14 +580,17 @@ def test_assemble_and_summary():
         "two_replicas": {"verdict": "fail", "not_passed_checks": ["exactly_one_published"], "seconds": 3},
         "disk_full": {"verdict": "pass", "seconds": 2},
     }
-    out = ef.assemble(meta, {"ok": True}, cases)
+    out = faults_result.assemble(meta, {"ok": True}, cases)
     assert list(out["cases"]) == ["disk_full", "two_replicas"] and out["all_passed"] is False
     assert out["summary"]["fail"] == ["two_replicas"] and out["verdicts"]["disk_full"] == "pass"
-    lines = ef.summary_lines(out)
+    lines = faults_result.summary_lines(out)
     assert "two_replicas: fail (3 s) exactly_one_published" in lines[-1]
     cases["two_replicas"]["verdict"] = "pass"
-    assert ef.assemble(meta, None, cases)["all_passed"] is True
-    assert ef.assemble({**meta, "cases_requested": ["damaged_cache"]}, None, cases)["all_passed"] is False
+    assert faults_result.assemble(meta, None, cases)["all_passed"] is True
+    assert (
+        faults_result.assemble({**meta, "cases_requested": ["damaged_cache"]}, None, cases)["all_passed"]
+        is False
+    )
 
 
 # --- whole runs against a stand-in engine --------------------------------------------------------------------------
@@ -754,10 +787,14 @@ def fake_engine(tmp_path, monkeypatch):
 
     monkeypatch.setattr(cs, "server_command", command)
     monkeypatch.setattr(
-        ef, "cli_verify", lambda path: {"ok": ef.archive_state(path.parent, "sglang")["graph"]["ok"]}
+        faults_cases,
+        "cli_verify",
+        lambda path: {"ok": faults_archive.archive_state(path.parent, "sglang")["graph"]["ok"]},
     )
     samples = iter(range(1000, 100000, 1))  # device memory that grows 1 MiB a sample
-    monkeypatch.setattr(ef, "gpu_memory_of", lambda pgid: {"server_mib": next(samples), "device_mib": None})
+    monkeypatch.setattr(
+        faults_sustained, "gpu_memory_of", lambda pgid: {"server_mib": next(samples), "device_mib": None}
+    )
     for knob in (
         "CAPTURE_S",
         "PERSIST_S",
@@ -774,7 +811,7 @@ def fake_engine(tmp_path, monkeypatch):
         out = tmp_path / "out" / f"faults-{engine}.json"
         argv = ["--engine", engine, "--out", str(out), "--logs", str(tmp_path / "logs")]
         argv += ["--workdir", str(tmp_path / "work"), "--weights", "dummy", "--timeout", "60", *extra]
-        rc = ef.main(argv)
+        rc = engine_faults.main(argv)
         return rc, json.loads(out.read_text())
 
     return run
@@ -840,7 +877,7 @@ def test_kill_points_spread_over_resumed_calls_make_one_case(fake_engine, monkey
         "earlier-target0-capture",
         "earlier-target1-persisting",
     ]
-    row = ef.table_row("kill_during_save", "sglang", result, "faults-sglang.json")
+    row = faults_table.table_row("kill_during_save", "sglang", result, "faults-sglang.json")
     assert "kill points: capture (earlier call), persisting (earlier call), published" in row["notes"]
     assert row["outcome"] == "pass" and row["partial_archive_loadable"] is False and rc == 0
     # The same points again replace the earlier ones: nothing is kept twice.
@@ -865,12 +902,12 @@ def test_a_failed_check_of_an_earlier_call_is_not_hidden_by_a_later_pass():
         "details": {"kills": [{"point": "published", "server": "target0-published"}]},
         "servers": {"target0-published": {}, "restart": {}},
     }
-    ef.merge_earlier_kills(rec, earlier)
-    assert rec["checks"]["restart_served"] is False and ef.verdict(rec["checks"]) == "fail"
+    faults_cases.merge_earlier_kills(rec, earlier)
+    assert rec["checks"]["restart_served"] is False and faults_verdicts.verdict(rec["checks"]) == "fail"
     assert rec["checks"]["kill_capture_reached"] is True
     assert "earlier-restart" not in rec["servers"]  # only the servers of the kept kills
     skipped = {"checks": {"restart_served": True}, "details": {"kills": []}, "servers": {}}
-    ef.merge_earlier_kills(skipped, {"verdict": "skipped", "reason": "budget"})
+    faults_cases.merge_earlier_kills(skipped, {"verdict": "skipped", "reason": "budget"})
     assert skipped["checks"] == {"restart_served": True}  # a skipped earlier case adds nothing
 
 
@@ -1025,7 +1062,9 @@ def test_sustained_load_runs_two_passes_however_short(fake_engine):
 def test_sustained_load_on_a_base_without_its_reference_is_judged_against_stock(
     fake_engine, monkeypatch, capsys
 ):
-    monkeypatch.setitem(ef.CASE_FUNCS, "read_only_dir", lambda ctx, run: run.rec["checks"].update(ran=True))
+    monkeypatch.setitem(
+        faults_runner.CASE_FUNCS, "read_only_dir", lambda ctx, run: run.rec["checks"].update(ran=True)
+    )
     rc, result = fake_engine("--cases", "read_only_dir")  # this base keeps no answers to the schedule
     assert "sustained_reference" not in result["base"] and rc == 0
     capsys.readouterr()
@@ -1061,20 +1100,20 @@ def test_sustained_load_on_a_base_without_its_reference_is_judged_against_stock(
 def test_stock_env_is_what_the_plugins_pin():
     from foundry_core.engine.inductor import PINNED
 
-    assert ef.STOCK_ENV == {env: "1" if value else "0" for value, env, _why in PINNED.values()}
+    assert faults_server.STOCK_ENV == {env: "1" if value else "0" for value, env, _why in PINNED.values()}
 
 
 def test_vllm_reports_by_engine_pid_and_a_wrong_output_fails(fake_engine, monkeypatch):
     monkeypatch.setenv("FAKE_STYLE", "vllm")
     monkeypatch.setenv("FAKE_PERSIST_S", "1.0")
-    real_check = ef.Server.check
+    real_check = faults_server.Server.check
 
     def check(self, reference, what="request"):  # one replica answers something else
         if self.label == "replica-b":
             reference = {**reference, "tokens": [[0]]}
         return real_check(self, reference, what)
 
-    monkeypatch.setattr(ef.Server, "check", check)
+    monkeypatch.setattr(faults_server.Server, "check", check)
     rc, result = fake_engine("--cases", "two_replicas", engine="vllm")
     replicas = result["cases"]["two_replicas"]
     servers = replicas["servers"]
@@ -1102,14 +1141,14 @@ def test_each_case_is_written_as_it_ends_and_resume_keeps_them(fake_engine, monk
         seen.append(json.loads((tmp_path / "out" / "faults-sglang.json").read_text())["verdicts"])
         run.rec["checks"]["ran"] = False
 
-    monkeypatch.setitem(ef.CASE_FUNCS, "disk_full", first)
-    monkeypatch.setitem(ef.CASE_FUNCS, "two_replicas", second)
+    monkeypatch.setitem(faults_runner.CASE_FUNCS, "disk_full", first)
+    monkeypatch.setitem(faults_runner.CASE_FUNCS, "two_replicas", second)
     rc, result = fake_engine("--cases", "disk_full,two_replicas")
     assert seen == [{"disk_full": "pass", "two_replicas": None}]
     assert result["verdicts"] == {"disk_full": "pass", "two_replicas": "fail"} and rc == 1
     base_date = result["base"]["server"]["spawn_offset_s"]
     # A later call (a new device call on the same machine) adds a case; the base is not saved again.
-    monkeypatch.setitem(ef.CASE_FUNCS, "read_only_dir", first)
+    monkeypatch.setitem(faults_runner.CASE_FUNCS, "read_only_dir", first)
     rc, result = fake_engine("--cases", "read_only_dir", "--resume")
     assert result["base"]["reused"] is True and result["base"]["server"]["spawn_offset_s"] == base_date
     assert result["verdicts"] == {"disk_full": "pass", "read_only_dir": "pass", "two_replicas": "fail"}
@@ -1120,7 +1159,7 @@ def test_parallel_cases_and_a_case_that_raises(fake_engine, monkeypatch):
     def boom(ctx, run):
         raise RuntimeError("boom")
 
-    monkeypatch.setitem(ef.CASE_FUNCS, "disk_full", boom)
+    monkeypatch.setitem(faults_runner.CASE_FUNCS, "disk_full", boom)
     monkeypatch.setenv("FAKE_PERSIST_S", "1.0")  # the replicas' writes overlap: one finds the lock held
     rc, result = fake_engine("--cases", "disk_full,two_replicas,damaged_cache", "--parallel", "3")
     assert (
@@ -1145,7 +1184,7 @@ def test_two_replicas_publishing_one_after_the_other_is_reported(fake_engine, mo
 
 def test_a_refusal_that_does_not_end_is_stopped_and_fails(fake_engine, monkeypatch):
     monkeypatch.setenv("FAKE_HANG_AFTER_REFUSAL", "1")
-    monkeypatch.setattr(ef, "REFUSAL_GRACE_S", 1.0)
+    monkeypatch.setattr(faults_server, "REFUSAL_GRACE_S", 1.0)
     t0 = time.monotonic()
     rc, result = fake_engine("--cases", "read_only_dir", "--no-mount")
     ro = result["cases"]["read_only_dir"]
@@ -1168,7 +1207,7 @@ def test_sigterm_ends_the_servers_and_writes_the_result(fake_engine, monkeypatch
         started.append(srv)
         srv.wait_ready(time.monotonic() + 120)
 
-    monkeypatch.setitem(ef.CASE_FUNCS, "disk_full", hang)
+    monkeypatch.setitem(faults_runner.CASE_FUNCS, "disk_full", hang)
     monkeypatch.setenv("FAKE_HANG_AFTER_REFUSAL", "1")
     previous = signal.getsignal(signal.SIGTERM)
     timer = threading.Timer(4.0, os.kill, (os.getpid(), signal.SIGTERM))
