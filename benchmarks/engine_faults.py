@@ -98,7 +98,15 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 import engine_run as cs  # noqa: E402  (beside this file)
 from faults_archive import archive_state  # noqa: E402
-from faults_catalog import CASES, DEFAULT_CASES, ENGINES, KILL_POINTS, MAX_TOKENS, MODELS, STAGED  # noqa: E402
+from faults_catalog import (  # noqa: E402
+    CASES,
+    DEFAULT_CASES,
+    ENGINES,
+    KILL_POINTS,
+    MAX_TOKENS,
+    MODELS,
+    STAGED,
+)
 from faults_context import MARGIN_S, Ctx  # noqa: E402
 from faults_result import assemble, resumed, summary_lines, write_result  # noqa: E402
 from faults_runner import adopt_base, run_base, run_case  # noqa: E402

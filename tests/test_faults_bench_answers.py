@@ -1,4 +1,5 @@
-"""benchmarks/engine_faults.py without an engine or a GPU: answers compared (faults_answers) and sustained_load's schedule (faults_sustained)."""
+"""benchmarks/engine_faults.py without an engine or a GPU: answers compared (faults_answers) and
+sustained_load's schedule (faults_sustained)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,6 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import engine_run as cs  # noqa: E402
 import faults_answers  # noqa: E402
 import faults_sustained  # noqa: E402
-
-# --- outputs ----------------------------------------------------------------------------------------------
 
 
 def test_compare_outputs():

@@ -1,5 +1,5 @@
-"""benchmarks/engine_faults.py without an engine or a GPU: archive directories as it sees them (faults_archive), on real archives written with
-foundry_core.archive."""
+"""benchmarks/engine_faults.py without an engine or a GPU: archive directories as it sees them
+(faults_archive), on real archives written with foundry_core.archive."""
 
 from __future__ import annotations
 
@@ -16,8 +16,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import faults_archive  # noqa: E402
 import faults_cases  # noqa: E402
-
-# --- archive directories ------------------------------------------------------------------------------------
 
 
 def _write(path: Path, kind: str, members: dict[str, bytes], meta: dict | None = None) -> str:

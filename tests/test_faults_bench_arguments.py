@@ -1,4 +1,5 @@
-"""benchmarks/engine_faults.py without an engine or a GPU: its arguments, the servers' command lines, TOML and environment."""
+"""benchmarks/engine_faults.py without an engine or a GPU: its arguments, the servers' command lines, TOML
+and environment."""
 
 from __future__ import annotations
 

@@ -11,8 +11,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import faults_log  # noqa: E402
 
-# --- log facts -----------------------------------------------------------------------------------------
-
 SGLANG_LOG = [
     (62.4, "[2026-12-01 18:56:23] Foundry SAVE: rank 0, archive /w/archive/rank0"),
     (69.4, "Capturing batches (bs=64 avail_mem=68.39 GB):   0%|          | 0/12"),

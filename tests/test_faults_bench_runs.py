@@ -1,7 +1,7 @@
-"""benchmarks/engine_faults.py without an engine or a GPU: whole runs against a stand-in engine (tests/helpers_faults/standin_engine.py), a small
-script that answers like a server with Foundry, prints the plugins' lines and writes real archives
-with foundry_core.archive (so a SIGKILL, a full disk or a flipped byte does to it what it does to an
-engine)."""
+"""benchmarks/engine_faults.py without an engine or a GPU: whole runs against a stand-in engine
+(tests/helpers_faults/standin_engine.py), a small script that answers like a server with Foundry, prints the
+plugins' lines and writes real archives with foundry_core.archive (so a SIGKILL, a full disk or a flipped
+byte does to it what it does to an engine)."""
 
 from __future__ import annotations
 
@@ -27,9 +27,6 @@ import faults_table  # noqa: E402
 import faults_verdicts  # noqa: E402
 
 STANDIN_ENGINE = ROOT / "tests" / "helpers_faults" / "standin_engine.py"
-
-
-# --- whole runs against a stand-in engine --------------------------------------------------------------------------
 
 
 @pytest.fixture

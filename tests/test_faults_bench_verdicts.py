@@ -1,4 +1,5 @@
-"""benchmarks/engine_faults.py without an engine or a GPU: verdicts, the budget's estimates and skips, the assembled result."""
+"""benchmarks/engine_faults.py without an engine or a GPU: verdicts, the budget's estimates and skips, the
+assembled result."""
 
 from __future__ import annotations
 
@@ -12,8 +13,6 @@ import faults_context  # noqa: E402
 import faults_result  # noqa: E402
 import faults_runner  # noqa: E402
 import faults_verdicts  # noqa: E402
-
-# --- verdicts and budget ------------------------------------------------------------------------------------------
 
 
 def test_verdict_and_kill_rules():
