@@ -203,7 +203,8 @@ class RunPaths:
     Every Foundry run sees the same HOME and TMPDIR *paths*, as every container started from one
     image does: engines put them into cache keys (vLLM hashes its HOME-derived settings into the
     torch.compile cache key), so a SAVE under one HOME and a LOAD under another would miss for a
-    reason no deployment has. ``kept_home``/``kept_tmp`` are kept for engine_faults.py's calls."""
+    reason no deployment has. ``kept_home``/``kept_tmp`` are kept for engine_faults' servers
+    (faults_server.py)."""
 
     home: Path
     tmp: Path
@@ -350,7 +351,8 @@ def outputs_differ(outputs: dict[str, Any] | None) -> bool | None:
 
 @dataclasses.dataclass
 class Bench:
-    """One benchmark's model, archive, plugin shim and machine baseline (engine_faults.py's ``ctx.bench``)."""
+    """One benchmark's model, archive, plugin shim and machine baseline (engine_faults' ``Ctx.bench``,
+    in faults_context.py)."""
 
     engine: str
     workdir: Path

@@ -4,7 +4,6 @@ write; the real vLLM result from the H200 is read as it is."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -13,10 +12,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("engine_faults", ROOT / "benchmarks" / "engine_faults.py")
-ef = importlib.util.module_from_spec(_spec)
-sys.modules["engine_faults"] = ef  # dataclasses look their module up by name
-_spec.loader.exec_module(ef)
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import engine_faults  # noqa: E402  (benchmarks/ is no package)
+from faults_catalog import CASES, ENGINES  # noqa: E402
+from faults_result import assemble  # noqa: E402
+from faults_table import _one, build_table, table_row  # noqa: E402
+from faults_verdicts import restart_ok, verdict  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 REAL_VLLM = RESULTS / "faults-vllm-h200-8d3f0b9.json"
@@ -53,7 +54,7 @@ def _case(name: str, checks: dict, details: dict | None = None, servers: dict | 
         "details": details or {},
         "servers": servers or {},
         "seconds": 42.0,
-        "verdict": ef.verdict(checks),
+        "verdict": verdict(checks),
         "not_passed_checks": [k for k, v in checks.items() if v is not True],
     }
     rec.update(extra)
@@ -71,7 +72,7 @@ def kill_case(*, partial: bool = False, restart_mode: str = "save", complete_at_
             "server": "target0-persisting",
             "restart": "restart",
             "restart_mode": restart_mode,
-            "restart_ok": ef.restart_ok({"state_after": state}, restart_mode),
+            "restart_ok": restart_ok({"state_after": state}, restart_mode),
         }
     ]
     checks = {
@@ -192,12 +193,12 @@ def result(engine: str, cases: dict, **meta) -> dict:
         "command": f"benchmarks/engine_faults.py --engine {engine} --out x.json --logs l",
         "engine": engine,
         "engine_version": "9.9.9",
-        "cases_requested": [c for c in ef.CASES if c in cases],
-        "options": {"cases": [c for c in ef.CASES if c in cases]},
+        "cases_requested": [c for c in CASES if c in cases],
+        "options": {"cases": [c for c in CASES if c in cases]},
         "base": {"ok": True},
     }
     out.update(meta)
-    return ef.assemble(out, out.pop("base"), cases)
+    return assemble(out, out.pop("base"), cases)
 
 
 def rows_by(table: dict) -> dict[tuple[str, str], dict]:
@@ -220,16 +221,16 @@ def all_good() -> dict:
 
 
 def test_every_case_passing_on_both_engines_passes_the_table():
-    table = ef.build_table(
-        {e: [(f"faults-{e}.json", result(e, all_good()))] for e in ef.ENGINES},
+    table = build_table(
+        {e: [(f"faults-{e}.json", result(e, all_good()))] for e in ENGINES},
         "benchmarks/engine_faults.py table",
     )
-    assert [(r["case"], r["engine"]) for r in table["rows"]] == [(c, e) for c in ef.CASES for e in ef.ENGINES]
+    assert [(r["case"], r["engine"]) for r in table["rows"]] == [(c, e) for c in CASES for e in ENGINES]
     assert table["all_required_rows_passed"] is True and table["not_passed"] == []
-    assert table["counts"]["pass"] == len(ef.CASES) * len(ef.ENGINES)
+    assert table["counts"]["pass"] == len(CASES) * len(ENGINES)
     assert table["partial_archive_loadable_anywhere"] is False
     rows = rows_by(table)
-    for engine in ef.ENGINES:
+    for engine in ENGINES:
         for case in ("kill_during_save", "disk_full", "read_only_dir", "two_replicas", "archive_replaced"):
             r = rows[(case, engine)]
             assert (r["partial_archive_loadable"], r["served_after"], r["outputs_identical"]) == (
@@ -257,29 +258,25 @@ def test_every_case_passing_on_both_engines_passes_the_table():
 
 
 def test_an_engine_without_a_result_keeps_the_table_from_passing():
-    table = ef.build_table({"vllm": [("v.json", result("vllm", all_good()))]}, "t")
-    assert table["all_required_rows_passed"] is False and table["counts"]["pass"] == len(ef.CASES)
-    assert table["not_passed"] == [f"sglang/{c}: not run" for c in ef.CASES]
+    table = build_table({"vllm": [("v.json", result("vllm", all_good()))]}, "t")
+    assert table["all_required_rows_passed"] is False and table["counts"]["pass"] == len(CASES)
+    assert table["not_passed"] == [f"sglang/{c}: not run" for c in CASES]
 
 
 def test_a_loadable_partial_archive_is_reported_true_and_the_case_does_not_pass():
     cases = {"kill_during_save": kill_case(partial=True)}
-    r = rows_by(ef.build_table({"vllm": [("v.json", result("vllm", cases))]}, "t"))[
-        ("kill_during_save", "vllm")
-    ]
+    r = rows_by(build_table({"vllm": [("v.json", result("vllm", cases))]}, "t"))[("kill_during_save", "vllm")]
     assert r["partial_archive_loadable"] is True and r["outcome"] == "fail"
     assert "no_loadable_partial_after_persisting" in r["checks_not_passed"]
     # A restart that LOADed what was incomplete at the kill counts too (its own check fails).
     cases = {"kill_during_save": kill_case(restart_mode="load", complete_at_kill=False)}
-    table = ef.build_table({"vllm": [("v.json", result("vllm", cases))]}, "t")
+    table = build_table({"vllm": [("v.json", result("vllm", cases))]}, "t")
     r = rows_by(table)[("kill_during_save", "vllm")]
     assert r["partial_archive_loadable"] is True and r["outcome"] == "fail"
     assert "LOADed an incomplete archive" in r["notes"] and table["partial_archive_loadable_anywhere"] is True
     # ... while a restart that LOADed a complete archive (kill after the record) is no partial.
     cases = {"kill_during_save": kill_case(restart_mode="load", complete_at_kill=True)}
-    r = rows_by(ef.build_table({"vllm": [("v.json", result("vllm", cases))]}, "t"))[
-        ("kill_during_save", "vllm")
-    ]
+    r = rows_by(build_table({"vllm": [("v.json", result("vllm", cases))]}, "t"))[("kill_during_save", "vllm")]
     assert r["partial_archive_loadable"] is False and r["outcome"] == "pass"
 
 
@@ -291,7 +288,7 @@ def test_derived_fields_follow_the_checks():
         "damaged_cache": damaged_cache_case(load_served=True),
         "sustained_load": sustained_case(mismatches=2, growth=None),
     }
-    rows = rows_by(ef.build_table({"sglang": [("s.json", result("sglang", cases))]}, "t"))
+    rows = rows_by(build_table({"sglang": [("s.json", result("sglang", cases))]}, "t"))
     r = rows[("disk_full", "sglang")]  # something was left, but it does not load: fails, not partial
     assert r["outcome"] == "fail" and r["partial_archive_loadable"] is False and "left" in r["notes"]
     r = rows[("read_only_dir", "sglang")]  # no write check with this method: unknown, said so
@@ -310,11 +307,11 @@ def test_sustained_load_judged_against_stock_says_so():
     rec = sustained_case()
     rec["checks"]["outputs_equal_stock"] = True
     rec["details"]["reference"] = "stock server"
-    row = ef.table_row("sustained_load", "sglang", result("sglang", {"sustained_load": rec}), "s.json")
+    row = table_row("sustained_load", "sglang", result("sglang", {"sustained_load": rec}), "s.json")
     assert row["outcome"] == "pass" and row["outputs_identical"] is True and row["mismatches"] == 0
     assert "against the stock server's (no base reference)" in row["notes"]
     rec["details"]["reference"] = "base SAVE server"
-    row = ef.table_row("sustained_load", "sglang", result("sglang", {"sustained_load": rec}), "s.json")
+    row = table_row("sustained_load", "sglang", result("sglang", {"sustained_load": rec}), "s.json")
     assert "stock server" not in row["notes"]
 
 
@@ -322,15 +319,15 @@ def test_servers_that_did_not_serve():
     rec = archive_replaced_case()
     rec["servers"]["load"]["requests"].append({"what": "while", "error": "OSError: reset", "equal": False})
     rec["checks"]["load_outputs_equal_reference_throughout"] = False
-    rec["verdict"] = ef.verdict(rec["checks"])
-    row = ef.table_row("archive_replaced", "vllm", result("vllm", {"archive_replaced": rec}), "v.json")
+    rec["verdict"] = verdict(rec["checks"])
+    row = table_row("archive_replaced", "vllm", result("vllm", {"archive_replaced": rec}), "v.json")
     assert row["served_after"] is False and row["outputs_identical"] is False and row["outcome"] == "fail"
     # A LOAD server that never became ready: the case stops there with one check.
     rec = _case("archive_replaced", {"load_served": False}, servers={"load": _server(ready=False)})
-    row = ef.table_row("archive_replaced", "vllm", result("vllm", {"archive_replaced": rec}), "v.json")
+    row = table_row("archive_replaced", "vllm", result("vllm", {"archive_replaced": rec}), "v.json")
     assert row["served_after"] is False and row["outputs_identical"] is None
     rec = _case("sustained_load", {"served": False})
-    row = ef.table_row("sustained_load", "vllm", result("vllm", {"sustained_load": rec}), "v.json")
+    row = table_row("sustained_load", "vllm", result("vllm", {"sustained_load": rec}), "v.json")
     assert row["served_after"] is False and row["mismatches"] is None and row["requests"] is None
 
 
@@ -346,10 +343,10 @@ def test_missing_engines_cases_and_unfinished_cases_are_null_rows():
         "damaged_cache": {**damaged_cache_case(), "verdict": "error", "error": "RuntimeError: boom"},
     }
     r = result("vllm", cases, cases_requested=[*cases, "disk_full"])
-    table = ef.build_table({"vllm": [("v.json", r)]}, "t")
+    table = build_table({"vllm": [("v.json", r)]}, "t")
     rows = rows_by(table)
     null_fields = ("partial_archive_loadable", "served_after", "outputs_identical", "seconds")
-    for case in ef.CASES:
+    for case in CASES:
         s = rows[(case, "sglang")]
         assert s["outcome"] == "not run" and s["reason"] == "no result for sglang"
         assert all(s[f] is None for f in null_fields) and s["source"] is None
@@ -369,7 +366,7 @@ def test_missing_engines_cases_and_unfinished_cases_are_null_rows():
     err = rows[("damaged_cache", "vllm")]
     assert err["outcome"] == "error" and err["reason"] == "RuntimeError: boom" and err["served_after"] is True
     assert table["all_required_rows_passed"] is False
-    assert table["counts"]["not run"] == len(ef.CASES) + 4 and table["counts"]["pass"] == 1
+    assert table["counts"]["not run"] == len(CASES) + 4 and table["counts"]["pass"] == 1
     assert "sglang/kill_during_save: not run" in table["not_passed"]
 
 
@@ -382,7 +379,7 @@ def test_metadata_from_both_engines_and_a_resumed_call():
         command="second --resume",
         resumed_from={"date": "d0", "command": "first", "elapsed_s": 10.0},
     )
-    table = ef.build_table({"sglang": [("s.json", s)], "vllm": [("v.json", v)]}, "the command")
+    table = build_table({"sglang": [("s.json", s)], "vllm": [("v.json", v)]}, "the command")
     assert table["commit"] == "sglang: def5678; vllm: abc1234" and table["command"] == "the command"
     assert table["date"] == "2026-12-04T10:00:00+00:00" and table["built"]["date"]
     assert table["sources"]["vllm"][0]["commands"] == ["first", "second --resume"]
@@ -425,7 +422,7 @@ def test_a_newer_result_fills_in_the_cases_an_older_one_skipped():
         commit="1234567",
     )
     # Given newest first: the order of the files does not matter, their dates do.
-    table = ef.build_table({"vllm": [("new.json", new), ("old.json", old)]}, "t")
+    table = build_table({"vllm": [("new.json", new), ("old.json", old)]}, "t")
     rows = rows_by(table)
     for case in ("kill_during_save", "disk_full", "read_only_dir"):
         r = rows[(case, "vllm")]
@@ -467,7 +464,7 @@ def test_the_newest_run_verdict_wins_whatever_it_is(older, newer):
     old = result("vllm", {"kill_during_save": run(older)}, date="2026-12-05T01:00:00+02:00", commit="aaa")
     new = result("vllm", {"kill_during_save": run(newer)}, date="2026-12-04T23:30:00+00:00", commit="bbb")
     for given in ([("o.json", old), ("n.json", new)], [("n.json", new), ("o.json", old)]):
-        r = rows_by(ef.build_table({"vllm": given}, "t"))[("kill_during_save", "vllm")]
+        r = rows_by(build_table({"vllm": given}, "t"))[("kill_during_save", "vllm")]
         assert (r["outcome"], r["source"], r["commit"]) == (newer, "n.json", "bbb")
         assert r["partial_archive_loadable"] is (newer == "fail")
 
@@ -509,7 +506,7 @@ def test_a_case_a_newer_result_did_not_run_keeps_the_older_run_verdict():
             "disk_full",
         ],
     )
-    rows = rows_by(ef.build_table({"vllm": [("o.json", old), ("n.json", new)]}, "t"))
+    rows = rows_by(build_table({"vllm": [("o.json", old), ("n.json", new)]}, "t"))
     for case, outcome in [
         ("two_replicas", "pass"),
         ("archive_replaced", "pass"),
@@ -526,7 +523,7 @@ def test_a_case_a_newer_result_did_not_run_keeps_the_older_run_verdict():
     assert r["outcome"] == "skipped" and "base SAVE" in r["reason"] and r["source"] == "n.json"
     # An older skip is still named when the newer result does not mention the case at all.
     newest = result("vllm", {"sustained_load": sustained_case()}, date="2026-12-06T10:00:00+00:00")
-    rows = rows_by(ef.build_table({"vllm": [("o.json", old), ("n.json", new), ("s.json", newest)]}, "t"))
+    rows = rows_by(build_table({"vllm": [("o.json", old), ("n.json", new), ("s.json", newest)]}, "t"))
     r = rows[("damaged_cache", "vllm")]
     assert (r["outcome"], r["reason"], r["source"]) == ("skipped", "skipped: the newer one", "n.json")
     assert rows[("two_replicas", "vllm")]["source"] == "o.json"
@@ -538,14 +535,14 @@ def test_the_top_level_metadata_lists_every_source_once():
     s = result("sglang", {"disk_full": disk_full_case()}, commit="fff")
     v1 = result("vllm", {"disk_full": disk_full_case()}, commit="aaa", date="2026-12-01T00:00:00+00:00")
     v2 = result("vllm", {"read_only_dir": read_only_case()}, commit="aaa", date="2026-12-02T00:00:00+00:00")
-    table = ef.build_table({"vllm": [("v2.json", v2), ("v1.json", v1)], "sglang": [("s.json", s)]}, "t")
+    table = build_table({"vllm": [("v2.json", v2), ("v1.json", v1)], "sglang": [("s.json", s)]}, "t")
     assert table["commit"] == "sglang: fff; vllm: aaa"
     assert table["date"] == (
         f"sglang: {s['date']}; vllm: 2026-12-01T00:00:00+00:00; vllm: 2026-12-02T00:00:00+00:00"
     )
     assert table["machine"] == s["machine"]
-    assert ef._one([]) is None and ef._one([("vllm", None)]) is None
-    assert ef._one([("sglang", "x"), ("vllm", "x"), ("vllm", None)]) == "x"
+    assert _one([]) is None and _one([("vllm", None)]) is None
+    assert _one([("sglang", "x"), ("vllm", "x"), ("vllm", None)]) == "x"
 
 
 # --- the real vLLM result of the H200 ----------------------------------------------------------------------------
@@ -553,7 +550,7 @@ def test_the_top_level_metadata_lists_every_source_once():
 
 def test_the_real_vllm_result():
     real = json.loads(REAL_VLLM.read_text())
-    table = ef.build_table({"vllm": [(REAL_VLLM_FILE, real)]}, "t")
+    table = build_table({"vllm": [(REAL_VLLM_FILE, real)]}, "t")
     rows = rows_by(table)
     assert (table["commit"], table["date"][:10]) == ("8d3f0b9", "2026-12-03")
     [source] = table["sources"]["vllm"]
@@ -584,7 +581,7 @@ def test_the_real_vllm_result():
         assert r["outcome"] == "skipped" and "budget" in r["reason"] and r["served_after"] is None
     assert rows[("sustained_load", "vllm")]["outcome"] == "not run"
     assert rows[("sustained_load", "vllm")]["mismatches"] is None
-    assert all(rows[(c, "sglang")]["outcome"] == "not run" for c in ef.CASES)
+    assert all(rows[(c, "sglang")]["outcome"] == "not run" for c in CASES)
     assert table["counts"] == {
         "pass": 3,
         "fail": 0,
@@ -606,7 +603,7 @@ def test_the_committed_table_is_what_the_table_mode_makes_of_its_sources():
     committed = sorted(f"benchmarks/results/{f.name}" for f in RESULTS.glob("faults-*-h200*.json"))
     assert REAL_VLLM_FILE in committed and TABLE.name not in {Path(f).name for f in committed}
     assert sorted(s["file"] for sources in table["sources"].values() for s in sources) == committed
-    again = ef.build_table(results, table["command"])
+    again = build_table(results, table["command"])
     for key in ("date", "commit", "machine", "sources", "rows", "counts", "all_required_rows_passed"):
         assert again[key] == table[key], key
     assert table["command"].startswith(
@@ -635,7 +632,7 @@ def test_the_table_command_writes_the_file(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "| kill_during_save | vllm | pass | no | yes | yes | 149.1 |" in done.stdout
     table = json.loads(out.read_text())
-    assert len(table["rows"]) == len(ef.CASES) * len(ef.ENGINES)
+    assert len(table["rows"]) == len(CASES) * len(ENGINES)
     assert [s["file"] for s in table["sources"]["vllm"]] == [REAL_VLLM_FILE]
     assert [s["file"] for s in table["sources"]["sglang"]] == [str(sglang)]
     assert table["command"].startswith("benchmarks/engine_faults.py table --out ")
@@ -690,6 +687,8 @@ def test_the_table_command_refuses_bad_inputs(tmp_path, what):
 
 def test_the_run_command_line_is_unchanged():
     with pytest.raises(SystemExit):
-        ef.main(["--out", "x.json", "--logs", "l"])  # --engine is still required
-    opts = ef.parse_args(["--engine", "vllm", "--out", "x.json", "--logs", "l", "--cases", "read_only_dir"])
+        engine_faults.main(["--out", "x.json", "--logs", "l"])  # --engine is still required
+    opts = engine_faults.parse_args(
+        ["--engine", "vllm", "--out", "x.json", "--logs", "l", "--cases", "read_only_dir"]
+    )
     assert opts.cases == ["read_only_dir"]
