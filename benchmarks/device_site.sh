@@ -4,9 +4,19 @@
 # the repository's .devwheels/lists/<engine>.list names the engine's wheels (carry .devwheels/lists).
 #   engine_site ENGINE LOG   installs into /tmp/site-ENGINE once per machine; returns 1 on failure
 #                            (ENGINE peer: upstream Foundry alone, for the side-by-side peer mode)
+#   site_path SITE           the PYTHONPATH entries that make SITE importable as a site: SITE and
+#                            what its .pth files add
 #   engine_ready ENGINE LOGS T0   the site and the native library for a one-engine run, or exit:
 #                                 2 when the install failed (its log's tail shown), 3 when the build did
 # Each engine gets its own --target site, so the two engines' pins never meet.
+
+site_path() {  # site
+  # A --target folder on PYTHONPATH is no site dir: Python does not read its .pth files at start
+  # (SGLang 0.5.23's Qwen3 MLP imports the CUTLASS DSL, whose .pth adds its packages folder).
+  local added
+  added=$(python3 -c 'import site, sys; b = set(sys.path); site.addsitedir(sys.argv[1]); print(":".join(p for p in sys.path if p not in b and p != sys.argv[1]))' "$1" 2>/dev/null)
+  echo "$1${added:+:$added}"
+}
 
 unpack_wheels() {
   [ -f /tmp/wh/.unpacked ] && return 0

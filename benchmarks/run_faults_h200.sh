@@ -27,7 +27,7 @@ engine_ready "$engine" "$logs" "$t0"  # exits 2 (install) or 3 (native build) on
 left=$((limit - $(date +%s) + t0 - 15))
 [ "$left" -gt 120 ] || { echo "only $left s left after the install: call again (the site is kept)"; exit 4; }
 # SIGTERM at the limit: the benchmark then ends its servers, undoes its mounts and writes the result.
-PYTHONPATH=$site:$PWD/src timeout -k 10 "$left" python3 benchmarks/engine_faults.py --engine "$engine" \
+PYTHONPATH=$(site_path "$site"):$PWD/src timeout -k 10 "$left" python3 benchmarks/engine_faults.py --engine "$engine" \
   --out "$results/$name.json" --logs "$logs" --workdir "$workdir" \
   --budget $((left - 10)) --timeout "${RUN_TIMEOUT:-300}" ${FAULTS_ARGS:-}
 echo "engine_faults rc=$?"

@@ -27,10 +27,7 @@ engine_ready "$engine" "$logs" "$t0"  # exits 2 (install) or 3 (native build) on
 case ",${MODES:-}," in
   *,peer,*) engine_site peer "$logs/install-peer.log" || echo "peer site not installed: see install-peer.log" ;;
 esac
-# A --target site is no site dir: its .pth files (the CUTLASS DSL's adds its packages folder) are
-# not read at start. The paths they add go on PYTHONPATH instead.
-pth_paths=$(python3 -c 'import site, sys; b = set(sys.path); site.addsitedir(sys.argv[1]); print(":".join(p for p in sys.path if p not in b and p != sys.argv[1]))' "/tmp/site-$engine" 2>/dev/null)
-export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site-$engine${pth_paths:+:$pth_paths}:$PWD/src
+export PYTHONUNBUFFERED=1 PYTHONPATH=$(site_path "/tmp/site-$engine"):$PWD/src
 left=$((${BUDGET_S:-570} - $(date +%s) + t0 - 25))
 serving=()
 [ "${SERVING:-0}" = 1 ] && serving=(--serving)

@@ -4,6 +4,7 @@ fields and ratios, a peer refusal, the budget, and bad input."""
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -148,3 +149,25 @@ def test_resumed_starts_on_a_fresh_machine_make_their_save_again(standin):
         ("foundry", "warm", 2),
         ("stock_naive", "cold", 2),
     ]
+
+
+def test_the_device_site_path_carries_what_its_pth_files_add(tmp_path):
+    # As the CUTLASS DSL's wheel installs into a pip --target site: a package whose .pth puts a
+    # folder of it on sys.path, where the module SGLang imports lives.
+    site = tmp_path / "site"
+    (site / "dsl" / "dsl_packages" / "cutlass_like").mkdir(parents=True)
+    (site / "dsl" / "__init__.py").write_text("")
+    (site / "dsl" / "dsl_packages" / "cutlass_like" / "__init__.py").write_text("")
+    (site / "dsl.pth").write_text(
+        "import sys, os, dsl; sys.path.insert(0, os.path.join(dsl.__path__[0], 'dsl_packages'))\n"
+    )
+    script = ROOT / "benchmarks" / "device_site.sh"
+    path = subprocess.run(
+        ["bash", "-c", f'source "{script}" && site_path "{site}"'], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert path.split(os.pathsep)[0] == str(site)
+    env = {**os.environ, "PYTHONPATH": path}
+    done = subprocess.run(
+        [sys.executable, "-c", "import cutlass_like"], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
