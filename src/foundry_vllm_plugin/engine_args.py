@@ -119,6 +119,12 @@ def finalize_engine_config(vllm_config: Any) -> Any:
         cfg.mode,
         cfg.archive_dir,
     )
+    if cfg.mode == "save":
+        # What this process (the API server, done with its imports) read to start, for a LOAD to
+        # read ahead beside the workers' lists (they record their own once the archive is written).
+        from foundry_core.engine import readahead
+
+        readahead.record_later(cfg.archive_dir, "api-server", log=logger)
     return vllm_config
 
 

@@ -94,3 +94,23 @@ def test_without_carried_records_vllm_inspects_as_usual(engine_args_factory, tmp
     toml = write_toml(tmp_path / "foundry.toml", mode="auto", archive_dir=str(tmp_path / "empty"))
     engine_args_factory(additional_config={"foundry": {"config": str(toml)}}).create_engine_config()
     assert calls == [1]
+
+
+def test_a_save_records_what_the_api_server_read_for_the_loads_read_ahead(engine_args_factory, tmp_path):
+    import json
+    import time
+
+    from foundry_core.engine import readahead
+
+    toml = tmp_path / "foundry.toml"
+    archive_dir = tmp_path / "archive"
+    write_toml(toml, mode="save", archive_dir=str(archive_dir))
+    engine_args_factory(additional_config={"foundry": {"config": str(toml)}}).create_engine_config()
+    undo_launch_redirect()
+    listed = archive_dir / f"{readahead.PREFIX}api-server.json"
+    deadline = time.monotonic() + 60
+    while not listed.is_file() and time.monotonic() < deadline:  # written on a daemon thread
+        time.sleep(0.1)
+    files = [e["path"] for e in json.loads(listed.read_text())["files"]]
+    # The API server's own modules are there (vLLM's engine arguments, compiled or source).
+    assert any("/vllm/engine/" in f and "arg_utils" in f for f in files), files[:5]

@@ -12,7 +12,7 @@ them, so that its reads hit memory.
   rank's graph archive (read and hashed by the LOAD's check), its carried caches and, when the plugin names them, the model's files (weights,
   configuration, tokenizer), each with its size and modification time, in import order, written as
   ``readahead-<role>.json`` beside the archive (:data:`PREFIX`). Each process that records writes
-  its own list (SGLang: the launcher and each scheduler; vLLM: the worker).
+  its own list (SGLang: the launcher and each scheduler; vLLM: the API server and each worker).
 * LOAD, :func:`start`: one daemon thread reads every list, drops what may not be read, and has
   :data:`THREADS` threads go through the rest, small files (modules, libraries) in recorded order
   before the model's: ``posix_fadvise(WILLNEED)`` on each (the kernel reads it into the page cache;
