@@ -54,6 +54,7 @@ def fake_engine(tmp_path, monkeypatch):
         "QUIET_CAPTURE",
         "STAGGER_DIR",
         "STOCK_DIFFERS",
+        "STOCK_ANSWER_S",
     ):
         monkeypatch.delenv(f"FAKE_{knob}", raising=False)
 
@@ -229,6 +230,18 @@ def test_disk_full_and_read_only_with_mounts(fake_engine, monkeypatch, tmp_path)
     mounts = Path("/proc/mounts").read_text()
     assert str(tmp_path / "work") not in mounts  # every mount undone
     assert rc == 0
+
+
+def test_a_slow_stock_servers_two_passes_are_waited_for(fake_engine, monkeypatch):
+    # Stock answers slower than LOAD: its two passes outlast LOAD's sustained window, and the case
+    # waits for them (until its deadline) instead of stopping stock mid-pass, whose errored answers
+    # would count as mismatches.
+    monkeypatch.setenv("FAKE_STOCK_ANSWER_S", "0.5")
+    rc, result = fake_engine("--cases", "sustained_load", "--sustain", "1", "--sample-every", "0.2")
+    sustained = result["cases"]["sustained_load"]
+    stock = sustained["details"]["stock"]
+    assert stock["passes"] == 2 and stock["vs_load"]["mismatches"] == 0, stock
+    assert sustained["checks"]["outputs_equal_stock"] is True
 
 
 def test_staged_cases_replace_damage_and_sustain(fake_engine, monkeypatch):

@@ -180,6 +180,8 @@ class Handler(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         choices = []
         shift = 1 if mode == "stock" and os.environ.get("FAKE_STOCK_DIFFERS") else 0
+        if mode == "stock":
+            time.sleep(knob("STOCK_ANSWER_S", 0))  # a stock server slower than LOAD
         for i, prompt in enumerate(body["prompt"]):
             ids = [(sum(prompt) * 31 + len(prompt) + k + shift) % 4000 for k in range(body["max_tokens"])]
             lps = [-0.5 - (t % 7) / 8 for t in ids]
