@@ -11,7 +11,8 @@
 # for the merge. The work dir /tmp/sxs-$ENGINE outlives the call while the machine stays warm; on a
 # fresh machine RESUME_FROM=<an earlier call's sxs-$ENGINE-h200-logs.tar.gz, carried in the tree>
 # brings its starts back (not its archives or caches: SAVEs and kept caches are made again), so
-# that pairs keep adding up across leases.
+# that pairs keep adding up across leases. Exit status: 2 the install failed, 3 the native build, 6
+# the site cannot import what a start needs (checked before any start); else the merge's.
 set -u
 out=${OUT:?set OUT to the results folder}
 engine=${ENGINE:?ENGINE=sglang or vllm}
@@ -28,6 +29,15 @@ case ",${MODES:-}," in
   *,peer,*) engine_site peer "$logs/install-peer.log" || echo "peer site not installed: see install-peer.log" ;;
 esac
 export PYTHONUNBUFFERED=1 PYTHONPATH=$(site_path "/tmp/site-$engine"):$PWD/src
+# Before any start: the modules a start of the Qwen3 shapes imports, in one interpreter (about 10 s),
+# so that a site that lacks one stops the call here, not after a start per mode (exit 6).
+case $engine in
+  sglang) mods="sglang.launch_server sglang.srt.managers.scheduler sglang.srt.models.qwen3 sglang.srt.models.qwen3_moe sglang.kernels.ops.gemm.cutedsl_dual_gemm" ;;
+  *) mods="vllm.entrypoints.openai.api_server vllm.v1.engine.core vllm.model_executor.models.qwen3 vllm.model_executor.models.qwen3_moe" ;;
+esac
+python3 -c 'import importlib, sys
+for m in sys.argv[1:]:
+    importlib.import_module(m)' $mods || { echo "the $engine site cannot import what a start needs: stopped before any start"; exit 6; }
 left=$((${BUDGET_S:-570} - $(date +%s) + t0 - 25))
 serving=()
 [ "${SERVING:-0}" = 1 ] && serving=(--serving)
