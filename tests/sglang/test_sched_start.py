@@ -179,3 +179,24 @@ def test_register_starts_the_fork_server_in_the_launcher_only(tmp_path, worker_s
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out["child"] is None  # a spawned scheduler or detokenizer starts no server of its own
     assert out["launcher"] == (list(sched_start.PRELOAD) if worker_start == "auto" else None)
+
+
+def test_the_preloaded_modules_read_no_cache_folder_and_touch_no_gpu():
+    # The fork server imports these before the launcher points the compile caches (Triton,
+    # Inductor, FlashInfer, DeepGEMM, tvm-ffi) at Foundry's folders: none of the modules that read
+    # those folders may come in with them, nor SGLang (its import initialises CUDA).
+    import json
+    import subprocess
+
+    code = (
+        "import json, sys\n"
+        f"for m in {list(sched_start.PRELOAD)!r}: __import__(m)\n"
+        "import torch\n"
+        "print(json.dumps({'modules': sorted(sys.modules), 'cuda': torch.cuda.is_initialized()}))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["cuda"] is False
+    readers = ("triton", "torch._inductor", "flashinfer", "deep_gemm", "tvm_ffi", "sglang", "sgl_kernel")
+    assert [m for m in out["modules"] if m.split(".")[0] in readers or m.startswith(readers)] == []
