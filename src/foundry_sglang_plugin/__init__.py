@@ -85,6 +85,8 @@ def _start_forkserver() -> None:
 
     if multiprocessing.parent_process() is not None:  # a scheduler or the detokenizer: not a launcher
         return
+    if "--enable-foundry" not in sys.argv:  # a configuration named, but Foundry off: SGLang's start
+        return
     if os.environ.get("FOUNDRY_WORKER_START", "").strip().lower() == "spawn":
         return
     # The resource limits SGLang's launcher sets before it starts the schedulers (set_ulimit, in

@@ -138,7 +138,7 @@ def test_foundry_off_leaves_sglangs_start_alone(launch, monkeypatch):
 
 REGISTER = """
 import json, multiprocessing as mp, sys
-sys.argv = ["sglang.launch_server", "--foundry-config", sys.argv[1]]
+sys.argv = ["sglang.launch_server", *sys.argv[2:], "--foundry-config", sys.argv[1]]
 import foundry_sglang_plugin
 from foundry_core import forkserver
 
@@ -157,8 +157,11 @@ if __name__ == "__main__":
 """
 
 
-@pytest.mark.parametrize("worker_start", ["auto", "spawn"])
-def test_register_starts_the_fork_server_in_the_launcher_only(tmp_path, worker_start):
+@pytest.mark.parametrize(
+    "worker_start, flags, started",
+    [("auto", ["--enable-foundry"], True), ("spawn", ["--enable-foundry"], False), ("auto", [], False)],
+)
+def test_register_starts_the_fork_server_in_the_launcher_only(tmp_path, worker_start, flags, started):
     import json
     import subprocess
 
@@ -169,7 +172,7 @@ def test_register_starts_the_fork_server_in_the_launcher_only(tmp_path, worker_s
         p for p in [str(Path(sched_start.__file__).parents[1]), env.get("PYTHONPATH")] if p
     )
     done = subprocess.run(
-        [sys.executable, str(script), str(tmp_path / "foundry.toml")],
+        [sys.executable, str(script), str(tmp_path / "foundry.toml"), *flags],
         env=env,
         capture_output=True,
         text=True,
@@ -178,7 +181,7 @@ def test_register_starts_the_fork_server_in_the_launcher_only(tmp_path, worker_s
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out["child"] is None  # a spawned scheduler or detokenizer starts no server of its own
-    assert out["launcher"] == (list(sched_start.PRELOAD) if worker_start == "auto" else None)
+    assert out["launcher"] == (list(sched_start.PRELOAD) if started else None)
 
 
 def test_the_preloaded_modules_read_no_cache_folder_and_touch_no_gpu():
