@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -132,3 +133,29 @@ def test_the_fork_server_where_forking_the_launcher_is_unsafe():
         == "spawn"
     )
     assert start_method.decide(cuda=True, threads=[], forkserver=None, environ={}).method == "spawn"
+
+
+FAKE_DRIVER = "int cuDeviceGetCount(int *n) { *n = 1; return RESULT; }\n"
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc to build a stand-in driver library")
+@pytest.mark.parametrize("result, initialised", [(0, True), (3, False)])
+def test_a_driver_initialised_by_a_preloaded_module_is_seen(tmp_path, result, initialised):
+    # A stand-in libcuda.so.1 whose cuDeviceGetCount answers as the driver does after cuInit (0)
+    # and before it (3, CUDA_ERROR_NOT_INITIALIZED), loaded as a module's import would load it.
+    src = tmp_path / "cuda.c"
+    src.write_text(FAKE_DRIVER.replace("RESULT", str(result)))
+    lib = tmp_path / "libcuda.so.1"
+    subprocess.run(
+        ["gcc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(lib), str(src)], check=True
+    )
+    code = (
+        "import ctypes, os, sys\n"
+        "from foundry_core import forkserver_preload as p\n"
+        "before = p.driver_initialised()\n"
+        f"ctypes.CDLL({str(lib)!r}, mode=os.RTLD_GLOBAL)\n"
+        "print(before, p.driver_initialised())\n"
+    )
+    env = {**os.environ, "PYTHONPATH": SRC}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", str(initialised)]

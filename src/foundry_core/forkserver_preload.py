@@ -2,8 +2,9 @@
 
 ``multiprocessing``'s server imports this one module; it imports the modules the launcher named in
 ``FOUNDRY_FORKSERVER_PRELOAD``, each on its own, so that one that fails (missing, or raising at
-import) costs only itself, never the server. It records whether an import initialised CUDA (the
-workers then refuse to run, :func:`foundry_core.forkserver.apply_launch_state`), and passes the
+import) costs only itself, never the server. It records whether an import initialised CUDA, in
+torch or in the driver itself (the workers then refuse to run,
+:func:`foundry_core.forkserver.apply_launch_state`), and passes the
 ``SIGQUIT`` a worker sends its parent on a failure to the launcher, the server's parent.
 """
 
@@ -31,6 +32,22 @@ def _preload() -> None:
         CUDA_INITIALISED = bool(torch is not None and torch.cuda.is_initialized())
     except Exception:  # noqa: BLE001 - a torch without CUDA has no context to inherit
         CUDA_INITIALISED = False
+    CUDA_INITIALISED = CUDA_INITIALISED or driver_initialised()
+
+
+def driver_initialised() -> bool:
+    """Whether something in this process initialised the CUDA driver (``cuInit``; e.g. a module
+    that asked ``torch.cuda.is_available()`` at import, which leaves torch's own flag unset): a
+    process forked after that cannot use CUDA either."""
+    import ctypes
+
+    try:  # only where the driver library is loaded already: loading it initialises nothing
+        lib = ctypes.CDLL("libcuda.so.1", mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+    except OSError:
+        return False
+    count = ctypes.c_int()
+    # CUDA_ERROR_NOT_INITIALIZED (3) before cuInit; CUDA_SUCCESS (0) after it.
+    return lib.cuDeviceGetCount(ctypes.byref(count)) == 0
 
 
 def _forward_to_launcher(launcher: int) -> None:
