@@ -62,7 +62,8 @@ LAUNCHER = textwrap.dedent(
         out = queue.get(timeout=120)
         p.join(60)
         out.update(launcher=os.getpid(), exitcode=p.exitcode, nofile_launcher=soft - 1,
-                   running=forkserver.running(), told=told.wait(10 if os.environ.get("TELL_PARENT") else 0))
+                   running=forkserver.running(), unusable=forkserver.unusable(),
+                   told=told.wait(10 if os.environ.get("TELL_PARENT") else 0))
         print(json.dumps(out))
     """
 )
@@ -93,12 +94,75 @@ def test_a_worker_from_the_fork_server_has_the_launchers_state_at_start(tmp_path
     assert out["umask"] == 0o027
     assert out["sigquit_default"] is True
     assert out["running"] == ["colorsys", "no_such_module_for_foundry", "foundry_raising_mod"]
+    assert out["unusable"] is None
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="the fork server start method is Linux's here")
 def test_a_workers_sigquit_to_its_parent_reaches_the_launcher(tmp_path):
     out = _launch(tmp_path, TELL_PARENT="1")
     assert out["told"] is True
+
+
+UNUSABLE = textwrap.dedent(
+    """
+    import json, sys
+    from foundry_core import forkserver
+
+    if __name__ == "__main__":
+        assert forkserver.start([sys.argv[1]])
+        first = forkserver.unusable(timeout_s=float(sys.argv[2]))
+        print(json.dumps([first, forkserver.unusable(timeout_s=float(sys.argv[2]))]))
+    """
+)
+
+
+def _unusable(tmp_path: Path, module_text: str, timeout_s: float) -> list:
+    (tmp_path / "foundry_preloaded_mod.py").write_text(module_text)
+    script = tmp_path / "launcher.py"
+    script.write_text(UNUSABLE)
+    environ = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, str(tmp_path)])}
+    done = subprocess.run(
+        [sys.executable, str(script), "foundry_preloaded_mod", str(timeout_s)],
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(
+    sys.platform != "linux" or shutil.which("gcc") is None,
+    reason="the fork server start method is Linux's here; a stand-in driver library needs gcc",
+)
+def test_a_server_whose_preload_initialised_the_driver_is_passed_over(tmp_path):
+    # The preloaded module loads a driver that answers as after cuInit (a module that asked
+    # torch.cuda.is_available() at import): the launcher learns it before any worker forks.
+    lib = _stand_in_driver(tmp_path, result=0)
+    module = f"import ctypes, os\nctypes.CDLL({str(lib)!r}, mode=os.RTLD_GLOBAL)\n"
+    assert _unusable(tmp_path, module, 120) == [
+        "it initialised CUDA while importing foundry_preloaded_mod",
+        "it initialised CUDA while importing foundry_preloaded_mod",
+    ]
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the fork server start method is Linux's here")
+def test_a_server_that_died_in_its_preload_is_passed_over(tmp_path):
+    first, again = _unusable(tmp_path, "import os\nos._exit(3)\n", 120)
+    assert first == again == "it exited before its preload was done"
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the fork server start method is Linux's here")
+def test_a_preload_not_done_in_time_is_passed_over(tmp_path):
+    first, _ = _unusable(tmp_path, "import time\ntime.sleep(5)\n", 1)
+    assert first == "its preload was not done within 1 s"
+
+
+def test_no_server_is_unusable(monkeypatch):
+    monkeypatch.setattr(forkserver, "_started", None)
+    assert forkserver.unusable() == "no fork server was started"
 
 
 def test_a_server_that_initialised_cuda_is_refused_in_the_worker(monkeypatch):
@@ -138,17 +202,22 @@ def test_the_fork_server_where_forking_the_launcher_is_unsafe():
 FAKE_DRIVER = "int cuDeviceGetCount(int *n) { *n = 1; return RESULT; }\n"
 
 
-@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc to build a stand-in driver library")
-@pytest.mark.parametrize("result, initialised", [(0, True), (3, False)])
-def test_a_driver_initialised_by_a_preloaded_module_is_seen(tmp_path, result, initialised):
-    # A stand-in libcuda.so.1 whose cuDeviceGetCount answers as the driver does after cuInit (0)
-    # and before it (3, CUDA_ERROR_NOT_INITIALIZED), loaded as a module's import would load it.
+def _stand_in_driver(tmp_path: Path, result: int) -> Path:
     src = tmp_path / "cuda.c"
     src.write_text(FAKE_DRIVER.replace("RESULT", str(result)))
     lib = tmp_path / "libcuda.so.1"
     subprocess.run(
         ["gcc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(lib), str(src)], check=True
     )
+    return lib
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc to build a stand-in driver library")
+@pytest.mark.parametrize("result, initialised", [(0, True), (3, False)])
+def test_a_driver_initialised_by_a_preloaded_module_is_seen(tmp_path, result, initialised):
+    # A stand-in libcuda.so.1 whose cuDeviceGetCount answers as the driver does after cuInit (0)
+    # and before it (3, CUDA_ERROR_NOT_INITIALIZED), loaded as a module's import would load it.
+    lib = _stand_in_driver(tmp_path, result)
     code = (
         "import ctypes, os, sys\n"
         "from foundry_core import forkserver_preload as p\n"

@@ -17,28 +17,44 @@ launcher: a worker that tells its parent about a failure (SGLang's schedulers se
 the server, which passes the signal on (:mod:`foundry_core.forkserver_preload`).
 
 :func:`start` is cheap (the server is a new interpreter; its imports run there) and never raises.
+When its preload is done the server writes a report (what it imported, whether an import initialised
+CUDA); :func:`unusable` waits for it before the first worker would fork, so that a server no worker
+could use CUDA from is passed over for a spawned start, with the reason, instead of failing the worker.
 """
 
 from __future__ import annotations
 
+import atexit
+import json
 import logging
 import os
+import shutil
 import signal
+import tempfile
+import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 #: The modules the server imports, for :mod:`foundry_core.forkserver_preload` (set while it starts).
 PRELOAD_ENV = "FOUNDRY_FORKSERVER_PRELOAD"
+#: Where the server writes its report once the preload is done (set while it starts).
+REPORT_ENV = "FOUNDRY_FORKSERVER_REPORT"
+#: How long a launcher waits for the server's preload before it starts its workers without it. The
+#: preload imports what the launcher imports at the same time, so it is normally done by then.
+READY_TIMEOUT_S = 180.0
 _PRELOAD_MODULE = "foundry_core.forkserver_preload"
 # Resource limits a launcher may change after the server started (SGLang raises the open-file and
 # stack limits in _set_envs_and_config): the worker takes the launcher's values at start.
 _LIMITS = ("RLIMIT_NOFILE", "RLIMIT_STACK", "RLIMIT_CORE", "RLIMIT_MEMLOCK", "RLIMIT_NPROC")
 _started: tuple[str, ...] | None = None
+_report: Path | None = None
+_unusable: str | None = None  # once the report is read
 
 
 def start(preload: Sequence[str], log: logging.Logger | None = None) -> bool:
     """Start the fork server, which imports ``preload`` (best effort, in its own process). Never raises."""
-    global _started
+    global _started, _report, _unusable
     if _started is not None:
         return True
     try:
@@ -48,11 +64,17 @@ def start(preload: Sequence[str], log: logging.Logger | None = None) -> bool:
         if "forkserver" not in multiprocessing.get_all_start_methods():
             return False
         multiprocessing.get_context("forkserver").set_forkserver_preload([_PRELOAD_MODULE])
+        folder = tempfile.mkdtemp(prefix="foundry-forkserver-")  # this user's only: nobody else writes it
+        atexit.register(shutil.rmtree, folder, True)
+        _report, _unusable = Path(folder) / "report.json", None
         os.environ[PRELOAD_ENV] = ",".join(preload)
+        os.environ[REPORT_ENV] = str(_report)
         try:
             forkserver.ensure_running()
         finally:
-            os.environ.pop(PRELOAD_ENV, None)  # the launcher's own environment, as the user gave it
+            # The launcher's own environment, as the user gave it.
+            os.environ.pop(PRELOAD_ENV, None)
+            os.environ.pop(REPORT_ENV, None)
     except Exception as e:  # noqa: BLE001 - an optimisation: the workers are spawned instead
         if log is not None:
             log.debug("Foundry: fork server not started (%s)", e)
@@ -65,9 +87,53 @@ def running() -> tuple[str, ...] | None:
     """The modules the server this process started imports, or None where it started none."""
     if _started is None:
         return None
+    return _started if _server_pid() is not None else None
+
+
+def _server_pid() -> int | None:
     from multiprocessing import forkserver
 
-    return _started if getattr(forkserver._forkserver, "_forkserver_pid", None) is not None else None
+    return getattr(forkserver._forkserver, "_forkserver_pid", None)
+
+
+def _server_alive(pid: int) -> bool:
+    try:  # WNOWAIT: an exited server stays waitable for multiprocessing's own check
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
+    except ChildProcessError:
+        return False
+
+
+def unusable(timeout_s: float = READY_TIMEOUT_S) -> str | None:
+    """Why workers cannot fork from the server this process started, or None where they can. Waits
+    (up to ``timeout_s``) for the server's preload to finish, as a worker forked from it would.
+    Never raises."""
+    global _unusable
+    if _started is None or _report is None:
+        return "no fork server was started"
+    if _unusable is not None:
+        return _unusable
+    pid = _server_pid()
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            report = json.loads(_report.read_text())
+            break
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError) as e:
+            _unusable = f"its preload report is unreadable ({e})"
+            return _unusable
+        if pid is None or not _server_alive(pid):
+            _unusable = "it exited before its preload was done"
+            return _unusable
+        if time.monotonic() >= deadline:
+            return f"its preload was not done within {timeout_s:.0f} s"
+        time.sleep(0.05)
+    if report.get("cuda_initialised"):
+        imported = ", ".join(report.get("imported") or []) or "its modules"
+        _unusable = f"it initialised CUDA while importing {imported}"
+        return _unusable
+    return None
 
 
 class WithLaunchState:

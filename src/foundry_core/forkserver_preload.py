@@ -3,13 +3,15 @@
 ``multiprocessing``'s server imports this one module; it imports the modules the launcher named in
 ``FOUNDRY_FORKSERVER_PRELOAD``, each on its own, so that one that fails (missing, or raising at
 import) costs only itself, never the server. It records whether an import initialised CUDA, in
-torch or in the driver itself (the workers then refuse to run,
-:func:`foundry_core.forkserver.apply_launch_state`), and passes the
+torch or in the driver itself, and writes both to the report the launcher reads before it forks a
+worker from here (:func:`foundry_core.forkserver.unusable`; a worker forked anyway refuses to run,
+:func:`foundry_core.forkserver.apply_launch_state`). It passes the
 ``SIGQUIT`` a worker sends its parent on a failure to the launcher, the server's parent.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -33,6 +35,19 @@ def _preload() -> None:
     except Exception:  # noqa: BLE001 - a torch without CUDA has no context to inherit
         CUDA_INITIALISED = False
     CUDA_INITIALISED = CUDA_INITIALISED or driver_initialised()
+    _write_report(os.environ.get("FOUNDRY_FORKSERVER_REPORT"))
+
+
+def _write_report(path: str | None) -> None:
+    if not path:
+        return
+    data = {"imported": IMPORTED, "failed": FAILED, "cuda_initialised": CUDA_INITIALISED}
+    try:  # whole or absent: the launcher reads it while this is written
+        with open(f"{path}.tmp", "w") as f:
+            json.dump(data, f)
+        os.replace(f"{path}.tmp", path)
+    except OSError:  # the launcher waits, then starts its workers without this server
+        pass
 
 
 def driver_initialised() -> bool:

@@ -9,9 +9,9 @@ launch once SGLang's engine module is imported, :func:`install`) forks for the o
 the schedulers when :func:`foundry_core.engine.start_method.decide` allows it. Where the launcher
 has initialised CUDA (on a GPU host it has: a kernel module SGLang imports asks the GPU at import),
 the schedulers fork from the fork server the plugin started at registration
-(:mod:`foundry_core.forkserver`, with :data:`PRELOAD` imported ahead) where one runs, and are
-spawned as SGLang does otherwise. The choice and its reason are in every scheduler's start report
-(``scheduler_start``).
+(:mod:`foundry_core.forkserver`, with :data:`PRELOAD` imported ahead) where one runs and its
+preload left CUDA alone, and are spawned as SGLang does otherwise. The choice and its reason are
+in every scheduler's start report (``scheduler_start``).
 
 :data:`PRELOAD`: the third-party modules that make up most of a scheduler's imports and read no
 setting at import that the launcher changes later (the compile-cache folders Foundry points
@@ -106,9 +106,12 @@ def around_launch_schedulers(
 ) -> Any:
     if not settings.worker_enabled():  # Foundry is off for this launch: SGLang's own start
         return original(cls, server_args, port_args, run_scheduler_process_func, *args, **kwargs)
-    choice = start_method.decide(
-        blockers=blockers(server_args, kwargs.get("placement_group")), forkserver=forkserver.running()
-    )
+    spawn_reasons = blockers(server_args, kwargs.get("placement_group"))
+    choice = start_method.decide(blockers=spawn_reasons, forkserver=forkserver.running())
+    if choice.method == "forkserver" and (why_not := forkserver.unusable()):
+        # E.g. a preloaded module initialised CUDA: a scheduler forked from it could not use it.
+        fallback = start_method.decide(blockers=spawn_reasons, forkserver=None)
+        choice = start_method.Choice(fallback.method, f"{fallback.reason}; Foundry's fork server: {why_not}")
     start_method.export(choice)  # the schedulers' start reports
     logger.info("Foundry: schedulers start by %s (%s)", choice.method, choice.reason)
     if choice.method == "fork":

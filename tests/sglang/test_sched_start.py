@@ -119,6 +119,17 @@ def test_a_launcher_with_cuda_forks_its_scheduler_from_the_fork_server(launch, m
     assert mp.get_start_method() == "spawn"
 
 
+def test_a_fork_server_whose_preload_initialised_cuda_is_passed_over_for_spawn(launch, monkeypatch):
+    monkeypatch.setattr(start_method, "cuda_initialized", lambda: True)
+    monkeypatch.setattr(forkserver, "running", lambda: ("colorsys",))
+    monkeypatch.setattr(forkserver, "unusable", lambda: "it initialised CUDA while importing colorsys")
+    (info,) = launch()
+    assert info["start_method"] == "spawn"
+    reason = info["chosen"]["reason"]
+    assert "CUDA is initialised in the launching process" in reason
+    assert "Foundry's fork server: it initialised CUDA while importing colorsys" in reason
+
+
 def test_sglang_reasons_to_spawn(parse):
     assert sched_start.blockers(parse()) == [] or all("NUMA" in b for b in sched_start.blockers(parse()))
     assert "the data-parallel controller starts the schedulers itself" in sched_start.blockers(
