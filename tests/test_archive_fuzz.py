@@ -19,17 +19,9 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from foundry_core.archive import ArchiveError, ArchiveWriter, open_archive
-from foundry_core.fingerprint import make_fingerprint
+from sample_archive import fp
 
-FP = make_fingerprint(
-    gpu_name="NVIDIA H200",
-    compute_capability="9.0",
-    sm_count=132,
-    driver_version="13.0",
-    cuda_version="13.0",
-    torch_version="2.13.0",
-    model={"name": "fuzz", "capture_sizes": [1, 2, 4]},
-)
+FP = fp(model={"name": "fuzz", "capture_sizes": [1, 2, 4]})
 CONTENTS = {
     "modules/0f.cubin": b"\x7fELF" + bytes(range(200)),
     "graphs/0000.bin": b"graph" * 30,

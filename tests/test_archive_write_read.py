@@ -146,9 +146,10 @@ def test_verified_bytes_are_kept_no_reread(arch):
     assert ar.read_bytes("graphs/0003.bin") == GRAPH
 
 
-def test_reads_are_bounded_by_the_declared_size(tmp_path, monkeypatch):
-    from foundry_core import archive
-
+@pytest.fixture
+def os_reads(monkeypatch):
+    """Every ``os.read`` from here on, as (bytes asked, bytes got): os.read itself, since each
+    archive submodule calls it."""
     requested = []
     real_read = os.read
 
@@ -157,7 +158,13 @@ def test_reads_are_bounded_by_the_declared_size(tmp_path, monkeypatch):
         requested.append((n, len(data)))
         return data
 
-    monkeypatch.setattr(os, "read", spy)  # os.read itself: each archive submodule calls it
+    monkeypatch.setattr(os, "read", spy)
+    return requested
+
+
+def test_reads_are_bounded_by_the_declared_size(tmp_path, os_reads):
+    from foundry_core import archive
+
     f = tmp_path / "f"
     for content, declared, ok in [
         (b"abcd", 4, True),
@@ -166,7 +173,7 @@ def test_reads_are_bounded_by_the_declared_size(tmp_path, monkeypatch):
         (b"", 0, True),
     ]:
         f.write_bytes(content)
-        requested.clear()
+        os_reads.clear()
         fd = os.open(f, os.O_RDONLY)
         try:
             if ok:
@@ -177,26 +184,17 @@ def test_reads_are_bounded_by_the_declared_size(tmp_path, monkeypatch):
         finally:
             os.close(fd)
         # no single allocation above declared + 1, and no more than declared + 1 bytes taken in all
-        assert max(n for n, _ in requested) <= declared + 1
-        assert sum(got for _, got in requested) <= declared + 1
+        assert max(n for n, _ in os_reads) <= declared + 1
+        assert sum(got for _, got in os_reads) <= declared + 1
 
 
-def test_open_reads_each_member_once_within_bounds(arch, monkeypatch):
+def test_open_reads_each_member_once_within_bounds(arch, os_reads):
     path, _ = arch
-    requested = []
-    real_read = os.read
-
-    def spy(fd, n):
-        data = real_read(fd, n)
-        requested.append((n, len(data)))
-        return data
-
-    monkeypatch.setattr(os, "read", spy)  # os.read itself: each archive submodule calls it
     ar = open_archive(path)
     manifest_size = (real(path) / "manifest.json").stat().st_size
     sizes = [manifest_size, *ar.files.values()]
-    assert sum(got for _, got in requested) == sum(sizes)  # each file read exactly once
-    assert max(n for n, _ in requested) <= max(sizes) + 1
+    assert sum(got for _, got in os_reads) == sum(sizes)  # each file read exactly once
+    assert max(n for n, _ in os_reads) <= max(sizes) + 1
 
 
 # --- load(archive=...): what verify() read is reused, but still checked -------------------------

@@ -10,6 +10,7 @@ own code.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -64,6 +65,12 @@ def qwen3_dir(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("qwen3-tiny")
     (d / "config.json").write_text(json.dumps(QWEN3_CONFIG))
     return d
+
+
+@pytest.fixture
+def warnings_logged(log_records):
+    """WARNING records of the plugin's logger (vLLM's logger may not propagate to the root)."""
+    return log_records("vllm.foundry", logging.WARNING, logger_level=logging.INFO)
 
 
 @pytest.fixture

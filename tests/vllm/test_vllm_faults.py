@@ -28,11 +28,6 @@ SIZING = {"kv_cache_memory_bytes": 1 << 30, "num_gpu_blocks": 4096, "runner": "v
 
 
 @pytest.fixture
-def warnings_logged(log_records):
-    return log_records("vllm.foundry", logging.WARNING, logger_level=logging.INFO)
-
-
-@pytest.fixture
 def environment_back():
     """The compile-cache variables a Foundry engine config points elsewhere, put back afterwards."""
     saved = dict(os.environ)

@@ -32,12 +32,6 @@ def captures_only(monkeypatch):
     return calls
 
 
-@pytest.fixture
-def warnings_logged(log_records):
-    """WARNING records of the plugin's logger (vLLM's logger may not propagate to the root)."""
-    return log_records("vllm.foundry", logging.WARNING, logger_level=logging.INFO)
-
-
 def _session(base_vllm_config, tmp_path, mode="auto", world_size=1, saved=True):
     s = FoundrySession(base_vllm_config)
     s.cfg = dataclasses.replace(s.cfg, mode=mode, archive_dir=tmp_path / "archive")

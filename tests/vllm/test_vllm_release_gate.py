@@ -6,7 +6,6 @@ graphs back; ``strict`` turns the worker's ``auto`` fallbacks into one-line refu
 from __future__ import annotations
 
 import dataclasses
-import logging
 import types
 from importlib.metadata import version
 
@@ -24,11 +23,6 @@ pytestmark = pytest.mark.vllm
 
 FP = {"config_hash": "abc", "device": {"name": "NVIDIA H200"}}
 SIZING = {"kv_cache_memory_bytes": 1 << 30, "num_gpu_blocks": 4096, "runner": "v2"}
-
-
-@pytest.fixture
-def warnings_logged(log_records):
-    return log_records("vllm.foundry", logging.WARNING, logger_level=logging.INFO)
 
 
 @pytest.fixture
