@@ -203,7 +203,14 @@ def _start_child(ctx, rounds: int) -> list[float]:
             target = WithLaunchState(_scheduler_child)  # as sched_start wraps SGLang's function
         p = ctx.Process(target=target, args=(writer, time.time()))
         p.start()
-        out.append(reader.recv())
+        writer.close()  # the child's end only: a child that dies ends the wait below
+        try:
+            out.append(reader.recv())
+        except EOFError:
+            p.join()
+            raise SystemExit(
+                f"the scheduler stand-in ({ctx.get_start_method()}) exited with {p.exitcode}"
+            ) from None
         p.join()
     return out
 
@@ -213,11 +220,18 @@ def measure_scheduler(rounds: int) -> dict:
     import multiprocessing as mp
 
     from foundry_core import forkserver
+    from foundry_sglang_plugin import SCHEDULER_RESYNCED
     from foundry_sglang_plugin.sched_start import PRELOAD
 
+    # The compile-cache folders as Foundry's launcher step assigns them before the schedulers start
+    # (SGLang's import only defaults them), given to the server too, as the plugin's register()
+    # gives its planned ones: the server's compile stack reads the folder at import.
+    folder = tempfile.mkdtemp(prefix="import-floor-caches-")
+    caches = {n: os.path.join(folder, n.lower()) for n in ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")}
+    os.environ.update(caches)
     # The fork server started before the launcher's own imports, as the plugin's register() starts
     # it: its first child waits for the preload, later ones find it done.
-    assert forkserver.start(PRELOAD)
+    assert forkserver.start(PRELOAD, resynced=SCHEDULER_RESYNCED, environment=caches)
     server = mp.get_context("forkserver")
     t = time.perf_counter()
     first = _start_child(server, 1)

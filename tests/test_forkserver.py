@@ -228,3 +228,134 @@ def test_a_driver_initialised_by_a_preloaded_module_is_seen(tmp_path, result, in
     env = {**os.environ, "PYTHONPATH": SRC}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", str(initialised)]
+
+
+KEPT = textwrap.dedent(
+    """
+    import json, multiprocessing as mp, os, sys
+    from foundry_core import forkserver
+
+    def worker():
+        pass
+
+    if __name__ == "__main__":
+        assert forkserver.start([sys.argv[1]], resynced=sys.argv[2:])
+        os.environ.update(json.loads(os.environ["SET_AFTER_SERVER"]))  # the launcher's later settings
+        why = forkserver.unusable(timeout_s=120)
+        p = mp.get_context("forkserver").Process(target=forkserver.WithLaunchState(worker))
+        p.start()  # forked anyway: the worker refuses to run
+        p.join(60)
+        print(json.dumps({"unusable": why, "exitcode": p.exitcode}))
+    """
+)
+
+
+def _kept(tmp_path: Path, files: dict[str, str], module: str, set_after: dict, resynced=()) -> dict:
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    script = tmp_path / "launcher.py"
+    script.write_text(KEPT)
+    environ = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), SRC])}
+    environ["SET_AFTER_SERVER"] = json.dumps(set_after)
+    for name in ("FOUNDRY_TEST_KEPT", "FOUNDRY_TEST_OTHER", "TQDM_DISABLE"):
+        environ.pop(name, None)
+    done = subprocess.run(
+        [sys.executable, str(script), module, *resynced],
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return {**json.loads(done.stdout.strip().splitlines()[-1]), "stderr": done.stderr}
+
+
+READS_AT_IMPORT = "import os\nKEPT = os.environ.get('FOUNDRY_TEST_KEPT')\n"
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the fork server start method is Linux's here")
+def test_a_variable_the_preload_read_and_the_launcher_changed_passes_the_server_over(tmp_path):
+    out = _kept(tmp_path, {"kept_mod.py": READS_AT_IMPORT}, "kept_mod", {"FOUNDRY_TEST_KEPT": "1"})
+    assert out["unusable"] == (
+        "its preload read FOUNDRY_TEST_KEPT before the launcher changed it, and a module may keep what it read"
+    )
+    # A worker forked from it anyway refuses to run rather than keep the server's value.
+    assert out["exitcode"] != 0 and "FOUNDRY_TEST_KEPT" in out["stderr"]
+    assert "FOUNDRY_WORKER_START=spawn" in out["stderr"]
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the fork server start method is Linux's here")
+def test_a_variable_nobody_read_or_one_the_worker_applies_again_may_change(tmp_path):
+    files = {"kept_mod.py": READS_AT_IMPORT}
+    assert _kept(tmp_path, files, "kept_mod", {"FOUNDRY_TEST_OTHER": "1"})["unusable"] is None
+    out = _kept(tmp_path, files, "kept_mod", {"FOUNDRY_TEST_KEPT": "1"}, resynced=["FOUNDRY_TEST_KEPT"])
+    assert out["unusable"] is None and out["exitcode"] == 0
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the fork server start method is Linux's here")
+def test_going_through_the_environment_counts_by_prefix_for_known_modules_only(tmp_path):
+    # A stand-in for tqdm's envwrap: a known module that reads the variables of one prefix.
+    prefix_reader = "import os\nOVERRIDES = {k: v for k, v in os.environ.items() if k.startswith('TQDM_')}\n"
+    files = {"tqdm/__init__.py": "", "tqdm/utils.py": prefix_reader}
+    assert _kept(tmp_path, files, "tqdm.utils", {"FOUNDRY_TEST_OTHER": "1"})["unusable"] is None
+    out = _kept(tmp_path, files, "tqdm.utils", {"TQDM_DISABLE": "1"})
+    assert out["unusable"].startswith("its preload read TQDM_DISABLE before the launcher changed it")
+    # Any other module that goes through the whole environment: nobody can tell what it kept.
+    out = _kept(tmp_path, {"lister.py": "import os\nALL = dict(os.environ)\n"}, "lister", {})
+    assert out["unusable"].startswith("its preload went through the whole environment (")
+    assert "lister.py:2" in out["unusable"] and out["exitcode"] != 0
+
+
+def test_what_a_recording_counts_as_read(monkeypatch):
+    for name in ("ENV_READ", "ENV_PREFIXES", "ENV_LISTED"):
+        monkeypatch.setattr(forkserver_preload, name, type(getattr(forkserver_preload, name))())
+    monkeypatch.setenv("FOUNDRY_TEST_SET", "a")
+    monkeypatch.delenv("FOUNDRY_TEST_UNSET", raising=False)
+    with forkserver_preload.recording_environment_reads():
+        os.environ.get("FOUNDRY_TEST_SET")
+        assert "FOUNDRY_TEST_UNSET" not in os.environ
+        os.getenv(forkserver.PRELOAD_ENV)  # the server's own: not a setting of the preloaded modules
+    os.environ.get("FOUNDRY_TEST_AFTER")  # after the recording: not counted
+    assert forkserver_preload.ENV_READ == {"FOUNDRY_TEST_SET": "a", "FOUNDRY_TEST_UNSET": None}
+    assert forkserver_preload.ENV_LISTED == []
+    changes = forkserver_preload.environment_changes
+    read = {"A": "1", "B": None}
+    assert changes(read, [], {"A": "1"}) == []
+    assert changes(read, [], {"A": "2", "B": "x"}) == ["A", "B"]
+    assert changes(read, [], {"A": "2"}, resynced=["A"]) == []
+    assert changes({"P_X": "1"}, ["P_"], {"P_X": "1", "P_NEW": "2"}) == ["P_NEW"]
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the fork server start method is Linux's here")
+def test_the_server_imports_with_the_planned_environment_and_the_launcher_keeps_its_own(tmp_path):
+    # The launcher will set FOUNDRY_TEST_KEPT before its workers start; the server's imports read
+    # that value already, and the launcher's environment is left as it was until then.
+    script = textwrap.dedent(
+        """
+        import json, os
+        from foundry_core import forkserver
+        assert forkserver.start(["kept_mod"], environment={"FOUNDRY_TEST_KEPT": "planned"})
+        launcher_had = os.environ.get("FOUNDRY_TEST_KEPT")
+        os.environ["FOUNDRY_TEST_KEPT"] = "planned"
+        as_planned = forkserver.unusable(timeout_s=120)
+        os.environ["FOUNDRY_TEST_KEPT"] = "otherwise"
+        print(json.dumps([launcher_had, as_planned, forkserver.unusable(timeout_s=120)]))
+        """
+    )
+    (tmp_path / "kept_mod.py").write_text(READS_AT_IMPORT)
+    (tmp_path / "launcher.py").write_text(script)
+    environ = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), SRC])}
+    environ.pop("FOUNDRY_TEST_KEPT", None)
+    done = subprocess.run(
+        [sys.executable, str(tmp_path / "launcher.py")],
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    launcher_had, as_planned, otherwise = json.loads(done.stdout.strip().splitlines()[-1])
+    assert launcher_had is None and as_planned is None
+    assert otherwise.startswith("its preload read FOUNDRY_TEST_KEPT before the launcher changed it")

@@ -18,8 +18,10 @@ the server, which passes the signal on (:mod:`foundry_core.forkserver_preload`).
 
 :func:`start` is cheap (the server is a new interpreter; its imports run there) and never raises.
 When its preload is done the server writes a report (what it imported, whether an import initialised
-CUDA); :func:`unusable` waits for it before the first worker would fork, so that a server no worker
-could use CUDA from is passed over for a spawned start, with the reason, instead of failing the worker.
+CUDA, which environment variables the imports read and the values they saw); :func:`unusable` waits
+for it before the first worker would fork, so that a server no worker could use CUDA from, or whose
+modules may keep a setting the launcher changed after the preload read it, is passed over for a
+spawned start, with the reason, instead of failing the worker or running it with the old setting.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import shutil
 import signal
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,13 +50,23 @@ _PRELOAD_MODULE = "foundry_core.forkserver_preload"
 # stack limits in _set_envs_and_config): the worker takes the launcher's values at start.
 _LIMITS = ("RLIMIT_NOFILE", "RLIMIT_STACK", "RLIMIT_CORE", "RLIMIT_MEMLOCK", "RLIMIT_NPROC")
 _started: tuple[str, ...] | None = None
+_resynced: tuple[str, ...] = ()
 _report: Path | None = None
 _unusable: str | None = None  # once the report is read
 
 
-def start(preload: Sequence[str], log: logging.Logger | None = None) -> bool:
-    """Start the fork server, which imports ``preload`` (best effort, in its own process). Never raises."""
-    global _started, _report, _unusable
+def start(
+    preload: Sequence[str],
+    log: logging.Logger | None = None,
+    resynced: Sequence[str] = (),
+    environment: Mapping[str, str] | None = None,
+) -> bool:
+    """Start the fork server, which imports ``preload`` (best effort, in its own process). Never raises.
+    ``resynced``: environment variables the workers apply again to the modules that read them at
+    import (a launcher may change them after the preload read them). ``environment``: variables the
+    launcher will set before its workers start, given to the server only (a module the server
+    imports then reads the value the workers will have)."""
+    global _started, _report, _unusable, _resynced
     if _started is not None:
         return True
     try:
@@ -67,19 +79,22 @@ def start(preload: Sequence[str], log: logging.Logger | None = None) -> bool:
         folder = tempfile.mkdtemp(prefix="foundry-forkserver-")  # this user's only: nobody else writes it
         atexit.register(shutil.rmtree, folder, True)
         _report, _unusable = Path(folder) / "report.json", None
-        os.environ[PRELOAD_ENV] = ",".join(preload)
-        os.environ[REPORT_ENV] = str(_report)
+        given = {**(environment or {}), PRELOAD_ENV: ",".join(preload), REPORT_ENV: str(_report)}
+        saved = {name: os.environ.get(name) for name in given}
+        os.environ.update(given)
         try:
-            forkserver.ensure_running()
+            forkserver.ensure_running()  # the server starts with this process's environment
         finally:
-            # The launcher's own environment, as the user gave it.
-            os.environ.pop(PRELOAD_ENV, None)
-            os.environ.pop(REPORT_ENV, None)
+            for name, value in saved.items():  # the launcher's own environment, as it was
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
     except Exception as e:  # noqa: BLE001 - an optimisation: the workers are spawned instead
         if log is not None:
             log.debug("Foundry: fork server not started (%s)", e)
         return False
-    _started = tuple(preload)
+    _started, _resynced = tuple(preload), tuple(resynced)
     return True
 
 
@@ -133,7 +148,26 @@ def unusable(timeout_s: float = READY_TIMEOUT_S) -> str | None:
         imported = ", ".join(report.get("imported") or []) or "its modules"
         _unusable = f"it initialised CUDA while importing {imported}"
         return _unusable
-    return None
+    if report.get("env_listed"):
+        _unusable = f"its preload went through the whole environment ({report['env_listed'][0]})"
+        return _unusable
+    # Not kept: the launcher's environment may change again before its next launch.
+    return _kept_settings(
+        report.get("env_read") or {}, report.get("env_prefixes") or [], os.environ, _resynced
+    )
+
+
+def _kept_settings(read: dict, prefixes: list, environ: Any, resynced: Sequence[str]) -> str | None:
+    from foundry_core.forkserver_preload import environment_changes
+
+    changed = environment_changes(read, prefixes, environ, resynced)
+    if not changed:
+        return None
+    more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+    return (
+        f"its preload read {', '.join(changed[:3])}{more} before the launcher changed "
+        f"{'it' if len(changed) == 1 else 'them'}, and a module may keep what it read"
+    )
 
 
 class WithLaunchState:
@@ -168,7 +202,13 @@ def launch_state() -> dict[str, Any]:
     umask = os.umask(0)
     os.umask(umask)
     affinity = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-    return {"environ": dict(os.environ), "limits": limits, "umask": umask, "affinity": affinity}
+    return {
+        "environ": dict(os.environ),
+        "limits": limits,
+        "umask": umask,
+        "affinity": affinity,
+        "resynced": list(_resynced),
+    }
 
 
 def apply_launch_state(state: dict[str, Any]) -> None:
@@ -180,6 +220,21 @@ def apply_launch_state(state: dict[str, Any]) -> None:
             "Foundry: the fork server initialised CUDA while importing "
             f"{', '.join(forkserver_preload.IMPORTED) or 'its modules'}; a worker forked from it "
             "cannot use CUDA (set FOUNDRY_WORKER_START=spawn)"
+        )
+    if forkserver_preload.ENV_LISTED:
+        why: str | None = (
+            f"its preload went through the whole environment ({forkserver_preload.ENV_LISTED[0]})"
+        )
+    else:
+        why = _kept_settings(
+            forkserver_preload.ENV_READ,
+            forkserver_preload.ENV_PREFIXES,
+            state["environ"],
+            state.get("resynced", ()),
+        )
+    if why:
+        raise RuntimeError(
+            f"Foundry: a worker forked from the fork server: {why} (set FOUNDRY_WORKER_START=spawn)"
         )
     # The server forwards SIGQUIT to the launcher; a worker keeps the default, as a spawned one.
     signal.signal(signal.SIGQUIT, signal.SIG_DFL)

@@ -2,11 +2,14 @@
 
 ``multiprocessing``'s server imports this one module; it imports the modules the launcher named in
 ``FOUNDRY_FORKSERVER_PRELOAD``, each on its own, so that one that fails (missing, or raising at
-import) costs only itself, never the server. It records whether an import initialised CUDA, in
-torch or in the driver itself, and writes both to the report the launcher reads before it forks a
-worker from here (:func:`foundry_core.forkserver.unusable`; a worker forked anyway refuses to run,
-:func:`foundry_core.forkserver.apply_launch_state`). It passes the
-``SIGQUIT`` a worker sends its parent on a failure to the launcher, the server's parent.
+import) costs only itself, never the server. It records whether an import initialised CUDA (in torch
+or in the driver itself) and which environment variables the imports read, with the values they
+saw: a module that keeps a setting from its import keeps the server's value in every worker forked
+from here, so a worker is only right where the launcher's environment still has those values. Both
+go into the report the launcher reads before it forks a worker from here
+(:func:`foundry_core.forkserver.unusable`; a worker forked anyway refuses to run,
+:func:`foundry_core.forkserver.apply_launch_state`). It passes the ``SIGQUIT`` a worker sends its
+parent on a failure to the launcher, the server's parent.
 """
 
 from __future__ import annotations
@@ -15,20 +18,37 @@ import json
 import os
 import signal
 import sys
+from collections.abc import Iterable, Iterator, Mapping
 
 IMPORTED: list[str] = []
 FAILED: list[str] = []
 CUDA_INITIALISED = False
+#: Each environment variable the preload read -> the value it saw (None: unset).
+ENV_READ: dict[str, str | None] = {}
+#: Prefixes of the variables a known module read by going through the whole environment.
+ENV_PREFIXES: list[str] = []
+#: Where a module not in :data:`PREFIX_LISTERS` went through the whole environment: no list of
+#: names tells what it kept, so no worker can fork from here.
+ENV_LISTED: list[str] = []
+#: Modules (by file, below site-packages) that go through the whole environment at import for the
+#: variables of one prefix: tqdm's ``envwrap("TQDM_")`` (imported with torch) and networkx's
+#: backend priorities (imported with torch's compile stack).
+PREFIX_LISTERS = {"tqdm/utils.py": "TQDM_", "networkx/utils/backends.py": "NETWORKX_BACKEND_PRIORITY"}
+# The server's own variables, set by the launcher only while it starts the server.
+_OWN = ("FOUNDRY_FORKSERVER_PRELOAD", "FOUNDRY_FORKSERVER_REPORT")
+_STDLIB_FRAMES = ("<frozen ", os.__file__)
 
 
 def _preload() -> None:
     global CUDA_INITIALISED
-    for name in filter(None, os.environ.get("FOUNDRY_FORKSERVER_PRELOAD", "").split(",")):
-        try:
-            __import__(name)
-            IMPORTED.append(name)
-        except Exception:  # noqa: BLE001 - the worker imports it itself, as a spawned one would
-            FAILED.append(name)
+    names = list(filter(None, os.environ.get("FOUNDRY_FORKSERVER_PRELOAD", "").split(",")))
+    with recording_environment_reads():
+        for name in names:
+            try:
+                __import__(name)
+                IMPORTED.append(name)
+            except Exception:  # noqa: BLE001 - the worker imports it itself, as a spawned one would
+                FAILED.append(name)
     torch = sys.modules.get("torch")
     try:
         CUDA_INITIALISED = bool(torch is not None and torch.cuda.is_initialized())
@@ -38,16 +58,96 @@ def _preload() -> None:
     _write_report(os.environ.get("FOUNDRY_FORKSERVER_REPORT"))
 
 
+class recording_environment_reads:
+    """Within it, :data:`ENV_READ` grows with each read of ``os.environ`` (``os.getenv``, ``.get``,
+    ``in`` and indexing all come through ``__getitem__``) and each pass through it
+    (``.items()``, ``.copy()``) goes to :data:`ENV_PREFIXES` or :data:`ENV_LISTED`. Variables read
+    by C code through ``getenv(3)`` are not seen: the preloaded modules are chosen with that in mind
+    (:data:`foundry_sglang_plugin.SCHEDULER_PRELOAD`)."""
+
+    def __enter__(self) -> recording_environment_reads:
+        environ_type = type(os.environ)
+        self._saved = (environ_type.__getitem__, environ_type.__iter__)
+        getitem, listing = self._saved
+
+        def read(environ: object, key: str) -> str:
+            if environ is not os.environ:  # os.environb
+                return getitem(environ, key)
+            caller = sys._getframe(1).f_code
+            if caller.co_name in ("__iter__", "copy") and caller.co_filename.startswith(_STDLIB_FRAMES):
+                return getitem(environ, key)  # the values of a listing (.items(), .copy()), recorded as one
+            try:
+                value = getitem(environ, key)
+            except KeyError:
+                if key not in _OWN:
+                    ENV_READ.setdefault(key, None)
+                raise
+            if key not in _OWN:
+                ENV_READ.setdefault(key, value)
+            return value
+
+        def listed(environ: object) -> Iterator[str]:
+            if environ is not os.environ:
+                return listing(environ)
+            caller = sys._getframe(1)
+            while caller.f_back is not None and caller.f_code.co_filename.startswith(_STDLIB_FRAMES):
+                caller = caller.f_back  # past os and collections.abc to the module that asked
+            where = caller.f_code.co_filename
+            prefix = next((p for f, p in PREFIX_LISTERS.items() if where.endswith("/" + f)), None)
+            if prefix is None:
+                ENV_LISTED.append(f"{where}:{caller.f_lineno}")
+            else:  # the variables of its prefix, as it sees them now
+                if prefix not in ENV_PREFIXES:
+                    ENV_PREFIXES.append(prefix)
+                for name in list(listing(environ)):
+                    if name.startswith(prefix) and name not in _OWN:
+                        ENV_READ.setdefault(name, getitem(environ, name))
+            return listing(environ)
+
+        environ_type.__getitem__ = read  # type: ignore[method-assign]
+        environ_type.__iter__ = listed  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        environ_type = type(os.environ)
+        environ_type.__getitem__, environ_type.__iter__ = self._saved  # type: ignore[method-assign]
+
+
 def _write_report(path: str | None) -> None:
     if not path:
         return
-    data = {"imported": IMPORTED, "failed": FAILED, "cuda_initialised": CUDA_INITIALISED}
+    data = {
+        "imported": IMPORTED,
+        "failed": FAILED,
+        "cuda_initialised": CUDA_INITIALISED,
+        "env_read": ENV_READ,
+        "env_prefixes": ENV_PREFIXES,
+        "env_listed": ENV_LISTED,
+    }
     try:  # whole or absent: the launcher reads it while this is written
         with open(f"{path}.tmp", "w") as f:
             json.dump(data, f)
         os.replace(f"{path}.tmp", path)
     except OSError:  # the launcher waits, then starts its workers without this server
         pass
+
+
+def environment_changes(
+    read: Mapping[str, str | None],
+    prefixes: Iterable[str],
+    environ: Mapping[str, str],
+    resynced: Iterable[str] = (),
+) -> list[str]:
+    """The variables a preloaded module may have kept that ``environ`` (a worker's environment)
+    has otherwise: those in ``read`` (name -> the value it saw; None: unset), and the variables of
+    a listed prefix that ``read`` does not hold. ``resynced``: variables the worker applies again
+    to the modules that kept them, so a change to them is harmless."""
+    prefixes = tuple(prefixes)
+    names = set(read)
+    if prefixes:
+        names.update(n for n in environ if n.startswith(prefixes))
+    skip = set(resynced)
+    return sorted(n for n in names if n not in skip and environ.get(n) != read.get(n))
 
 
 def driver_initialised() -> bool:

@@ -22,7 +22,17 @@ __all__ = ["FoundryUnsupportedError", "check_supported", "enable", "register"]
 _registered: set[tuple[str, str]] = set()  # (target, hook kind) queued so far
 #: What the launcher's fork server imports for the schedulers (sched_start says why these): kept
 #: here so that register() starts it without importing more of Foundry.
-SCHEDULER_PRELOAD = ("torch", "transformers", "numpy", "sympy", "PIL", "ml_dtypes", "openai", "scipy")
+SCHEDULER_PRELOAD = (
+    *("torch", "transformers", "numpy", "sympy", "PIL", "ml_dtypes", "openai", "scipy", "triton"),
+    *("triton_kernels", "gguf", "aiohttp", "fastapi", "uvicorn", "requests", "zmq", "msgspec", "psutil"),
+    *("IPython.display", "torch._inductor.compile_fx", "transformers.modeling_gguf_pytorch_utils"),
+)
+#: The compile and JIT caches SGLang's processes fill (foundry_core.engine.caches.KINDS).
+CACHE_KINDS = ("sglang", "triton", "inductor", "tvm-ffi", "flashinfer", "deep-gemm", "cuda")
+#: Variables the preload reads (torch keeps ``torch.compiler.config.job_id`` from its import) that
+#: the launcher sets for Foundry afterwards, and that each scheduler applies again to the modules
+#: that kept them (``foundry_core.engine.caches.sync_pgo_job_id``, ``inductor.pin_process``).
+SCHEDULER_RESYNCED = ("TORCH_COMPILE_JOB_ID", "TORCHINDUCTOR_DYNAMIC_SCALE_RBLOCK")
 
 
 def register() -> None:
@@ -104,7 +114,26 @@ def _start_forkserver() -> None:
             sglang_log.setLevel(level)
     from foundry_core import forkserver
 
-    forkserver.start(SCHEDULER_PRELOAD, logging.getLogger("foundry.sglang"))
+    log = logging.getLogger("foundry.sglang")
+    forkserver.start(
+        SCHEDULER_PRELOAD, log, resynced=SCHEDULER_RESYNCED, environment=_planned_environment(log)
+    )
+
+
+def _planned_environment(log: logging.Logger) -> dict[str, str]:
+    """The compile-cache folders Foundry's launcher step will point the schedulers at, for the fork
+    server's imports (torch's compile stack keeps its cache folder from its import). Where they
+    turn out otherwise, the launcher sees it and spawns the schedulers (foundry_core.forkserver)."""
+    try:
+        from foundry_core.config import load_config
+        from foundry_core.engine.handover import planned_launch_environment
+        from foundry_core.engine.readahead import config_path_from_argv
+
+        path = config_path_from_argv(sys.argv) or os.environ.get("FOUNDRY_CONFIG")
+        return planned_launch_environment(load_config(path), CACHE_KINDS) if path else {}
+    except Exception as e:  # noqa: BLE001 - a configuration that cannot be read is refused later
+        log.debug("Foundry: no planned cache folders for the fork server (%s)", e)
+        return {}
 
 
 def enable(server_args: Any, config_path: str | os.PathLike) -> Any:

@@ -10,13 +10,18 @@ the schedulers when :func:`foundry_core.engine.start_method.decide` allows it. W
 has initialised CUDA (on a GPU host it has: a kernel module SGLang imports asks the GPU at import),
 the schedulers fork from the fork server the plugin started at registration
 (:mod:`foundry_core.forkserver`, with :data:`PRELOAD` imported ahead) where one runs and its
-preload left CUDA alone, and are spawned as SGLang does otherwise. The choice and its reason are
+preload left CUDA alone and kept no setting the launcher changed since, and are spawned as SGLang does otherwise. The choice and its reason are
 in every scheduler's start report (``scheduler_start``).
 
-:data:`PRELOAD`: the third-party modules that make up most of a scheduler's imports and read no
-setting at import that the launcher changes later (the compile-cache folders Foundry points
-FlashInfer and Inductor to are read when they are first used, or by modules not listed here).
-SGLang itself is not listed: importing it initialises CUDA (above).
+:data:`PRELOAD`: the third-party modules that make up most of a scheduler's imports, that ask
+nothing of the GPU at import, and that read no variable at import that the launcher sets after the
+plugin registered (SGLang's ``_set_envs_and_config``: NCCL, ``CUDA_DEVICE_MAX_CONNECTIONS``, CuTe DSL
+logging; Foundry's compile-cache folders and settings) but those each scheduler applies again
+(``SCHEDULER_RESYNCED``). The server records what its imports read and the launcher checks it before
+the schedulers fork (:func:`foundry_core.forkserver.unusable`). Left out for that reason: SGLang,
+sgl_kernel, FlashInfer and xgrammar (they ask the GPU at import), CuTe DSL (reads its logging
+variables), torch's compile stack and the transformers modules that import it (keep the Inductor
+cache folder), compressed-tensors (imports that stack).
 
 SGLang's own reasons to spawn (:func:`blockers`): Ray placement, the data-parallel controller (a
 process that starts the schedulers itself), the memory saver (a library ``LD_PRELOAD``-ed into each

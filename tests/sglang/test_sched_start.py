@@ -195,22 +195,125 @@ def test_register_starts_the_fork_server_in_the_launcher_only(tmp_path, worker_s
     assert out["launcher"] == (list(sched_start.PRELOAD) if started else None)
 
 
-def test_the_preloaded_modules_read_no_cache_folder_and_touch_no_gpu():
-    # The fork server imports these before the launcher points the compile caches (Triton,
-    # Inductor, FlashInfer, DeepGEMM, tvm-ffi) at Foundry's folders: none of the modules that read
-    # those folders may come in with them, nor SGLang (its import initialises CUDA).
+PRELOAD_PROBE = """
+import json, sys
+import torch
+from foundry_core import forkserver_preload as preload
+
+asked = []
+def _query(name):
+    def query(*args, **kwargs):  # on a GPU host each of these initialises CUDA (or the driver)
+        asked.append(name)
+        raise RuntimeError(name)
+    return query
+for name in ("is_available", "device_count", "get_device_name", "get_device_capability",
+             "get_device_properties", "current_device", "init", "_lazy_init", "mem_get_info"):
+    setattr(torch.cuda, name, _query(name))
+with preload.recording_environment_reads():
+    for m in sys.argv[1:]:
+        __import__(m)
+print(json.dumps({"modules": sorted(sys.modules), "asked": asked, "listed": preload.ENV_LISTED}))
+"""
+
+
+def test_the_preloaded_modules_ask_nothing_of_the_gpu_and_bring_no_engine_module():
+    # A fork server whose imports initialised CUDA (or the driver) is of no use to a scheduler; the
+    # engine's own modules and the kernel libraries ask the GPU at import (SGLang's platform check,
+    # sgl_kernel, FlashInfer, xgrammar's tvm-ffi) or read the launcher's later settings (CuTe DSL).
     import json
     import subprocess
 
-    code = (
-        "import json, sys\n"
-        f"for m in {list(sched_start.PRELOAD)!r}: __import__(m)\n"
-        "import torch\n"
-        "print(json.dumps({'modules': sorted(sys.modules), 'cuda': torch.cuda.is_initialized()}))\n"
+    done = subprocess.run(
+        [sys.executable, "-c", PRELOAD_PROBE, *sched_start.PRELOAD],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
-    assert out["cuda"] is False
-    readers = ("triton", "torch._inductor", "flashinfer", "deep_gemm", "tvm_ffi", "sglang", "sgl_kernel")
+    assert out["asked"] == []
+    assert out["listed"] == []  # no module went through the whole environment but the known ones
+    readers = ("flashinfer", "deep_gemm", "tvm_ffi", "sglang", "sgl_kernel", "cutlass", "xgrammar")
     assert [m for m in out["modules"] if m.split(".")[0] in readers or m.startswith(readers)] == []
+
+
+LAUNCHER_ENV = """
+import json, os, sys
+model, toml, extra = sys.argv[1:4]
+sys.argv = ["sglang.launch_server", "--model-path", model, "--device", "cuda",
+            "--enable-foundry", "--foundry-config", toml]
+# As sglang.launch_server: its imports, then the plugins (the fork server starts), then the arguments.
+from sglang.srt.plugins import load_plugins
+from sglang.srt.server_args import prepare_server_args
+import foundry_sglang_plugin
+from foundry_sglang_plugin import support
+
+support.cuda_device_count = lambda: 1  # a GPU machine, as far as Foundry's checks go
+if extra:
+    foundry_sglang_plugin.SCHEDULER_PRELOAD = (*foundry_sglang_plugin.SCHEDULER_PRELOAD, extra)
+load_plugins()
+before = dict(os.environ)
+server_args = prepare_server_args(sys.argv[1:])
+from foundry_sglang_plugin import hooks
+hooks.before_check_server_args(server_args)  # Foundry's launcher step: its settings, cache folders
+from sglang.srt.entrypoints.engine import _set_envs_and_config
+_set_envs_and_config(server_args)  # SGLang's, just before it starts the schedulers
+from foundry_core import forkserver
+changed = sorted(k for k in {*before, *os.environ} if before.get(k) != os.environ.get(k))
+print(json.dumps({"running": forkserver.running(), "unusable": forkserver.unusable(), "changed": changed}))
+"""
+
+
+@pytest.mark.parametrize("extra", ["", "foundry_reads_max_connections"])
+def test_what_the_launcher_sets_before_the_schedulers_start_is_nothing_the_preload_kept(
+    tmp_path, model_dir, foundry_toml, extra
+):
+    # The fork server imports the preload while the launcher goes on; SGLang's launcher and
+    # Foundry's launcher step then set variables (NCCL, CUDA_DEVICE_MAX_CONNECTIONS, CuTe DSL
+    # logging, the compile-cache folders, Foundry's settings). A module that read one of them at
+    # import would keep the server's value in every scheduler: the launcher passes such a server
+    # over. The second case adds a module that reads one, to show the check sees it.
+    import json
+    import subprocess
+
+    (tmp_path / "foundry_reads_max_connections.py").write_text(
+        "import os\nMAX_CONNECTIONS = os.environ.get('CUDA_DEVICE_MAX_CONNECTIONS')\n"
+    )
+    script = tmp_path / "launcher.py"
+    script.write_text(LAUNCHER_ENV)
+    env = {**os.environ, "FOUNDRY_READAHEAD": "0"}
+    env.pop(start_method.ENV, None)
+    env.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in [str(Path(sched_start.__file__).parents[1]), str(tmp_path), env.get("PYTHONPATH")] if p
+    )
+    done = subprocess.run(
+        [sys.executable, str(script), str(model_dir), str(foundry_toml), extra],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["running"] is not None
+    # The launcher did change what matters here (else this shows nothing).
+    assert {"CUDA_DEVICE_MAX_CONNECTIONS", "CUTE_DSL_LOG_LEVEL", "TORCHINDUCTOR_CACHE_DIR"} <= set(
+        out["changed"]
+    )
+    assert {"TORCH_COMPILE_JOB_ID", "FOUNDRY_MODE"} <= set(out["changed"])
+    if not extra:
+        assert out["unusable"] is None
+    else:
+        assert out["unusable"].startswith("its preload read CUDA_DEVICE_MAX_CONNECTIONS before the launcher")
+
+
+def test_the_resynced_variables_are_the_ones_foundry_applies_again_in_each_scheduler():
+    import foundry_sglang_plugin
+    from foundry_core.engine import caches, inductor
+
+    assert set(foundry_sglang_plugin.SCHEDULER_RESYNCED) == {
+        caches.PGO_JOB_ENVS[0],
+        *(env for _value, env, _why in inductor.PINNED.values()),
+    }

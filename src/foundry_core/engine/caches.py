@@ -122,11 +122,10 @@ class CacheError(ArchiveError):
 
 
 def _private_parent() -> tuple[Path, bool]:
+    """Where the private folders go, and whether they are kept at exit (:data:`ROOT_ENV` set)."""
     root = os.environ.get(ROOT_ENV)
     if root:
-        path = Path(root)
-        path.mkdir(parents=True, exist_ok=True)
-        return path, True
+        return Path(root), True
     return Path(tempfile.gettempdir()), False
 
 
@@ -187,6 +186,7 @@ class CacheDirs:
         """
         names = _known(kinds)
         parent, keep = _private_parent()
+        parent.mkdir(parents=True, exist_ok=True)
         owner = parent / f"foundry-caches-{os.getuid()}"
         root = owner / label
         lock = None
@@ -225,6 +225,14 @@ class CacheDirs:
         for k in names:
             (Path(root) / k).mkdir(mode=0o700, exist_ok=True)
         return cls(Path(root), names)
+
+    @classmethod
+    def planned(cls, kinds: Iterable[str], *, label: str) -> CacheDirs:
+        """The directories :meth:`create` makes for ``label`` when nothing stands in its way (no other
+        start holds the folder): their paths only, nothing is made. For what reads a cache variable
+        before :meth:`create` runs (Foundry's fork server, :mod:`foundry_core.forkserver`)."""
+        parent, _keep = _private_parent()
+        return cls(parent / f"foundry-caches-{os.getuid()}" / label, _known(kinds))
 
     def path(self, kind: str) -> Path:
         return self.root / kind
