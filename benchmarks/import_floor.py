@@ -215,13 +215,14 @@ def _start_child(ctx, rounds: int) -> list[float]:
     return out
 
 
-def measure_scheduler(rounds: int) -> dict:
+def measure_scheduler(rounds: int, preload: tuple[str, ...] | None = None) -> dict:
     import importlib
     import multiprocessing as mp
 
     from foundry_core import forkserver
-    from foundry_sglang_plugin import SCHEDULER_RESYNCED
-    from foundry_sglang_plugin.sched_start import PRELOAD
+    from foundry_sglang_plugin import SCHEDULER_PRELOAD, SCHEDULER_RESYNCED
+
+    preload = preload or SCHEDULER_PRELOAD
 
     # The compile-cache folders as Foundry's launcher step assigns them before the schedulers start
     # (SGLang's import only defaults them), given to the server too, as the plugin's register()
@@ -231,7 +232,7 @@ def measure_scheduler(rounds: int) -> dict:
     os.environ.update(caches)
     # The fork server started before the launcher's own imports, as the plugin's register() starts
     # it: its first child waits for the preload, later ones find it done.
-    assert forkserver.start(PRELOAD, resynced=SCHEDULER_RESYNCED, environment=caches)
+    assert forkserver.start(preload, resynced=SCHEDULER_RESYNCED, environment=caches)
     server = mp.get_context("forkserver")
     t = time.perf_counter()
     first = _start_child(server, 1)
@@ -248,7 +249,7 @@ def measure_scheduler(rounds: int) -> dict:
         "launcher_import_s": round(launcher_s, 2),
         "forkserver_first_child_s": round(first[0], 3),
         "forkserver_first_wall_s": round(forkserver_first_s, 3),
-        "forkserver_preload": list(PRELOAD),
+        "forkserver_preload": list(preload),
         "runs_s": {k: [round(x, 3) for x in v] for k, v in out.items()},
         "median_s": {k: round(statistics.median(v), 3) for k, v in out.items()},
     }
@@ -263,11 +264,15 @@ def main(argv: list[str] | None = None) -> int:
         "--scheduler", action="store_true", help="also time SGLang's scheduler start (spawn/fork)"
     )
     ap.add_argument("--scheduler-only", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--preload", help="the fork server's modules, comma-separated (default: the SGLang plugin's)"
+    )
     ap.add_argument("--out", type=Path)
     ap.add_argument("--env", action="append", default=[], metavar="NAME=VALUE")
     args = ap.parse_args(argv)
     if args.scheduler_only:  # run inside the engine's interpreter
-        print(json.dumps(measure_scheduler(args.rounds)))
+        preload = tuple(args.preload.split(",")) if args.preload else None
+        print(json.dumps(measure_scheduler(args.rounds, preload)))
         return 0
     env = {k: v for k, v in os.environ.items() if not k.startswith("FOUNDRY_")}
     env["PYTHONPATH"] = SRC + os.pathsep + env.get("PYTHONPATH", "")
@@ -283,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
             "--scheduler-only",
             "--rounds",
             str(args.rounds),
+            *(["--preload", args.preload] if args.preload else []),
         ]
         out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
         if out.returncode != 0:
