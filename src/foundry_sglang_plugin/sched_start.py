@@ -10,8 +10,10 @@ the schedulers when :func:`foundry_core.engine.start_method.decide` allows it. W
 has initialised CUDA (on a GPU host it has: a kernel module SGLang imports asks the GPU at import),
 the schedulers fork from the fork server the plugin started at registration
 (:mod:`foundry_core.forkserver`, with :data:`PRELOAD` imported ahead) where one runs and its
-preload left CUDA alone and kept no setting the launcher changed since, and are spawned as SGLang does otherwise. The choice and its reason are
-in every scheduler's start report (``scheduler_start``).
+preload left CUDA alone and kept no setting the launcher changed since, and are spawned as SGLang
+does otherwise. The choice and its reason are in every scheduler's start report
+(``scheduler_start``). The detokenizer, which SGLang spawns right after the schedulers and which
+imports nearly as much, starts by the same rules (:func:`around_launch_detokenizers`).
 
 :data:`PRELOAD`: the third-party modules that make up most of a scheduler's imports, that ask
 nothing of the GPU at import, and that read no variable at import that the launcher sets after the
@@ -36,9 +38,11 @@ SGLang's scheduler function runs.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 from foundry_core import forkserver
@@ -50,19 +54,22 @@ logger = logging.getLogger("foundry.sglang")
 
 ENGINE_MODULE = "sglang.srt.entrypoints.engine"
 TARGET = f"{ENGINE_MODULE}.Engine._launch_scheduler_processes"
+DETOKENIZER_TARGET = f"{ENGINE_MODULE}.Engine._launch_detokenizer_subprocesses"
 PRELOAD = SCHEDULER_PRELOAD
 _installed = False
 
 
 def install() -> bool:
-    """Hook the scheduler launch (in the launcher, once SGLang's engine module is imported; idempotent)."""
+    """Hook the scheduler and detokenizer launches (in the launcher, once SGLang's engine module is
+    imported; idempotent)."""
     global _installed
     if _installed or ENGINE_MODULE not in sys.modules:
         return False
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     HookRegistry.register(TARGET, around_launch_schedulers, HookType.AROUND)
-    HookRegistry.apply_hooks()  # only targets not patched yet: this one
+    HookRegistry.register(DETOKENIZER_TARGET, around_launch_detokenizers, HookType.AROUND)
+    HookRegistry.apply_hooks()  # only targets not patched yet: these two
     _installed = True
     return True
 
@@ -111,12 +118,7 @@ def around_launch_schedulers(
 ) -> Any:
     if not settings.worker_enabled():  # Foundry is off for this launch: SGLang's own start
         return original(cls, server_args, port_args, run_scheduler_process_func, *args, **kwargs)
-    spawn_reasons = blockers(server_args, kwargs.get("placement_group"))
-    choice = start_method.decide(blockers=spawn_reasons, forkserver=forkserver.running())
-    if choice.method == "forkserver" and (why_not := forkserver.unusable()):
-        # E.g. a preloaded module initialised CUDA: a scheduler forked from it could not use it.
-        fallback = start_method.decide(blockers=spawn_reasons, forkserver=None)
-        choice = start_method.Choice(fallback.method, f"{fallback.reason}; Foundry's fork server: {why_not}")
+    choice = _choose(blockers(server_args, kwargs.get("placement_group")))
     start_method.export(choice)  # the schedulers' start reports
     logger.info("Foundry: schedulers start by %s (%s)", choice.method, choice.reason)
     if choice.method == "fork":
@@ -126,14 +128,57 @@ def around_launch_schedulers(
         target = forkserver.WithLaunchState(run_scheduler_process_func)
     else:
         return original(cls, server_args, port_args, run_scheduler_process_func, *args, **kwargs)
+    with _start_method(choice.method):
+        return original(cls, server_args, port_args, target, *args, **kwargs)
+
+
+def around_launch_detokenizers(original: Any, cls: Any, *args: Any, **kwargs: Any) -> Any:
+    """The detokenizer, started right after the schedulers, imports SGLang as they do (about as
+    long as a scheduler's imports) and must answer before the first reply: with the schedulers
+    no longer re-importing, a spawned detokenizer would hold the first token back. It starts as
+    the schedulers do, by the same rules (it has no reason of its own to spawn). Several
+    detokenizer workers come with a router process whose function SGLang names itself: SGLang's
+    own start then."""
+    names = ("server_args", "port_args", "run_detokenizer_process_func")
+    call = {**dict(zip(names, args)), **kwargs}
+    if (
+        not settings.worker_enabled()
+        or len(call) != len(names)
+        or int(reader(call["server_args"])("detokenizer_worker_num", 1) or 1) > 1
+    ):
+        return original(cls, *args, **kwargs)
+    choice = _choose([])
+    logger.info("Foundry: the detokenizer starts by %s (%s)", choice.method, choice.reason)
+    if choice.method == "spawn":
+        return original(cls, *args, **kwargs)
+    if choice.method == "forkserver":
+        call["run_detokenizer_process_func"] = forkserver.WithLaunchState(
+            call["run_detokenizer_process_func"]
+        )
+    with _start_method(choice.method):
+        return original(cls, **call)
+
+
+def _choose(spawn_reasons: list[str]) -> start_method.Choice:
+    choice = start_method.decide(blockers=spawn_reasons, forkserver=forkserver.running())
+    if choice.method == "forkserver" and (why_not := forkserver.unusable()):
+        # E.g. a preloaded module initialised CUDA: a process forked from it could not use it.
+        fallback = start_method.decide(blockers=spawn_reasons, forkserver=None)
+        choice = start_method.Choice(fallback.method, f"{fallback.reason}; Foundry's fork server: {why_not}")
+    return choice
+
+
+@contextlib.contextmanager
+def _start_method(method: str) -> Iterator[None]:
+    """``multiprocessing``'s default start method for one launch call, SGLang's (spawn) again after."""
     import multiprocessing as mp
 
     before = mp.get_start_method(allow_none=True)
-    mp.set_start_method(choice.method, force=True)
+    mp.set_start_method(method, force=True)
     try:
-        return original(cls, server_args, port_args, target, *args, **kwargs)
+        yield
     finally:
-        mp.set_start_method(before or "spawn", force=True)  # the detokenizer and later launches: SGLang's
+        mp.set_start_method(before or "spawn", force=True)
 
 
 def _forked_scheduler(func: Any, *args: Any, **kwargs: Any) -> Any:

@@ -101,10 +101,20 @@ def test_spawn_where_the_launcher_initialised_cuda(launch, monkeypatch):
     assert info["start_method"] == "spawn" and "CUDA is initialised" in info["chosen"]["reason"]
 
 
-def test_a_launcher_with_cuda_forks_its_scheduler_from_the_fork_server(launch, monkeypatch):
+@pytest.fixture
+def colorsys_server(monkeypatch):
+    """A fork server that preloaded colorsys, for this test only (later tests see none). The
+    first test to ask starts it; ``multiprocessing`` keeps one server per process."""
+    monkeypatch.setattr(forkserver, "_started", None)
+    if forkserver._server_pid() is None:
+        assert forkserver.start(["colorsys"])
+    else:
+        monkeypatch.setattr(forkserver, "_started", ("colorsys",))
+    assert forkserver.unusable() is None
+
+
+def test_a_launcher_with_cuda_forks_its_scheduler_from_the_fork_server(launch, monkeypatch, colorsys_server):
     monkeypatch.setattr(start_method, "cuda_initialized", lambda: True)
-    monkeypatch.setattr(forkserver, "_started", None)  # this test's server; later tests see none
-    assert forkserver.start(["colorsys"])
     # As SGLang's launcher sets NCCL_* and the like after the plugin registered.
     monkeypatch.setenv("FOUNDRY_TEST_SET_AFTER_SERVER", "1")
     (info,) = launch()
@@ -145,6 +155,88 @@ def test_foundry_off_leaves_sglangs_start_alone(launch, monkeypatch):
     monkeypatch.delenv(settings.ENV_MARKER)
     (info,) = launch()
     assert info["start_method"] == "spawn" and info["chosen"] is None
+
+
+def report_detokenizer(server_args, port_args):
+    """A detokenizer stand-in: how this process started, written where the test reads it."""
+    import json
+
+    with open(os.environ["FOUNDRY_TEST_DETOKENIZER_OUT"], "w") as f:
+        json.dump(
+            {
+                "start_method": mp.current_process()._config.get("start_method")
+                or mp.get_start_method(allow_none=True),
+                "parent": os.getppid(),
+                "scheduler_imported": SCHEDULER_MODULE in sys.modules,
+                "preloaded": "colorsys" in sys.modules,
+            },
+            f,
+        )
+
+
+@pytest.fixture
+def launch_detokenizer(parse, monkeypatch, tmp_path):
+    """``launch_detokenizer(*argv) -> what the stand-in detokenizer found``, through SGLang's real
+    ``Engine._launch_detokenizer_subprocesses``."""
+    import json
+
+    from sglang.srt.entrypoints.engine import Engine
+    from sglang.srt.runtime_context import publish
+    from sglang.srt.server_args import PortArgs
+
+    assert sched_start.install() or sched_start._installed
+    monkeypatch.setenv(settings.ENV_MARKER, "1")
+    monkeypatch.setenv("FOUNDRY_TEST_DETOKENIZER_OUT", str(tmp_path / "detokenizer.json"))
+    before = mp.get_start_method(allow_none=True)
+
+    def _launch(*argv: str):
+        sa = parse(*argv)
+        publish(sa, role="tokenizer")
+        mp.set_start_method("spawn", force=True)  # as SGLang's launcher leaves it
+        procs, names = Engine._launch_detokenizer_subprocesses(
+            server_args=sa, port_args=PortArgs.init_new(sa), run_detokenizer_process_func=report_detokenizer
+        )
+        for p in procs:
+            p.join(120)
+        assert names == ["detokenizer"] and [p.exitcode for p in procs] == [0]
+        assert mp.get_start_method() == "spawn"  # SGLang's method again
+        return json.loads((tmp_path / "detokenizer.json").read_text())
+
+    yield _launch
+    mp.set_start_method(before, force=True)
+
+
+def test_the_detokenizer_starts_as_the_schedulers_do(launch_detokenizer, monkeypatch, colorsys_server):
+    monkeypatch.setattr(start_method, "foreign_threads", lambda threads=None: [])
+    info = launch_detokenizer()
+    assert info["start_method"] == "fork" and info["scheduler_imported"] is True
+    monkeypatch.setattr(start_method, "cuda_initialized", lambda: True)
+    info = launch_detokenizer()
+    assert info["start_method"] == "forkserver" and info["preloaded"] is True
+    assert info["parent"] != os.getpid()
+    monkeypatch.setenv(start_method.ENV, "spawn")
+    assert launch_detokenizer()["start_method"] == "spawn"
+
+
+def test_the_detokenizer_of_a_launch_without_foundry_or_with_several_workers_is_sglangs(monkeypatch, parse):
+    calls = []
+
+    def original(cls, *args, **kwargs):
+        calls.append((args, kwargs, mp.get_start_method(allow_none=True)))
+
+    mp_before = mp.get_start_method(allow_none=True)
+    monkeypatch.setattr(start_method, "decide", lambda **kw: pytest.fail("no start method is chosen"))
+    monkeypatch.setenv(settings.ENV_MARKER, "1")
+    several = parse("--detokenizer-worker-num", "2")
+    sched_start.around_launch_detokenizers(
+        original, None, server_args=several, port_args=1, run_detokenizer_process_func=2
+    )
+    monkeypatch.delenv(settings.ENV_MARKER)
+    sched_start.around_launch_detokenizers(original, None, parse(), 1, 2)
+    assert calls == [
+        ((), {"server_args": several, "port_args": 1, "run_detokenizer_process_func": 2}, mp_before),
+        ((calls[1][0][0], 1, 2), {}, mp_before),
+    ]
 
 
 REGISTER = """
