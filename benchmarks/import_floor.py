@@ -224,15 +224,9 @@ def measure_scheduler(rounds: int, preload: tuple[str, ...] | None = None) -> di
 
     preload = preload or SCHEDULER_PRELOAD
 
-    # The compile-cache folders as Foundry's launcher step assigns them before the schedulers start
-    # (SGLang's import only defaults them), given to the server too, as the plugin's register()
-    # gives its planned ones: the server's compile stack reads the folder at import.
-    folder = tempfile.mkdtemp(prefix="import-floor-caches-")
-    caches = {n: os.path.join(folder, n.lower()) for n in ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")}
-    os.environ.update(caches)
     # The fork server started before the launcher's own imports, as the plugin's register() starts
     # it: its first child waits for the preload, later ones find it done.
-    assert forkserver.start(preload, resynced=SCHEDULER_RESYNCED, environment=caches)
+    assert forkserver.start(preload, resynced=SCHEDULER_RESYNCED)
     server = mp.get_context("forkserver")
     t = time.perf_counter()
     first = _start_child(server, 1)

@@ -8,7 +8,6 @@ import json
 import logging
 import os
 import stat
-from pathlib import Path
 
 import pytest
 
@@ -112,25 +111,6 @@ def test_workers_adopt_the_launchers_directories(tmp_path):
     worker.begin()
     assert worker.dirs.root == launched.root and worker.dirs.path("cuda").is_dir()
     assert redirect_for_launch(_cfg(tmp_path, caches={"carry": False}), ["triton"]) is None
-
-
-def test_the_planned_environment_is_the_one_the_launcher_sets(tmp_path):
-    # The fork server imports with it ahead of the launcher's step (foundry_core.forkserver).
-    from foundry_core.engine import redirect_for_launch, undo_launch_redirect
-    from foundry_core.engine.handover import planned_launch_environment
-
-    cfg = _cfg(tmp_path)
-    kinds = ["triton", "inductor", "deep-gemm"]
-    planned = planned_launch_environment(cfg, kinds)
-    assert planned and not any(Path(p).exists() for p in planned.values())  # nothing made yet
-    before = dict(os.environ)
-    redirect_for_launch(cfg, kinds)
-    try:
-        assert planned == {k: os.environ[k] for k in planned}
-        assert set(planned) == {k for k in os.environ if before.get(k) != os.environ[k]}
-    finally:
-        undo_launch_redirect()
-    assert planned_launch_environment(_cfg(tmp_path, caches={"carry": False}), kinds) == {}
 
 
 def test_the_launcher_gets_only_its_records_and_only_for_a_load(tmp_path, machine, log_records):

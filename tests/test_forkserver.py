@@ -326,36 +326,3 @@ def test_what_a_recording_counts_as_read(monkeypatch):
     assert changes(read, [], {"A": "2", "B": "x"}) == ["A", "B"]
     assert changes(read, [], {"A": "2"}, resynced=["A"]) == []
     assert changes({"P_X": "1"}, ["P_"], {"P_X": "1", "P_NEW": "2"}) == ["P_NEW"]
-
-
-@pytest.mark.skipif(sys.platform != "linux", reason="the fork server start method is Linux's here")
-def test_the_server_imports_with_the_planned_environment_and_the_launcher_keeps_its_own(tmp_path):
-    # The launcher will set FOUNDRY_TEST_KEPT before its workers start; the server's imports read
-    # that value already, and the launcher's environment is left as it was until then.
-    script = textwrap.dedent(
-        """
-        import json, os
-        from foundry_core import forkserver
-        assert forkserver.start(["kept_mod"], environment={"FOUNDRY_TEST_KEPT": "planned"})
-        launcher_had = os.environ.get("FOUNDRY_TEST_KEPT")
-        os.environ["FOUNDRY_TEST_KEPT"] = "planned"
-        as_planned = forkserver.unusable(timeout_s=120)
-        os.environ["FOUNDRY_TEST_KEPT"] = "otherwise"
-        print(json.dumps([launcher_had, as_planned, forkserver.unusable(timeout_s=120)]))
-        """
-    )
-    (tmp_path / "kept_mod.py").write_text(READS_AT_IMPORT)
-    (tmp_path / "launcher.py").write_text(script)
-    environ = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), SRC])}
-    environ.pop("FOUNDRY_TEST_KEPT", None)
-    done = subprocess.run(
-        [sys.executable, str(tmp_path / "launcher.py")],
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    launcher_had, as_planned, otherwise = json.loads(done.stdout.strip().splitlines()[-1])
-    assert launcher_had is None and as_planned is None
-    assert otherwise.startswith("its preload read FOUNDRY_TEST_KEPT before the launcher changed it")

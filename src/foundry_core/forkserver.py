@@ -34,7 +34,7 @@ import shutil
 import signal
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,17 +55,10 @@ _report: Path | None = None
 _unusable: str | None = None  # once the report is read
 
 
-def start(
-    preload: Sequence[str],
-    log: logging.Logger | None = None,
-    resynced: Sequence[str] = (),
-    environment: Mapping[str, str] | None = None,
-) -> bool:
+def start(preload: Sequence[str], log: logging.Logger | None = None, resynced: Sequence[str] = ()) -> bool:
     """Start the fork server, which imports ``preload`` (best effort, in its own process). Never raises.
     ``resynced``: environment variables the workers apply again to the modules that read them at
-    import (a launcher may change them after the preload read them). ``environment``: variables the
-    launcher will set before its workers start, given to the server only (a module the server
-    imports then reads the value the workers will have)."""
+    import (a launcher may change them after the preload read them)."""
     global _started, _report, _unusable, _resynced
     if _started is not None:
         return True
@@ -79,7 +72,7 @@ def start(
         folder = tempfile.mkdtemp(prefix="foundry-forkserver-")  # this user's only: nobody else writes it
         atexit.register(shutil.rmtree, folder, True)
         _report, _unusable = Path(folder) / "report.json", None
-        given = {**(environment or {}), PRELOAD_ENV: ",".join(preload), REPORT_ENV: str(_report)}
+        given = {PRELOAD_ENV: ",".join(preload), REPORT_ENV: str(_report)}
         saved = {name: os.environ.get(name) for name in given}
         os.environ.update(given)
         try:

@@ -25,7 +25,7 @@ _registered: set[tuple[str, str]] = set()  # (target, hook kind) queued so far
 SCHEDULER_PRELOAD = (
     *("torch", "transformers", "numpy", "sympy", "PIL", "ml_dtypes", "openai", "scipy", "triton"),
     *("triton_kernels", "gguf", "aiohttp", "fastapi", "uvicorn", "requests", "zmq", "msgspec", "psutil"),
-    *("IPython.display", "torch._inductor.compile_fx", "transformers.modeling_gguf_pytorch_utils"),
+    *("IPython.display", "transformers.modeling_gguf_pytorch_utils"),
 )
 #: The compile and JIT caches SGLang's processes fill (foundry_core.engine.caches.KINDS).
 CACHE_KINDS = ("sglang", "triton", "inductor", "tvm-ffi", "flashinfer", "deep-gemm", "cuda")
@@ -114,26 +114,7 @@ def _start_forkserver() -> None:
             sglang_log.setLevel(level)
     from foundry_core import forkserver
 
-    log = logging.getLogger("foundry.sglang")
-    forkserver.start(
-        SCHEDULER_PRELOAD, log, resynced=SCHEDULER_RESYNCED, environment=_planned_environment(log)
-    )
-
-
-def _planned_environment(log: logging.Logger) -> dict[str, str]:
-    """The compile-cache folders Foundry's launcher step will point the schedulers at, for the fork
-    server's imports (torch's compile stack keeps its cache folder from its import). Where they
-    turn out otherwise, the launcher sees it and spawns the schedulers (foundry_core.forkserver)."""
-    try:
-        from foundry_core.config import load_config
-        from foundry_core.engine.handover import planned_launch_environment
-        from foundry_core.engine.readahead import config_path_from_argv
-
-        path = config_path_from_argv(sys.argv) or os.environ.get("FOUNDRY_CONFIG")
-        return planned_launch_environment(load_config(path), CACHE_KINDS) if path else {}
-    except Exception as e:  # noqa: BLE001 - a configuration that cannot be read is refused later
-        log.debug("Foundry: no planned cache folders for the fork server (%s)", e)
-        return {}
+    forkserver.start(SCHEDULER_PRELOAD, logging.getLogger("foundry.sglang"), resynced=SCHEDULER_RESYNCED)
 
 
 def enable(server_args: Any, config_path: str | os.PathLike) -> Any:

@@ -20,12 +20,13 @@ nothing of the GPU at import, and that read no variable at import that the launc
 plugin registered (SGLang's ``_set_envs_and_config``: NCCL, ``CUDA_DEVICE_MAX_CONNECTIONS``, CuTe DSL
 logging; Foundry's compile-cache folders and settings) but those each scheduler applies again
 (``SCHEDULER_RESYNCED``). The server records what its imports read and the launcher checks it before
-the schedulers fork (:func:`foundry_core.forkserver.unusable`). torch's compile stack keeps its
-cache folder from its import: the server is given the folders Foundry's launcher step will assign
-(``foundry_sglang_plugin._planned_environment``). Left out: SGLang, sgl_kernel, FlashInfer,
-xgrammar, and transformers' modelling modules with compressed-tensors (they ask the GPU at import,
-``torch.cuda.is_available()`` included), and CuTe DSL (reads the logging variables SGLang's
-launcher sets).
+the schedulers fork (:func:`foundry_core.forkserver.unusable`). Left out: SGLang, sgl_kernel,
+FlashInfer, xgrammar, and transformers' modelling modules with compressed-tensors (they ask the GPU
+at import, ``torch.cuda.is_available()`` included), CuTe DSL (reads the logging variables SGLang's
+launcher sets), and torch's compile stack (keeps the Inductor cache folder from its import and makes
+it there, before Foundry's launcher step makes its private one: on the H100 on 2026-12-05 a server
+given the planned folder created it world-readable, Foundry's private folder was refused, and every
+LOAD compiled its kernels again).
 
 SGLang's own reasons to spawn (:func:`blockers`): Ray placement, the data-parallel controller (a
 process that starts the schedulers itself), the memory saver (a library ``LD_PRELOAD``-ed into each

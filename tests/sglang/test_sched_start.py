@@ -346,13 +346,15 @@ if extra:
 load_plugins()
 before = dict(os.environ)
 server_args = prepare_server_args(sys.argv[1:])
+from foundry_core import forkserver
+forkserver.unusable()  # the preload done, whatever its imports made on disk
 from foundry_sglang_plugin import hooks
 hooks.before_check_server_args(server_args)  # Foundry's launcher step: its settings, cache folders
 from sglang.srt.entrypoints.engine import _set_envs_and_config
 _set_envs_and_config(server_args)  # SGLang's, just before it starts the schedulers
-from foundry_core import forkserver
 changed = sorted(k for k in {*before, *os.environ} if before.get(k) != os.environ.get(k))
-print(json.dumps({"running": forkserver.running(), "unusable": forkserver.unusable(), "changed": changed}))
+print(json.dumps({"running": forkserver.running(), "unusable": forkserver.unusable(), "changed": changed,
+                  "caches": os.environ["FOUNDRY_CACHES_DIR"]}))
 """
 
 
@@ -373,9 +375,11 @@ def test_what_the_launcher_sets_before_the_schedulers_start_is_nothing_the_prelo
     )
     script = tmp_path / "launcher.py"
     script.write_text(LAUNCHER_ENV)
-    env = {**os.environ, "FOUNDRY_READAHEAD": "0"}
+    env = {**os.environ, "FOUNDRY_READAHEAD": "0", "TMPDIR": str(tmp_path / "t")}
+    (tmp_path / "t").mkdir()
     env.pop(start_method.ENV, None)
     env.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)
+    env.pop("FOUNDRY_CACHE_ROOT", None)
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in [str(Path(sched_start.__file__).parents[1]), str(tmp_path), env.get("PYTHONPATH")] if p
     )
@@ -395,6 +399,12 @@ def test_what_the_launcher_sets_before_the_schedulers_start_is_nothing_the_prelo
         out["changed"]
     )
     assert {"TORCH_COMPILE_JOB_ID", "FOUNDRY_MODE"} <= set(out["changed"])
+    # The server's imports made nothing in the launcher's way: Foundry's private cache folder is the
+    # archive's own (a folder made world-readable before it is refused for a random one, and every
+    # LOAD compiles again: seen on an H100 when torch's compile stack was in the preload).
+    caches = Path(out["caches"])
+    assert caches.parent == tmp_path / "t" / f"foundry-caches-{os.getuid()}"
+    assert caches.name.startswith("archive-") and (caches.parent.stat().st_mode & 0o077) == 0
     if not extra:
         assert out["unusable"] is None
     else:

@@ -226,14 +226,6 @@ class CacheDirs:
             (Path(root) / k).mkdir(mode=0o700, exist_ok=True)
         return cls(Path(root), names)
 
-    @classmethod
-    def planned(cls, kinds: Iterable[str], *, label: str) -> CacheDirs:
-        """The directories :meth:`create` makes for ``label`` when nothing stands in its way (no other
-        start holds the folder): their paths only, nothing is made. For what reads a cache variable
-        before :meth:`create` runs (Foundry's fork server, :mod:`foundry_core.forkserver`)."""
-        parent, _keep = _private_parent()
-        return cls(parent / f"foundry-caches-{os.getuid()}" / label, _known(kinds))
-
     def path(self, kind: str) -> Path:
         return self.root / kind
 

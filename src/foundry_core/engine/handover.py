@@ -76,14 +76,6 @@ def redirect_for_launch(
     return dirs
 
 
-def planned_launch_environment(cfg: Any, kinds: Iterable[str]) -> dict[str, str]:
-    """The cache variables :func:`redirect_for_launch` will set for ``cfg`` where its folder is free
-    (:meth:`caches.CacheDirs.planned`); empty where caches are not carried. Nothing is made."""
-    if not getattr(cfg, "carry_caches", True):
-        return {}
-    return caches.CacheDirs.planned(kinds, label=_label(cfg)).environment()
-
-
 #: Triton's host-side helper modules, built with the system C compiler when Triton's CUDA driver is
 #: first created in a process and found by content key in its cache folder after that.
 TRITON_HELPERS = ("cuda_utils",)
