@@ -69,17 +69,27 @@ LAUNCHER = textwrap.dedent(
 )
 
 
-def _launch(tmp_path: Path, **env: str) -> dict:
+def _run_launcher(tmp_path: Path, script_text: str, args: list[str], environ: dict) -> tuple[dict, str]:
+    """Run ``script_text`` as a launcher in a fresh interpreter: (its last line as JSON, its stderr)."""
     script = tmp_path / "launcher.py"
-    script.write_text(LAUNCHER)
+    script.write_text(script_text)
+    done = subprocess.run(
+        [sys.executable, str(script), *args],
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
+
+
+def _launch(tmp_path: Path, **env: str) -> dict:
     # A module whose import raises: the server goes on without it.
     (tmp_path / "foundry_raising_mod.py").write_text("raise RuntimeError('import-time failure')\n")
     environ = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, str(tmp_path)]), **env}
-    done = subprocess.run(
-        [sys.executable, str(script)], env=environ, capture_output=True, text=True, timeout=240, cwd=tmp_path
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return _run_launcher(tmp_path, LAUNCHER, [], environ)[0]
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="the fork server start method is Linux's here")
@@ -118,19 +128,8 @@ UNUSABLE = textwrap.dedent(
 
 def _unusable(tmp_path: Path, module_text: str, timeout_s: float) -> list:
     (tmp_path / "foundry_preloaded_mod.py").write_text(module_text)
-    script = tmp_path / "launcher.py"
-    script.write_text(UNUSABLE)
     environ = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, str(tmp_path)])}
-    done = subprocess.run(
-        [sys.executable, str(script), "foundry_preloaded_mod", str(timeout_s)],
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=tmp_path,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return _run_launcher(tmp_path, UNUSABLE, ["foundry_preloaded_mod", str(timeout_s)], environ)[0]
 
 
 @pytest.mark.skipif(
@@ -254,22 +253,12 @@ def _kept(tmp_path: Path, files: dict[str, str], module: str, set_after: dict, r
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
-    script = tmp_path / "launcher.py"
-    script.write_text(KEPT)
     environ = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), SRC])}
     environ["SET_AFTER_SERVER"] = json.dumps(set_after)
     for name in ("FOUNDRY_TEST_KEPT", "FOUNDRY_TEST_OTHER", "TQDM_DISABLE"):
         environ.pop(name, None)
-    done = subprocess.run(
-        [sys.executable, str(script), module, *resynced],
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=tmp_path,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return {**json.loads(done.stdout.strip().splitlines()[-1]), "stderr": done.stderr}
+    out, stderr = _run_launcher(tmp_path, KEPT, [module, *resynced], environ)
+    return {**out, "stderr": stderr}
 
 
 READS_AT_IMPORT = "import os\nKEPT = os.environ.get('FOUNDRY_TEST_KEPT')\n"

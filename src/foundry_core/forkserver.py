@@ -72,17 +72,14 @@ def start(preload: Sequence[str], log: logging.Logger | None = None, resynced: S
         folder = tempfile.mkdtemp(prefix="foundry-forkserver-")  # this user's only: nobody else writes it
         atexit.register(shutil.rmtree, folder, True)
         _report, _unusable = Path(folder) / "report.json", None
-        given = {PRELOAD_ENV: ",".join(preload), REPORT_ENV: str(_report)}
-        saved = {name: os.environ.get(name) for name in given}
-        os.environ.update(given)
+        os.environ[PRELOAD_ENV] = ",".join(preload)
+        os.environ[REPORT_ENV] = str(_report)
         try:
-            forkserver.ensure_running()  # the server starts with this process's environment
+            forkserver.ensure_running()
         finally:
-            for name, value in saved.items():  # the launcher's own environment, as it was
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
+            # The launcher's own environment, as the user gave it.
+            os.environ.pop(PRELOAD_ENV, None)
+            os.environ.pop(REPORT_ENV, None)
     except Exception as e:  # noqa: BLE001 - an optimisation: the workers are spawned instead
         if log is not None:
             log.debug("Foundry: fork server not started (%s)", e)
@@ -141,18 +138,24 @@ def unusable(timeout_s: float = READY_TIMEOUT_S) -> str | None:
         imported = ", ".join(report.get("imported") or []) or "its modules"
         _unusable = f"it initialised CUDA while importing {imported}"
         return _unusable
-    if report.get("env_listed"):
-        _unusable = f"its preload went through the whole environment ({report['env_listed'][0]})"
-        return _unusable
     # Not kept: the launcher's environment may change again before its next launch.
     return _kept_settings(
-        report.get("env_read") or {}, report.get("env_prefixes") or [], os.environ, _resynced
+        report.get("env_read") or {},
+        report.get("env_prefixes") or [],
+        report.get("env_listed") or [],
+        os.environ,
+        _resynced,
     )
 
 
-def _kept_settings(read: dict, prefixes: list, environ: Any, resynced: Sequence[str]) -> str | None:
+def _kept_settings(
+    read: dict, prefixes: list, listed: list, environ: Any, resynced: Sequence[str]
+) -> str | None:
+    """Why a worker forked from the server could keep a setting other than ``environ``'s, or None."""
     from foundry_core.forkserver_preload import environment_changes
 
+    if listed:
+        return f"its preload went through the whole environment ({listed[0]})"
     changed = environment_changes(read, prefixes, environ, resynced)
     if not changed:
         return None
@@ -214,17 +217,13 @@ def apply_launch_state(state: dict[str, Any]) -> None:
             f"{', '.join(forkserver_preload.IMPORTED) or 'its modules'}; a worker forked from it "
             "cannot use CUDA (set FOUNDRY_WORKER_START=spawn)"
         )
-    if forkserver_preload.ENV_LISTED:
-        why: str | None = (
-            f"its preload went through the whole environment ({forkserver_preload.ENV_LISTED[0]})"
-        )
-    else:
-        why = _kept_settings(
-            forkserver_preload.ENV_READ,
-            forkserver_preload.ENV_PREFIXES,
-            state["environ"],
-            state.get("resynced", ()),
-        )
+    why = _kept_settings(
+        forkserver_preload.ENV_READ,
+        forkserver_preload.ENV_PREFIXES,
+        forkserver_preload.ENV_LISTED,
+        state["environ"],
+        state.get("resynced", ()),
+    )
     if why:
         raise RuntimeError(
             f"Foundry: a worker forked from the fork server: {why} (set FOUNDRY_WORKER_START=spawn)"

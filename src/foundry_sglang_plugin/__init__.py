@@ -27,8 +27,6 @@ SCHEDULER_PRELOAD = (
     *("triton_kernels", "gguf", "aiohttp", "fastapi", "uvicorn", "requests", "zmq", "msgspec", "psutil"),
     *("IPython.display", "transformers.modeling_gguf_pytorch_utils"),
 )
-#: The compile and JIT caches SGLang's processes fill (foundry_core.engine.caches.KINDS).
-CACHE_KINDS = ("sglang", "triton", "inductor", "tvm-ffi", "flashinfer", "deep-gemm", "cuda")
 #: Variables the preload reads (torch keeps ``torch.compiler.config.job_id`` from its import) that
 #: the launcher sets for Foundry afterwards, and that each scheduler applies again to the modules
 #: that kept them (``foundry_core.engine.caches.sync_pgo_job_id``, ``inductor.pin_process``).

@@ -42,7 +42,7 @@ from typing import Any
 
 from foundry_core.engine import capture, decide
 from foundry_core.engine.records import write_json_atomic
-from foundry_sglang_plugin import CACHE_KINDS, archive, settings
+from foundry_sglang_plugin import archive, settings
 from foundry_sglang_plugin._view import reader
 from foundry_sglang_plugin.outputs import flatten, unflatten
 from foundry_sglang_plugin.placement import PlacementError, placement
@@ -51,6 +51,8 @@ from foundry_sglang_plugin.support import check_supported, graph_phase
 logger = logging.getLogger("foundry.sglang")
 
 REPORT_ENV = "FOUNDRY_SGLANG_REPORT_DIR"
+#: The compile and JIT caches SGLang's processes fill (foundry_core.engine.caches.KINDS).
+CACHE_KINDS = ("sglang", "triton", "inductor", "tvm-ffi", "flashinfer", "deep-gemm", "cuda")
 #: Names of SGLang's symmetric-memory buffers in the archive (tensor parallelism).
 TP_ALL_REDUCE = "sglang/tp/all_reduce"
 TP_LOGITS = "sglang/tp/logits"

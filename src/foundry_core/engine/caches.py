@@ -122,10 +122,11 @@ class CacheError(ArchiveError):
 
 
 def _private_parent() -> tuple[Path, bool]:
-    """Where the private folders go, and whether they are kept at exit (:data:`ROOT_ENV` set)."""
     root = os.environ.get(ROOT_ENV)
     if root:
-        return Path(root), True
+        path = Path(root)
+        path.mkdir(parents=True, exist_ok=True)
+        return path, True
     return Path(tempfile.gettempdir()), False
 
 
@@ -186,7 +187,6 @@ class CacheDirs:
         """
         names = _known(kinds)
         parent, keep = _private_parent()
-        parent.mkdir(parents=True, exist_ok=True)
         owner = parent / f"foundry-caches-{os.getuid()}"
         root = owner / label
         lock = None
