@@ -268,7 +268,8 @@ READS_AT_IMPORT = "import os\nKEPT = os.environ.get('FOUNDRY_TEST_KEPT')\n"
 def test_a_variable_the_preload_read_and_the_launcher_changed_passes_the_server_over(tmp_path):
     out = _kept(tmp_path, {"kept_mod.py": READS_AT_IMPORT}, "kept_mod", {"FOUNDRY_TEST_KEPT": "1"})
     assert out["unusable"] == (
-        "its preload read FOUNDRY_TEST_KEPT before the launcher changed it, and a module may keep what it read"
+        "its preload read FOUNDRY_TEST_KEPT (set since) before the launcher changed it, and a module may "
+        "keep what it read"
     )
     # A worker forked from it anyway refuses to run rather than keep the server's value.
     assert out["exitcode"] != 0 and "FOUNDRY_TEST_KEPT" in out["stderr"]
@@ -290,11 +291,24 @@ def test_going_through_the_environment_counts_by_prefix_for_known_modules_only(t
     files = {"tqdm/__init__.py": "", "tqdm/utils.py": prefix_reader}
     assert _kept(tmp_path, files, "tqdm.utils", {"FOUNDRY_TEST_OTHER": "1"})["unusable"] is None
     out = _kept(tmp_path, files, "tqdm.utils", {"TQDM_DISABLE": "1"})
-    assert out["unusable"].startswith("its preload read TQDM_DISABLE before the launcher changed it")
+    assert out["unusable"].startswith(
+        "its preload read TQDM_DISABLE (set since) before the launcher changed it"
+    )
     # Any other module that goes through the whole environment: nobody can tell what it kept.
     out = _kept(tmp_path, {"lister.py": "import os\nALL = dict(os.environ)\n"}, "lister", {})
     assert out["unusable"].startswith("its preload went through the whole environment (")
     assert "lister.py:2" in out["unusable"] and out["exitcode"] != 0
+
+
+def test_the_reason_says_how_a_variable_changed_never_its_value():
+    read = {"A": None, "B": "/x", "C": "/x", "D": "/x:/y", "E": "secret-1", "F": "s"}
+    environ = {"A": "1", "C": "/x:/z", "D": "/y", "E": "secret-2", "F": "s"}
+    why = forkserver._kept_settings(read, [], [], environ, ())
+    assert why.startswith("its preload read A (set since), B (unset since), C (grown at the end) and 2 more")
+    assert forkserver._how_changed("/x", "/w:/x") == "grown at the front"
+    assert forkserver._how_changed("/x:/y", "/y") == "shortened"
+    assert forkserver._how_changed("secret-1", "secret-2") == "another value"
+    assert "secret" not in forkserver._kept_settings({"E": "secret-1"}, [], [], {"E": "secret-2"}, ())
 
 
 def test_what_a_recording_counts_as_read(monkeypatch):

@@ -160,10 +160,27 @@ def _kept_settings(
     if not changed:
         return None
     more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+    # How each one changed, never the values (a variable may hold a secret).
+    shown = [f"{n} ({_how_changed(read.get(n), environ.get(n))})" for n in changed[:3]]
     return (
-        f"its preload read {', '.join(changed[:3])}{more} before the launcher changed "
+        f"its preload read {', '.join(shown)}{more} before the launcher changed "
         f"{'it' if len(changed) == 1 else 'them'}, and a module may keep what it read"
     )
+
+
+def _how_changed(seen: str | None, now: str | None) -> str:
+    """How a variable went from what the preload saw to the launcher's value, in a word or two."""
+    if seen is None:
+        return "set since"
+    if now is None:
+        return "unset since"
+    if now.startswith(seen):
+        return "grown at the end"
+    if now.endswith(seen):
+        return "grown at the front"
+    if seen.startswith(now) or seen.endswith(now):
+        return "shortened"
+    return "another value"
 
 
 class WithLaunchState:
