@@ -408,7 +408,9 @@ def test_what_the_launcher_sets_before_the_schedulers_start_is_nothing_the_prelo
     if not extra:
         assert out["unusable"] is None
     else:
-        assert out["unusable"].startswith("its preload read CUDA_DEVICE_MAX_CONNECTIONS before the launcher")
+        assert out["unusable"].startswith(
+            "its preload read CUDA_DEVICE_MAX_CONNECTIONS (set since) before the launcher"
+        )
 
 
 def test_the_resynced_variables_are_the_ones_foundry_applies_again_in_each_scheduler():
