@@ -37,6 +37,7 @@ LAUNCHER = textwrap.dedent(
             "failed": forkserver_preload.FAILED,
             "set_after": os.environ.get("SET_AFTER_SERVER"),
             "removed_after": os.environ.get("REMOVED_AFTER_SERVER"),
+            "native": [os.environ.get("NATIVE_BEFORE_SERVER"), os.environ.get("NATIVE_AFTER_SERVER")],
             "preload_env": os.environ.get(forkserver.PRELOAD_ENV),
             "nofile": resource.getrlimit(resource.RLIMIT_NOFILE)[0],
             "umask": os.umask(0o022),
@@ -47,10 +48,13 @@ LAUNCHER = textwrap.dedent(
 
     if __name__ == "__main__":
         os.environ["REMOVED_AFTER_SERVER"] = "launcher-had-it"
+        # Set by native code (setenv(3)): os.environ never shows it, a spawned worker has it.
+        os.putenv("NATIVE_BEFORE_SERVER", "n1")
         assert forkserver.start(["colorsys", "no_such_module_for_foundry", "foundry_raising_mod"])
         # What the launcher does between the plugin's registration and the workers' start.
         os.environ["SET_AFTER_SERVER"] = "1"
         del os.environ["REMOVED_AFTER_SERVER"]
+        os.putenv("NATIVE_AFTER_SERVER", "n2")
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft - 1, hard))
         os.umask(0o027)
@@ -61,6 +65,10 @@ LAUNCHER = textwrap.dedent(
         p.start()
         out = queue.get(timeout=120)
         p.join(60)
+        spawned = mp.get_context("spawn").Process(target=worker, args=(queue,))
+        spawned.start()
+        out["spawned"] = queue.get(timeout=120)
+        spawned.join(60)
         out.update(launcher=os.getpid(), exitcode=p.exitcode, nofile_launcher=soft - 1,
                    running=forkserver.running(), unusable=forkserver.unusable(),
                    told=told.wait(10 if os.environ.get("TELL_PARENT") else 0))
@@ -100,6 +108,8 @@ def test_a_worker_from_the_fork_server_has_the_launchers_state_at_start(tmp_path
     assert out["preloaded"] is True and out["imported"] == ["colorsys"]
     assert out["failed"] == ["no_such_module_for_foundry", "foundry_raising_mod"]  # the server lived on
     assert out["set_after"] == "1" and out["removed_after"] is None and out["preload_env"] is None
+    # The environment a spawned worker gets (the C library's, native settings included), not os.environ's.
+    assert out["native"] == out["spawned"]["native"] == ["n1", "n2"]
     assert out["nofile"] == out["nofile_launcher"]
     assert out["umask"] == 0o027
     assert out["sigquit_default"] is True
@@ -239,7 +249,11 @@ KEPT = textwrap.dedent(
 
     if __name__ == "__main__":
         assert forkserver.start([sys.argv[1]], resynced=sys.argv[2:])
-        os.environ.update(json.loads(os.environ["SET_AFTER_SERVER"]))  # the launcher's later settings
+        for key, value in json.loads(os.environ["SET_AFTER_SERVER"]).items():  # the launcher's later settings
+            if os.environ.get("SET_NATIVELY"):
+                os.putenv(key, value)  # as native code's setenv(3): os.environ does not show it
+            else:
+                os.environ[key] = value
         why = forkserver.unusable(timeout_s=120)
         p = mp.get_context("forkserver").Process(target=forkserver.WithLaunchState(worker))
         p.start()  # forked anyway: the worker refuses to run
@@ -249,12 +263,16 @@ KEPT = textwrap.dedent(
 )
 
 
-def _kept(tmp_path: Path, files: dict[str, str], module: str, set_after: dict, resynced=()) -> dict:
+def _kept(
+    tmp_path: Path, files: dict[str, str], module: str, set_after: dict, resynced=(), natively=False
+) -> dict:
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
     environ = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), SRC])}
     environ["SET_AFTER_SERVER"] = json.dumps(set_after)
+    if natively:
+        environ["SET_NATIVELY"] = "1"
     for name in ("FOUNDRY_TEST_KEPT", "FOUNDRY_TEST_OTHER", "TQDM_DISABLE"):
         environ.pop(name, None)
     out, stderr = _run_launcher(tmp_path, KEPT, [module, *resynced], environ)
@@ -274,6 +292,13 @@ def test_a_variable_the_preload_read_and_the_launcher_changed_passes_the_server_
     # A worker forked from it anyway refuses to run rather than keep the server's value.
     assert out["exitcode"] != 0 and "FOUNDRY_TEST_KEPT" in out["stderr"]
     assert "FOUNDRY_WORKER_START=spawn" in out["stderr"]
+    # Set by native code after the preload read it: seen all the same.
+    out = _kept(
+        tmp_path, {"kept_mod.py": READS_AT_IMPORT}, "kept_mod", {"FOUNDRY_TEST_KEPT": "1"}, natively=True
+    )
+    assert out["unusable"] is not None and out["unusable"].startswith(
+        "its preload read FOUNDRY_TEST_KEPT (set"
+    )
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="the fork server start method is Linux's here")

@@ -143,7 +143,7 @@ def unusable(timeout_s: float = READY_TIMEOUT_S) -> str | None:
         report.get("env_read") or {},
         report.get("env_prefixes") or [],
         report.get("env_listed") or [],
-        os.environ,
+        process_environ(),
         _resynced,
     )
 
@@ -216,12 +216,32 @@ def launch_state() -> dict[str, Any]:
     os.umask(umask)
     affinity = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     return {
-        "environ": dict(os.environ),
+        "environ": process_environ(),
         "limits": limits,
         "umask": umask,
         "affinity": affinity,
         "resynced": list(_resynced),
     }
+
+
+def process_environ() -> dict[str, str]:
+    """The environment a process started from here now gets (a spawned worker's, the fork server's):
+    the C library's ``environ``. It also holds what native code set with ``setenv(3)``, which
+    ``os.environ`` (read once, at interpreter start) never shows. ``os.environ`` where it cannot be read."""
+    import ctypes
+
+    try:
+        entries = ctypes.POINTER(ctypes.c_char_p).in_dll(ctypes.CDLL(None), "environ")
+    except (OSError, ValueError):
+        return dict(os.environ)
+    out: dict[str, str] = {}
+    i = 0
+    while entries[i] is not None:
+        key, sep, value = entries[i].partition(b"=")
+        if sep and key:
+            out.setdefault(os.fsdecode(key), os.fsdecode(value))  # getenv(3) takes the first
+        i += 1
+    return out
 
 
 def apply_launch_state(state: dict[str, Any]) -> None:
@@ -248,10 +268,12 @@ def apply_launch_state(state: dict[str, Any]) -> None:
     # The server forwards SIGQUIT to the launcher; a worker keeps the default, as a spawned one.
     signal.signal(signal.SIGQUIT, signal.SIG_DFL)
     environ = state["environ"]
-    for key in [k for k in os.environ if k not in environ]:
-        del os.environ[key]
+    current = process_environ()  # the server's native code may have set some that os.environ lacks
+    for key in [k for k in {**current, **os.environ} if k not in environ]:
+        os.environ.pop(key, None)
+        os.unsetenv(key)
     for key, value in environ.items():
-        if os.environ.get(key) != value:
+        if os.environ.get(key) != value or current.get(key) != value:
             os.environ[key] = value
     import resource
 
