@@ -141,6 +141,12 @@ def shape_result(shape_dir: Path) -> dict[str, Any]:
     result["ratios"]["serving_throughput_vs_stock_default"] = serving or None
     result["floor"] = {
         "import_entry_module_s": spread([(f.get("import_entry_module") or {}).get("wall_s") for f in floors]),
+        "import_entry_module_warm_s": spread(
+            [(f.get("import_entry_module_warm") or {}).get("wall_s") for f in floors]
+        ),
+        "import_page_cache_dropped": sorted(
+            {str((f.get("import_entry_module") or {}).get("page_cache_dropped")) for f in floors}
+        ),
         "read_weights_s": spread([(f.get("read_weights") or {}).get("s") for f in floors]),
         # the context alone: the interpreter start is in import_entry_module_s already
         "cuda_context_s": spread([(f.get("cuda_context") or {}).get("inner_s") for f in floors]),

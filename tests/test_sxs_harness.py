@@ -84,6 +84,8 @@ def test_sglang_calls_accumulate_pairs_and_merge(standin):
     }
     assert "FOUNDRY_GRAPH_EXTENSION_CONFIG" in shape["modes"]["peer"]["settings_diff_from_foundry"]["env"]
     assert shape["floor"]["import_entry_module_s"]["n"] == 1
+    assert shape["floor"]["import_entry_module_warm_s"]["n"] == 1  # the import with its files cached too
+    assert len(shape["floor"]["import_page_cache_dropped"]) == 1
     # pairs alternate: pair 2 ran its modes in the reverse order of pair 1
     starts = [json.loads(p.read_text()) for p in sorted((work / "tiny" / "starts").glob("*.json"))]
     order = {p: [s["mode"] for s in starts if s["pair"] == p and s["variant"] != "warm"] for p in (1, 2)}
