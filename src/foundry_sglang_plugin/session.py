@@ -52,7 +52,7 @@ logger = logging.getLogger("foundry.sglang")
 
 REPORT_ENV = "FOUNDRY_SGLANG_REPORT_DIR"
 #: The compile and JIT caches SGLang's processes fill (foundry_core.engine.caches.KINDS).
-CACHE_KINDS = ("sglang", "triton", "inductor", "tvm-ffi", "flashinfer", "deep-gemm", "cuda")
+CACHE_KINDS = ("sglang", "sglang-jit", "triton", "inductor", "tvm-ffi", "flashinfer", "deep-gemm", "cuda")
 #: Names of SGLang's symmetric-memory buffers in the archive (tensor parallelism).
 TP_ALL_REDUCE = "sglang/tp/all_reduce"
 TP_LOGITS = "sglang/tp/logits"

@@ -81,6 +81,11 @@ KINDS: dict[str, CacheKind] = {
         CacheKind("inductor", ("TORCHINDUCTOR_CACHE_DIR",), "Inductor: FX graph and kernel caches"),
         CacheKind("triton", ("TRITON_CACHE_DIR",), "Triton: compiled kernels and launchers"),
         CacheKind("tvm-ffi", ("TVM_FFI_CACHE_DIR",), "tvm-ffi: kernels built with nvcc at first use"),
+        # SGLang 0.5.23 builds its own JIT kernels with nvcc at first use (about 40 s on an H100 at
+        # the first captured batch size); keyed by content, not by the folder, and read at each build.
+        CacheKind(
+            "sglang-jit", ("SGLANG_JIT_CACHE_DIR",), "SGLang: JIT kernels built with nvcc at first use"
+        ),
         # FlashInfer reads its base once, at import: set it before the engine imports FlashInfer.
         CacheKind("flashinfer", ("FLASHINFER_WORKSPACE_BASE",), "FlashInfer: JIT modules"),
         # vLLM's FlashInfer autotune results (FP8 MoE and GEMM tactics). Without the variable, vLLM 0.33
@@ -115,6 +120,8 @@ PGO_JOB_ID = "foundry"
 # to its flashinfer_jit.log at every import): never carried, never counted as compiled. Ninja's
 # .ninja_log is build state, not a log of this kind, and is carried.
 _SKIP_SUFFIXES = (".lock", ".tmp", ".pid", ".log")
+# Folders of a build still in progress (SGLang's JIT publishes a build by renaming its staging folder).
+_IN_PROGRESS_PREFIXES = (".staging-",)
 
 
 class CacheError(ArchiveError):
@@ -248,7 +255,8 @@ class CacheDirs:
         for k in self.kinds:
             base = self.path(k)
             found: dict[str, list[int]] = {}
-            for dirpath, _dirnames, filenames in os.walk(base):
+            for dirpath, dirnames, filenames in os.walk(base):
+                dirnames[:] = [d for d in dirnames if not d.startswith(_IN_PROGRESS_PREFIXES)]
                 for fn in filenames:
                     full = Path(dirpath, fn)
                     if fn.endswith(_SKIP_SUFFIXES) or fn.startswith(".foundry-"):
