@@ -301,6 +301,24 @@ def test_a_load_that_compiles_anyway_says_so_once(tmp_path, log_records):
     assert "built 1 cache files although the carried caches were handed over (triton 1)" in warning
 
 
+def test_a_load_says_what_its_first_served_batch_built(tmp_path, log_records):
+    # The start's report is written before the server's warmup request: what that first prefill
+    # builds although the caches were handed over shows only after it (SGLang's JIT kernels did).
+    records = log_records("foundry.caches", logging.WARNING)
+    cfg = _cfg(tmp_path)
+    _saved(tmp_path, cfg).finish()
+    h = CacheHandover(cfg, 0, ["triton", "tvm-ffi"], ENGINE)
+    h.begin()
+    assert h.restore(device=0) is True
+    assert h.finish()["new_files"]["total"] == 0 and not records
+    (h.dirs.path("tvm-ffi") / "prefill.so").write_bytes(b"built at the first prefill")
+    h.served(device=0).join()
+    (warning,) = [r.getMessage() for r in records]
+    assert "built 1 cache files although the carried caches were handed over (tvm-ffi 1)" in warning
+    assert h.report["new_files"]["total"] == 1
+    assert h.served(device=0) is None  # only the first batch is looked at
+
+
 def test_missing_caches_build_as_usual(tmp_path, log_records):
     records = log_records("foundry.caches", logging.INFO)
     h = CacheHandover(_cfg(tmp_path), 0, ["triton"], ENGINE)

@@ -393,8 +393,9 @@ def around_logits_gather(original: Any, self: Any, x: Any, *args: Any, **kwargs:
 
 def after_process_batch_result(result: Any, self: Any, *args: Any, **kwargs: Any) -> None:
     """``Scheduler.process_batch_result``: SAVE keeps saving the kernels SGLang builds at its first
-    requests (the server warmup runs the first prefill) into the carried caches."""
-    if _session is not None and _session.mode == "save":
+    requests (the server warmup runs the first prefill) into the carried caches; LOAD says what its
+    first batch built although the caches were handed over."""
+    if _session is not None and _session.mode in ("save", "load"):
         _session.caches.served(_session.device)
 
 

@@ -22,6 +22,7 @@ Order, the same for every engine (the plugin calls each step from its engine's h
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -315,16 +316,24 @@ class CacheHandover:
         return summary
 
     def served(self, device: int) -> threading.Thread | None:
-        """SAVE, after each batch the engine served: at batches 1, 2, 4, ... 1024, save the caches
+        """After each batch the engine served. SAVE: at batches 1, 2, 4, ... 1024, save the caches
         again (on a thread, so serving goes on) if the engine built anything since the last save.
+        LOAD: after the first batch (the server's warmup, which SAVE's carried caches cover), say once
+        what it built (:meth:`finish`), which the report at the end of the start cannot see yet.
         Returns the thread when one was started."""
-        if self._saved is None:
+        if self._saved is None and not self._restored:
             return None
         self._batches += 1
         n = self._batches
-        if n > 1024 or n & (n - 1):
-            return None
-        thread = threading.Thread(target=self._save_again, args=(device,), name="foundry-caches", daemon=True)
+        if self._saved is None:
+            if n != 1:
+                return None
+            target: Any = self.finish
+        else:
+            if n > 1024 or n & (n - 1):
+                return None
+            target = functools.partial(self._save_again, device)
+        thread = threading.Thread(target=target, name="foundry-caches", daemon=True)
         thread.start()
         return thread
 
