@@ -154,11 +154,6 @@ class Session:
         # properties). An auto LOAD keeps images until its archive is accepted: it may still SAVE.
         fc.start_recording(keep_images=mode == "save" or cfg.mode == "auto")
         begin_s["recording_s"] = time.perf_counter() - t1
-        if mode == "load":
-            # The check reads the device's properties, which initialises CUDA in this process: the
-            # engine's own work (its model runner would do it a moment later), timed apart so that
-            # Foundry's steps hold only Foundry's time.
-            session.report["cuda_init_s"] = round(_init_cuda(), 4)
         t1 = time.perf_counter()
         if mode == "load":
             session.check_archive()
@@ -618,19 +613,6 @@ def _time_steps(session: Session, begin_s: dict[str, float]) -> None:
     steps = StartSteps(session.report)
     steps.add_all({k.removesuffix("_s"): v for k, v in begin_s.items() if k != "total_s"})
     steps.close(session.rank, logger)
-
-
-def _init_cuda() -> float:
-    """Seconds taken to initialise CUDA through torch, as the scheduler's first device call would
-    (0 where torch sees no device: the check that follows says so)."""
-    import torch
-
-    t0 = time.perf_counter()
-    try:
-        torch.cuda.init()
-    except (RuntimeError, AssertionError):  # no device or no CUDA build: fingerprinting refuses it
-        return 0.0
-    return time.perf_counter() - t0
 
 
 def _engine_facts() -> dict[str, Any]:

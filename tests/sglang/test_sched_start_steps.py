@@ -54,21 +54,3 @@ def test_a_scheduler_started_without_a_choice_says_so(load_start, monkeypatch):
     monkeypatch.delenv(start_method.CHOSEN_ENV, raising=False)
     report = Session.begin(load_start, HINT).report
     assert report["scheduler_start"] is None and "launcher.settle" not in report[startsteps.STEPS_KEY]
-
-
-def test_cuda_initialisation_before_the_check_is_the_engines_time_not_foundrys(load_start, monkeypatch):
-    import time
-
-    import torch
-
-    calls = []
-
-    def slow_init():  # stands in for cuInit and device enumeration (about 0.5 s on an H100)
-        calls.append(time.perf_counter())
-        time.sleep(0.3)
-
-    monkeypatch.setattr(torch.cuda, "init", slow_init)
-    report = Session.begin(load_start, HINT).report
-    assert len(calls) == 1 and report["cuda_init_s"] >= 0.3
-    assert report[startsteps.STEPS_KEY]["check_archive"] < 0.3
-    assert report[startsteps.TOTAL_KEY] < 0.3
