@@ -13,6 +13,7 @@ import errno
 import hashlib
 import os
 import stat
+import time
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,9 @@ class Archive:
         self.format_version: int = manifest["format_version"]
         self.files: dict[str, int] = {rel: len(b) for rel, b in sorted(contents.items())}
         self._contents = contents
+        #: Seconds of each step of :func:`open_archive` (manifest, tree, read, hash, inflate) and
+        #: the bytes read, for start reports.
+        self.open_timings: dict[str, float] = {}
 
     def __repr__(self) -> str:
         return f"Archive({str(self.path)!r}, digest={self.digest[:16]}, files={len(self.files)})"
@@ -112,6 +116,8 @@ def _member_error(where: str, rel: str, e: OSError) -> ArchiveError:
 
 
 def _verify(root_fd: int, where: str, expected_fingerprint: dict | None, expected_digest: str | None):
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
     # 1. manifest: a regular file, bounded size, strict JSON
     try:
         mfd = os.open(
@@ -165,6 +171,7 @@ def _verify(root_fd: int, where: str, expected_fingerprint: dict | None, expecte
 
         compare_fingerprint(manifest["fingerprint"], expected_fingerprint)
     files: dict[str, Any] = manifest["files"]
+    timings["manifest_s"], t0 = time.perf_counter() - t0, time.perf_counter()
     # 4. the tree: nothing but directories and listed regular files, no symlinks anywhere
     seen: set[str] = set()
     try:
@@ -195,6 +202,7 @@ def _verify(root_fd: int, where: str, expected_fingerprint: dict | None, expecte
                 f"{where}: file {_one_line(repr(rel), 120)} listed in the manifest is missing; SAVE again"
             )
 
+    timings["tree_s"], t0 = time.perf_counter() - t0, time.perf_counter()
     # 5. contents: exact size and sha256, bytes kept for read_bytes. Files are read on this thread
     # (so their memory comes from the main allocator arena), then hashed on a few threads (sha256 of
     # large buffers releases the GIL: most of a LOAD's archive time). The first damaged file in
@@ -222,6 +230,9 @@ def _verify(root_fd: int, where: str, expected_fingerprint: dict | None, expecte
         finally:
             os.close(fd)
 
+    timings["read_s"], t0 = time.perf_counter() - t0, time.perf_counter()
+    timings["stored_bytes"] = float(sum(len(b) for b in contents.values()))
+
     def digest_of(rel: str) -> str:
         return hashlib.sha256(contents[rel]).hexdigest()
 
@@ -230,9 +241,11 @@ def _verify(root_fd: int, where: str, expected_fingerprint: dict | None, expecte
         if got != files[rel]["sha256"]:
             shown = _one_line(repr(rel), 120)
             raise ArchiveError(f"{where}: file {shown} fails its sha256 check; it is damaged, SAVE again")
+    timings["hash_s"], t0 = time.perf_counter() - t0, time.perf_counter()
     # 6. compressed members (format 2): inflated only after their checksums passed
     _decode_members(contents, files, where)
-    return manifest, digest, contents
+    timings["inflate_s"] = time.perf_counter() - t0
+    return manifest, digest, contents, timings
 
 
 def open_archive(
@@ -269,7 +282,9 @@ def open_archive(
             raise ArchiveError(f"cannot open {where}: {_oserr(e)}") from None
         try:
             try:
-                manifest, digest, contents = _verify(root_fd, where, expected_fingerprint, expected_digest)
+                manifest, digest, contents, timings = _verify(
+                    root_fd, where, expected_fingerprint, expected_digest
+                )
             except FingerprintMismatch:
                 raise
             except ArchiveError:
@@ -277,7 +292,9 @@ def open_archive(
                 if attempt + 1 < _OPEN_ATTEMPTS and _swapped(p, root_fd):
                     continue
                 raise
-            return Archive(p, manifest, digest, contents)
+            archive = Archive(p, manifest, digest, contents)
+            archive.open_timings = {k: round(v, 4) for k, v in timings.items()}
+            return archive
         finally:
             os.close(root_fd)
     raise AssertionError("unreachable")  # pragma: no cover
