@@ -1,7 +1,7 @@
 """SGLang 0.5.23 builds its own JIT kernels with nvcc at first use, into ``SGLANG_JIT_CACHE_DIR``
-(default ``~/.cache/sglang/jit``). Not carried, a cold LOAD built them again at its first prefill
-(56 s on an H100 at e473ac8, where stock built them during its capture): the folder is a carried
-kind, and SGLang's own cache lookup resolves to Foundry's private folder."""
+(default ``~/.cache/sglang/jit``); stock builds them during its first capture. Not carried, a cold
+LOAD builds them at its first prefill instead (the likely cause of 56 s there on an H100 at e473ac8):
+the folder is a carried kind, and SGLang's own cache lookup resolves to Foundry's private folder."""
 
 from __future__ import annotations
 
