@@ -285,9 +285,11 @@ READS_AT_IMPORT = "import os\nKEPT = os.environ.get('FOUNDRY_TEST_KEPT')\n"
 @pytest.mark.skipif(sys.platform != "linux", reason="the fork server start method is Linux's here")
 def test_a_variable_the_preload_read_and_the_launcher_changed_passes_the_server_over(tmp_path):
     out = _kept(tmp_path, {"kept_mod.py": READS_AT_IMPORT}, "kept_mod", {"FOUNDRY_TEST_KEPT": "1"})
+    # How it changed and where the launcher changed it (the line of KEPT that sets it), never the value.
+    line = KEPT.splitlines().index("            os.environ[key] = value") + 1
     assert out["unusable"] == (
-        "its preload read FOUNDRY_TEST_KEPT (set since) before the launcher changed it, and a module may "
-        "keep what it read"
+        f"its preload read FOUNDRY_TEST_KEPT (set since, by launcher.py:{line}) before the launcher "
+        "changed it, and a module may keep what it read"
     )
     # A worker forked from it anyway refuses to run rather than keep the server's value.
     assert out["exitcode"] != 0 and "FOUNDRY_TEST_KEPT" in out["stderr"]
@@ -316,9 +318,7 @@ def test_going_through_the_environment_counts_by_prefix_for_known_modules_only(t
     files = {"tqdm/__init__.py": "", "tqdm/utils.py": prefix_reader}
     assert _kept(tmp_path, files, "tqdm.utils", {"FOUNDRY_TEST_OTHER": "1"})["unusable"] is None
     out = _kept(tmp_path, files, "tqdm.utils", {"TQDM_DISABLE": "1"})
-    assert out["unusable"].startswith(
-        "its preload read TQDM_DISABLE (set since) before the launcher changed it"
-    )
+    assert out["unusable"].startswith("its preload read TQDM_DISABLE (set since, by launcher.py:")
     # Any other module that goes through the whole environment: nobody can tell what it kept.
     out = _kept(tmp_path, {"lister.py": "import os\nALL = dict(os.environ)\n"}, "lister", {})
     assert out["unusable"].startswith("its preload went through the whole environment (")

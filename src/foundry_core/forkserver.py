@@ -32,6 +32,7 @@ import logging
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -53,6 +54,10 @@ _started: tuple[str, ...] | None = None
 _resynced: tuple[str, ...] = ()
 _report: Path | None = None
 _unusable: str | None = None  # once the report is read
+#: Variable -> where the launcher last set or removed it after the server started ("file:line" of
+#: the first frame outside the standard library), for the reason a server is passed over.
+_changed_by: dict[str, str] = {}
+_STDLIB_DIR = os.path.dirname(os.__file__)
 
 
 def start(preload: Sequence[str], log: logging.Logger | None = None, resynced: Sequence[str] = ()) -> bool:
@@ -85,7 +90,35 @@ def start(preload: Sequence[str], log: logging.Logger | None = None, resynced: S
             log.debug("Foundry: fork server not started (%s)", e)
         return False
     _started, _resynced = tuple(preload), tuple(resynced)
+    try:  # audit hooks stay for the process's life: the hook itself returns at once for other events
+        sys.addaudithook(_note_environment_change)
+    except Exception:  # noqa: BLE001 - only the reason's detail is lost
+        pass
     return True
+
+
+def _note_environment_change(event: str, args: tuple) -> None:
+    """Audit hook (``os.environ`` assignments and removals raise ``os.putenv``/``os.unsetenv``):
+    where each variable was last changed. Never raises: an exception here would reach the caller."""
+    if event != "os.putenv" and event != "os.unsetenv":
+        return
+    try:
+        frame = sys._getframe(1)
+        while frame is not None and (
+            frame.f_code.co_filename.startswith((_STDLIB_DIR, "<frozen "))
+            or frame.f_code.co_filename == __file__
+        ):
+            frame = frame.f_back
+        if frame is not None:
+            where = frame.f_code.co_filename
+            short = (
+                where.rsplit("site-packages/", 1)[-1]
+                if "site-packages/" in where
+                else os.path.basename(where)
+            )
+            _changed_by[os.fsdecode(args[0])] = f"{short}:{frame.f_lineno}"
+    except Exception:  # noqa: BLE001 - see above
+        pass
 
 
 def running() -> tuple[str, ...] | None:
@@ -145,11 +178,17 @@ def unusable(timeout_s: float = READY_TIMEOUT_S) -> str | None:
         report.get("env_listed") or [],
         process_environ(),
         _resynced,
+        _changed_by,
     )
 
 
 def _kept_settings(
-    read: dict, prefixes: list, listed: list, environ: Any, resynced: Sequence[str]
+    read: dict,
+    prefixes: list,
+    listed: list,
+    environ: Any,
+    resynced: Sequence[str],
+    changed_by: dict[str, str] | None = None,
 ) -> str | None:
     """Why a worker forked from the server could keep a setting other than ``environ``'s, or None."""
     from foundry_core.forkserver_preload import environment_changes
@@ -161,7 +200,11 @@ def _kept_settings(
         return None
     more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
     # How each one changed, never the values (a variable may hold a secret).
-    shown = [f"{n} ({_how_changed(read.get(n), environ.get(n))})" for n in changed[:3]]
+    by = changed_by or {}
+    shown = [
+        f"{n} ({_how_changed(read.get(n), environ.get(n))}{', by ' + by[n] if n in by else ''})"
+        for n in changed[:3]
+    ]
     return (
         f"its preload read {', '.join(shown)}{more} before the launcher changed "
         f"{'it' if len(changed) == 1 else 'them'}, and a module may keep what it read"

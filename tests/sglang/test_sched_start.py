@@ -408,9 +408,10 @@ def test_what_the_launcher_sets_before_the_schedulers_start_is_nothing_the_prelo
     if not extra:
         assert out["unusable"] is None
     else:
+        # How it changed, and where: SGLang's launcher sets it (the reason names the line).
         assert out["unusable"].startswith(
-            "its preload read CUDA_DEVICE_MAX_CONNECTIONS (set since) before the launcher"
-        )
+            "its preload read CUDA_DEVICE_MAX_CONNECTIONS (set since, by sglang/"
+        ), out["unusable"]
 
 
 def test_the_resynced_variables_are_the_ones_foundry_applies_again_in_each_scheduler():
