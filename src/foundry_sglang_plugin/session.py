@@ -208,7 +208,7 @@ class Session:
             if isinstance(verified, fc.Archive):  # held in memory: fc.load takes it instead of re-reading
                 self._verified = verified
                 # Where the check's time goes (it is most of Foundry's share of a LOAD's start).
-                self.report["check_archive_split"] = dict(verified.open_timings)
+                self.report["check_archive_split"] = dict(getattr(verified, "open_timings", {}))
             return
         decide.after_refusal(self.cfg, self.rank, self.world_size, reason, FoundrySessionError, logger)
         self.mode = "save"

@@ -272,7 +272,9 @@ class FoundrySession:
 
         if isinstance(verified, fc.Archive):  # held in memory: restore() loads it without re-reading
             self.verified = verified
-            self.report["check_archive_split"] = dict(verified.open_timings)  # where "decide" goes
+            self.report["check_archive_split"] = dict(
+                getattr(verified, "open_timings", {})
+            )  # where "decide" goes
         return reason
 
     @contextlib.contextmanager
