@@ -272,9 +272,8 @@ class FoundrySession:
 
         if isinstance(verified, fc.Archive):  # held in memory: restore() loads it without re-reading
             self.verified = verified
-            self.report["check_archive_split"] = dict(
-                getattr(verified, "open_timings", {})
-            )  # where "decide" goes
+            # Where the check's time goes (most of "decide" in the start steps).
+            self.report["check_archive_split"] = dict(getattr(verified, "open_timings", {}))
         return reason
 
     @contextlib.contextmanager

@@ -129,11 +129,10 @@ class CacheError(ArchiveError):
 
 
 def _private_parent() -> tuple[Path, bool]:
+    """Where the private folders go, and whether they are kept at exit (:data:`ROOT_ENV` set)."""
     root = os.environ.get(ROOT_ENV)
     if root:
-        path = Path(root)
-        path.mkdir(parents=True, exist_ok=True)
-        return path, True
+        return Path(root), True
     return Path(tempfile.gettempdir()), False
 
 
@@ -194,6 +193,7 @@ class CacheDirs:
         """
         names = _known(kinds)
         parent, keep = _private_parent()
+        parent.mkdir(parents=True, exist_ok=True)
         owner = parent / f"foundry-caches-{os.getuid()}"
         root = owner / label
         lock = None
