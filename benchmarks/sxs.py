@@ -11,12 +11,13 @@ Modes (what each launches: benchmarks/sxs_modes.py):
 
 * ``stock_naive``: every engine cache empty (HOME and TMPDIR, where the engines keep them by default,
   are empty folders) and the page cache dropped where ``/proc/sys/vm/drop_caches`` is writable;
-* ``stock_best``: the caches an earlier ``stock_naive`` start left, restored where the engine looks,
-  plus every launch setting of Foundry's a stock user can set too;
+* ``stock_best``: a fresh container (page cache dropped) with the caches an earlier ``stock_naive``
+  start left restored where the engine looks, plus every launch setting of Foundry's a stock user can
+  set too;
 * ``peer`` (SGLang): upstream ``foundry-core`` 0.1.0rc3 as its README says, SAVE once, then LOAD
   (cold, like stock_naive); a refusal is recorded with its reason;
 * ``foundry``: SAVE once, then per pair a cold LOAD (caches and page cache as stock_naive) and a warm
-  LOAD (the caches the cold LOAD left);
+  LOAD (the caches the cold LOAD left, the page cache kept: a restart on the same host);
 * ``stock_default``: the engine's defaults, graph configuration included (for serving).
 
 Per start: seconds from spawn to ready (``/health`` and ``/v1/models``) and to the first streamed token
@@ -177,12 +178,14 @@ def _keep(work: Work, name: str) -> None:
 
 
 def prepare(work: Work, caches: str) -> dict[str, Any]:
-    """HOME and TMPDIR for a start: ``empty`` (and the page cache dropped) or a kept set's copy."""
+    """HOME and TMPDIR for a start: ``empty`` or a kept set's copy. The page cache is dropped for a
+    fresh container (``empty``, and ``stock``: stock_best's caches baked into the image or a volume),
+    kept for a restart on the same host (``foundry``: the warm LOAD)."""
     info: dict[str, Any] = {"caches": caches}
     kept = work.kept.get(caches)
     for live in (work.home, work.tmp):
         _replace(kept / live.name if kept else None, live)
-    if caches == "empty":
+    if caches in ("empty", "stock"):
         info["page_cache_dropped"], info["page_cache"] = sxs_floor.drop_page_cache()
     return info
 

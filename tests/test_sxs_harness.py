@@ -173,3 +173,33 @@ def test_the_device_site_path_carries_what_its_pth_files_add(tmp_path):
         [sys.executable, "-c", "import cutlass_like"], env=env, capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_a_ratio_never_sets_a_start_that_reads_from_disk_against_one_that_finds_its_files_cached():
+    import sxs_merge
+
+    def start(mode, variant, pair, ttft, dropped):
+        rec = {"mode": mode, "variant": variant, "pair": pair, "ttft_cold_s": ttft}
+        return dict(rec, page_cache_dropped=True) if dropped else rec
+
+    recs = [
+        # pair 1: stock_best with its page cache kept (before 2026-12-05): the warm LOAD compares
+        start("stock_best", "best", 1, 55.0, False),
+        start("foundry", "cold", 1, 60.0, True),
+        start("foundry", "warm", 1, 50.0, False),
+        # pair 2: a fresh container on both sides
+        start("stock_best", "best", 2, 70.0, True),
+        start("foundry", "cold", 2, 56.0, True),
+        start("foundry", "warm", 2, 45.0, False),
+        # pair 3: no Foundry start in stock_best's state
+        start("stock_best", "best", 3, 70.0, True),
+        start("foundry", "warm", 3, 45.0, False),
+    ]
+    numerators, denominator = sxs_merge.RATIOS["foundry_vs_stock_best"]
+    ratio = sxs_merge.paired(recs, numerators, denominator, lambda r: r["ttft_cold_s"])
+    assert ratio["pairs"] == [round(50 / 55, 4), 0.8] and ratio["n"] == 2
+    assert ratio["pairs_without_a_match"] == 1
+    assert ratio["compared"] == [
+        "foundry cold / stock_best best, page cache dropped",
+        "foundry warm / stock_best best, page cache kept",
+    ]
