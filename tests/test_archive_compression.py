@@ -220,3 +220,48 @@ def test_inspect_reports_content_and_on_disk_sizes(tmp_path, capsys):
     out = capsys.readouterr().out
     line = next(x for x in out.splitlines() if x.startswith("files"))
     assert "files     2, 2.0 MiB" in line and "on disk, 1 compressed)" in line, line
+
+
+def test_inflating_can_wait_until_every_check_passed(tmp_path):
+    """open_archive(inflate=False) checks everything but inflates nothing; members inflate on first
+    read or on the inflate-ahead thread, and one that does not decompress is refused where it is read."""
+    import zlib
+
+    from foundry_core import archive as archive_mod
+
+    big = _code_like(3 * archive_mod.COMPRESS_CHUNK + 5)
+    small = _code_like(archive_mod.COMPRESS_CHUNK // 2)
+    with ArchiveWriter(tmp_path / "a") as w:
+        w.add_bytes("modules/big.cubin", big, compress=True)
+        w.add_bytes("modules/small.cubin", small, compress=True)
+        w.add_bytes("graphs/0000.bin", b"as it is")
+        w.commit(fingerprint=fp(), meta={})
+    ar = open_archive(tmp_path / "a", inflate=False)
+    assert ar.open_timings["inflate_s"] < 0.05 and ar.inflate_s == 0.0
+    assert ar.files == {"modules/big.cubin": len(big), "modules/small.cubin": len(small), "graphs/0000.bin": 8}
+    assert ar.read_bytes("modules/small.cubin") == small  # inflated on first read, that one alone
+    assert ar._pending == {"modules/big.cubin"}
+    thread = ar.inflate_ahead()
+    thread.join(30)
+    assert ar.read_bytes("modules/big.cubin") == big and ar.inflate_s > 0 and ar.inflate_ahead() is None
+
+    # A member whose stored bytes pass their checksum but do not inflate (checksums made consistent)
+    m = manifest_of(tmp_path / "a")
+    entry = m["files"]["modules/big.cubin"]
+    member = real(tmp_path / "a") / "modules" / "big.cubin"
+    stored = member.read_bytes()
+    first = entry["encoding"]["chunks"][0]
+    bad = zlib.compress(b"\0" * 10)
+    member.write_bytes(bad + stored[first:])
+    entry["encoding"]["chunks"][0] = len(bad)
+    entry["size"] = len(bad) + len(stored) - first
+    entry["sha256"] = hashlib.sha256(member.read_bytes()).hexdigest()
+    del m["manifest_sha256"]
+    m["manifest_sha256"] = archive_mod._self_checksum(m)
+    (real(tmp_path / "a") / "manifest.json").write_bytes(archive_mod._manifest_bytes(m))
+    ar = open_archive(tmp_path / "a", inflate=False)  # every check passes: the stored bytes are as listed
+    ar.inflate_ahead().join(30)  # the thread keeps the error to itself
+    assert ar.read_bytes("modules/small.cubin") == small  # the other member inflated
+    for _ in range(2):  # refused where it is read, every time
+        with pytest.raises(ArchiveError, match=r"modules/big.cubin.*does not decompress"):
+            ar.read_bytes("modules/big.cubin")

@@ -53,6 +53,7 @@ from tamper_archive import (
     REPO,
     Ctx,
     ReachedGPU,
+    StandInRegion,
     assert_goes_through,
     build,
     edit_manifest,
@@ -520,3 +521,44 @@ def test_a_recorded_nvshmem_heap_needs_the_same_placement_before_the_gpu(tmp_pat
     edit_manifest(ctx, lambda m: m["meta"].update(nvshmem_heap={"base": "0x7"}))
     with pytest.raises(ArchiveError, match="damaged NVSHMEM heap record"):
         ctx.load()
+
+
+def test_a_member_inflated_ahead_that_does_not_decompress_is_refused_before_the_gpu(tmp_path):
+    """verify(inflate_ahead=True) leaves inflating to a thread; load waits for it and refuses a member
+    that does not decompress (its checksum made consistent) before it maps any device memory."""
+    import zlib
+    from unittest import mock
+
+    from foundry_core import api
+
+    ctx = build(tmp_path)
+    member = ctx.real / PACKED_REL
+    stored, bad = member.read_bytes(), zlib.compress(b"\0" * 10)  # the first chunk inflates short
+
+    def forge(m):
+        entry = m["files"][PACKED_REL]
+        first = entry["encoding"]["chunks"][0]
+        member.write_bytes(bad + stored[first:])
+        entry["encoding"]["chunks"][0] = len(bad)
+        entry["size"] = len(bad) + len(stored) - first
+        entry["sha256"] = hashlib.sha256(member.read_bytes()).hexdigest()
+
+    edit_manifest(ctx, forge)
+    ar = open_archive(ctx.path, expected_fingerprint=ctx.expected(), inflate=False)  # every check passes
+    ar.inflate_ahead()
+
+    def this_machine(device=0, *, model=None, rank=0, world_size=1):
+        return ctx.expected() if model == ctx.model else None
+
+    with mock.patch.object(api, "current_fingerprint", this_machine), mock.patch.object(api, "_torch"):
+        with pytest.raises(ArchiveError, match=r"does not decompress"):
+            api.load(
+                ctx.path,
+                region=StandInRegion(),  # raises ReachedGPU at the first mapping
+                fingerprint_model=ctx.model,
+                rank=ctx.rank,
+                world_size=ctx.world_size,
+                trusted_root=ctx.root,
+                progress=False,
+                archive=ar,
+            )

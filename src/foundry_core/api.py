@@ -406,16 +406,19 @@ def verify(
     world_size: int = 1,
     expected_digest: str | None = None,
     trusted_root: str | os.PathLike | None = None,
+    inflate_ahead: bool = False,
 ):
     """Check an archive against this machine without touching the GPU beyond reading its properties.
 
     With ``fingerprint_model=None`` the saved model facts are not compared (only the machine's).
     ``trusted_root``, when given, is checked first, as :func:`load` does: the archive must resolve
-    under it. Returns the verified :class:`~foundry_core.archive.Archive`.
+    under it. Returns the verified :class:`~foundry_core.archive.Archive`. ``inflate_ahead``: its
+    compressed members are inflated on a thread once every check has passed, off the caller's path
+    (:meth:`~foundry_core.archive.Archive.inflate_ahead`; :func:`load` waits where it needs one).
     """
     if trusted_root is not None:
         check_location(path, trusted_root)
-    archive = open_archive(path, expected_digest=expected_digest)
+    archive = open_archive(path, expected_digest=expected_digest, inflate=not inflate_ahead)
     saved_model = archive.fingerprint.get("model", {})
     expected = current_fingerprint(
         device,
@@ -426,6 +429,8 @@ def verify(
     compare_fingerprint(archive.fingerprint, expected)
     _require_graph_archive(archive, path)
     _require_device(archive, path, device)
+    if inflate_ahead:
+        archive.inflate_ahead()
     return archive
 
 
@@ -596,6 +601,13 @@ def load(
             )
         _check_symmetric(archive, path, symmetric)
         _check_nvshmem_heap(archive, path)
+        # Members inflated ahead (verify(inflate_ahead=True)): done, or refused, before any mapping.
+        inflate = getattr(archive, "inflate", None)
+        if inflate is not None:
+            t_wait = time.perf_counter()
+            inflate()
+            timings["inflate_wait_s"] = time.perf_counter() - t_wait
+            timings["inflated_after_check_s"] = float(getattr(archive, "inflate_s", 0.0))
     except BaseException:
         drop(rebuilding, building)
         raise

@@ -5,6 +5,10 @@ its schema and its own checksum), the pinned digest and the fingerprint (cheap, 
 is read), the tree (nothing unlisted, no symlinks), then every member's size and sha256, and last
 the inflation of compressed members. Separate from the writer because it is the trust boundary:
 nothing here writes, and nothing is re-read from disk once verified.
+
+Inflating can wait (``open_archive(..., inflate=False)``): every check that can refuse the archive has
+run by then, since each member's checksum covers its stored (compressed) bytes, and a LOAD's start
+has better things to do with that half second than wait for it (:meth:`Archive.inflate_ahead`).
 """
 
 from __future__ import annotations
@@ -13,7 +17,9 @@ import errno
 import hashlib
 import os
 import stat
+import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -30,28 +36,81 @@ _OPEN_ATTEMPTS = 3
 class Archive:
     """A fully verified archive held in memory; nothing is re-read from disk after :func:`open_archive`."""
 
-    def __init__(self, path: Path, manifest: dict, digest: str, contents: dict[str, bytes]):
+    def __init__(
+        self,
+        path: Path,
+        manifest: dict,
+        digest: str,
+        contents: dict[str, bytes],
+        pending: Iterable[str] = (),
+    ):
         self.path = path
         self.manifest = manifest
         self.digest = digest
         self.meta: dict = manifest["meta"]
         self.fingerprint: dict = manifest["fingerprint"]
         self.format_version: int = manifest["format_version"]
-        self.files: dict[str, int] = {rel: len(b) for rel, b in sorted(contents.items())}
+        #: Compressed members whose checksums passed but which are not inflated yet.
+        self._pending = set(pending)
+        listed = manifest.get("files") or {}
+        #: Each member's content size (what :meth:`read_bytes` returns), inflated or not yet.
+        self.files: dict[str, int] = {
+            rel: listed[rel]["encoding"]["raw_size"] if rel in self._pending else len(b)
+            for rel, b in sorted(contents.items())
+        }
         self._contents = contents
+        self._inflating = threading.Lock()
         #: Seconds of each step of :func:`open_archive` (manifest, tree, read, hash, inflate) and
         #: the bytes read, for start reports.
         self.open_timings: dict[str, float] = {}
+        #: Seconds spent inflating after :func:`open_archive` returned (``inflate=False``).
+        self.inflate_s = 0.0
 
     def __repr__(self) -> str:
         return f"Archive({str(self.path)!r}, digest={self.digest[:16]}, files={len(self.files)})"
 
     def read_bytes(self, relpath: str) -> bytes:
-        """The verified bytes of member ``relpath``."""
+        """The verified bytes of member ``relpath`` (inflated first where that has not happened yet)."""
+        if relpath in getattr(self, "_pending", ()):
+            self.inflate([relpath])
         try:
             return self._contents[relpath]
         except (KeyError, TypeError):
             raise ArchiveError(f"archive {self.path} has no file {_one_line(repr(relpath), 120)}") from None
+
+    def inflate(self, members: Iterable[str] | None = None) -> None:
+        """Inflate the compressed members not inflated yet (``members`` of them; all with None).
+        Thread-safe: a caller that needs a member another thread is inflating waits for it. Raises
+        :class:`ArchiveError` naming the first member, in sorted order, that does not decompress;
+        nothing of that call is kept then, so every later read of it raises the same."""
+        with self._inflating:
+            todo = sorted(self._pending if members is None else self._pending.intersection(members))
+            if not todo:
+                return
+            t0 = time.perf_counter()
+            listed = self.manifest["files"]
+            work = {rel: self._contents[rel] for rel in todo}
+            _decode_members(work, {rel: listed[rel] for rel in todo}, f"archive {self.path}")
+            self._contents.update(work)
+            self._pending.difference_update(todo)
+            self.inflate_s += time.perf_counter() - t0
+
+    def inflate_ahead(self) -> threading.Thread | None:
+        """Inflate every pending member on a daemon thread (native inflation and zlib release the
+        GIL) and return it, or None when nothing is pending. A member that does not decompress is
+        reported where it is read (:meth:`read_bytes`), not on the thread."""
+        if not self._pending:
+            return None
+
+        def run() -> None:
+            try:
+                self.inflate()
+            except ArchiveError:  # read_bytes of that member raises it again, in its caller
+                pass
+
+        thread = threading.Thread(target=run, name="foundry-inflate-ahead", daemon=True)
+        thread.start()
+        return thread
 
     def read_json(self, relpath: str) -> Any:
         """Member ``relpath`` parsed as strict JSON."""
@@ -115,7 +174,9 @@ def _member_error(where: str, rel: str, e: OSError) -> ArchiveError:
     return ArchiveError(f"{where}: cannot read file {shown}: {_oserr(e)}")
 
 
-def _verify(root_fd: int, where: str, expected_fingerprint: dict | None, expected_digest: str | None):
+def _verify(
+    root_fd: int, where: str, expected_fingerprint: dict | None, expected_digest: str | None, inflate: bool
+):
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     # 1. manifest: a regular file, bounded size, strict JSON
@@ -242,10 +303,14 @@ def _verify(root_fd: int, where: str, expected_fingerprint: dict | None, expecte
             shown = _one_line(repr(rel), 120)
             raise ArchiveError(f"{where}: file {shown} fails its sha256 check; it is damaged, SAVE again")
     timings["hash_s"], t0 = time.perf_counter() - t0, time.perf_counter()
-    # 6. compressed members (format 2): inflated only after their checksums passed
-    _decode_members(contents, files, where)
+    # 6. compressed members (format 2): inflated only after their checksums passed, or left to the
+    # Archive (inflate=False)
+    pending = sorted(rel for rel in names if files[rel].get("encoding") is not None)
+    if inflate:
+        _decode_members(contents, files, where)
+        pending = []
     timings["inflate_s"] = time.perf_counter() - t0
-    return manifest, digest, contents, timings
+    return manifest, digest, contents, timings, pending
 
 
 def open_archive(
@@ -253,8 +318,11 @@ def open_archive(
     *,
     expected_fingerprint: dict | None = None,
     expected_digest: str | None = None,
+    inflate: bool = True,
 ) -> Archive:
     """Open and fully verify the archive at ``path`` (see docs/archive-format.md for the order of checks).
+    ``inflate=False``: compressed members are inflated when first read, or by
+    :meth:`Archive.inflate_ahead`, after every check has passed.
 
     Raises :class:`ArchiveNotFound` when nothing is there, :class:`FingerprintMismatch` when it was saved
     for another setup, :class:`ArchiveError` for anything else.
@@ -282,8 +350,8 @@ def open_archive(
             raise ArchiveError(f"cannot open {where}: {_oserr(e)}") from None
         try:
             try:
-                manifest, digest, contents, timings = _verify(
-                    root_fd, where, expected_fingerprint, expected_digest
+                manifest, digest, contents, timings, pending = _verify(
+                    root_fd, where, expected_fingerprint, expected_digest, inflate
                 )
             except FingerprintMismatch:
                 raise
@@ -292,7 +360,7 @@ def open_archive(
                 if attempt + 1 < _OPEN_ATTEMPTS and _swapped(p, root_fd):
                     continue
                 raise
-            archive = Archive(p, manifest, digest, contents)
+            archive = Archive(p, manifest, digest, contents, pending)
             archive.open_timings = {k: round(v, 4) for k, v in timings.items()}
             return archive
         finally:

@@ -63,6 +63,8 @@ def verify_archive(
             world_size=world_size,
             expected_digest=expected_digest,
             trusted_root=cfg.archive_dir,  # checked first, as fc.load does
+            # Inflating (most of the check's time) runs on while the engine loads its weights.
+            inflate_ahead=True,
         )
     except fc.ArchiveError as e:
         return None, one_line(e)
