@@ -238,7 +238,11 @@ def test_inflating_can_wait_until_every_check_passed(tmp_path):
         w.commit(fingerprint=fp(), meta={})
     ar = open_archive(tmp_path / "a", inflate=False)
     assert ar.open_timings["inflate_s"] < 0.05 and ar.inflate_s == 0.0
-    assert ar.files == {"modules/big.cubin": len(big), "modules/small.cubin": len(small), "graphs/0000.bin": 8}
+    assert ar.files == {
+        "modules/big.cubin": len(big),
+        "modules/small.cubin": len(small),
+        "graphs/0000.bin": 8,
+    }
     assert ar.read_bytes("modules/small.cubin") == small  # inflated on first read, that one alone
     assert ar._pending == {"modules/big.cubin"}
     thread = ar.inflate_ahead()
