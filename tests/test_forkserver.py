@@ -264,7 +264,13 @@ KEPT = textwrap.dedent(
 
 
 def _kept(
-    tmp_path: Path, files: dict[str, str], module: str, set_after: dict, resynced=(), natively=False
+    tmp_path: Path,
+    files: dict[str, str],
+    module: str,
+    set_after: dict,
+    resynced=(),
+    natively=False,
+    base: dict | None = None,
 ) -> dict:
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
@@ -275,6 +281,7 @@ def _kept(
         environ["SET_NATIVELY"] = "1"
     for name in ("FOUNDRY_TEST_KEPT", "FOUNDRY_TEST_OTHER", "TQDM_DISABLE"):
         environ.pop(name, None)
+    environ.update(base or {})
     out, stderr = _run_launcher(tmp_path, KEPT, [module, *resynced], environ)
     return {**out, "stderr": stderr}
 
@@ -288,8 +295,8 @@ def test_a_variable_the_preload_read_and_the_launcher_changed_passes_the_server_
     # How it changed and where the launcher changed it (the line of KEPT that sets it), never the value.
     line = KEPT.splitlines().index("            os.environ[key] = value") + 1
     assert out["unusable"] == (
-        f"its preload read FOUNDRY_TEST_KEPT (set since, by launcher.py:{line}) before the launcher "
-        "changed it, and a module may keep what it read"
+        f"its preload read FOUNDRY_TEST_KEPT (set since, by launcher.py:{line}; read by kept_mod.py:2) "
+        "before the launcher changed it, and a module may keep what it read"
     )
     # A worker forked from it anyway refuses to run rather than keep the server's value.
     assert out["exitcode"] != 0 and "FOUNDRY_TEST_KEPT" in out["stderr"]
@@ -309,6 +316,38 @@ def test_a_variable_nobody_read_or_one_the_worker_applies_again_may_change(tmp_p
     assert _kept(tmp_path, files, "kept_mod", {"FOUNDRY_TEST_OTHER": "1"})["unusable"] is None
     out = _kept(tmp_path, files, "kept_mod", {"FOUNDRY_TEST_KEPT": "1"}, resynced=["FOUNDRY_TEST_KEPT"])
     assert out["unusable"] is None and out["exitcode"] == 0
+
+
+# A stand-in for Triton's NVIDIA driver module, which reads LD_LIBRARY_PATH (libcuda_dirs) and keeps
+# only the folders on it that hold libcuda.so.1.
+TRITON_DRIVER = "import os\nPATH = os.getenv('LD_LIBRARY_PATH')\n"
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the fork server start method is Linux's here")
+def test_a_change_no_reader_keeps_leaves_the_server_usable(tmp_path):
+    """OpenCV in SGLang's launcher puts its library folder in front of LD_LIBRARY_PATH after the
+    preload's Triton read it: harmless, since Triton keeps only the folders holding libcuda.so.1.
+    A folder that does hold one, or a reader Foundry knows nothing of, still passes it over."""
+    files = {
+        "triton/__init__.py": "",
+        "triton/backends/__init__.py": "",
+        "triton/backends/nvidia/__init__.py": "",
+        "triton/backends/nvidia/driver.py": TRITON_DRIVER,
+        "other_reader.py": "import os\nPATH = os.environ.get('LD_LIBRARY_PATH')\n",
+    }
+    (tmp_path / "cv2libs").mkdir()
+    (tmp_path / "driverlibs").mkdir()
+    (tmp_path / "driverlibs" / "libcuda.so.1").touch()
+    base = {"LD_LIBRARY_PATH": "/opt/none"}
+    grown = {"LD_LIBRARY_PATH": f"{tmp_path / 'cv2libs'}:/opt/none"}
+    out = _kept(tmp_path, files, "triton.backends.nvidia.driver", grown, base=base)
+    assert out["unusable"] is None and out["exitcode"] == 0, out
+    driver = {"LD_LIBRARY_PATH": f"{tmp_path / 'driverlibs'}:/opt/none"}
+    out = _kept(tmp_path, files, "triton.backends.nvidia.driver", driver, base=base)
+    assert "LD_LIBRARY_PATH (grown at the front, by launcher.py:" in out["unusable"]
+    assert "read by triton/backends/nvidia/driver.py:2)" in out["unusable"] and out["exitcode"] != 0
+    out = _kept(tmp_path, files, "other_reader", grown, base=base)
+    assert "read by other_reader.py:2)" in out["unusable"] and out["exitcode"] != 0
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="the fork server start method is Linux's here")

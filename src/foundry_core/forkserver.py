@@ -39,6 +39,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from foundry_core.forkserver_preload import in_stdlib
+
 #: The modules the server imports, for :mod:`foundry_core.forkserver_preload` (set while it starts).
 PRELOAD_ENV = "FOUNDRY_FORKSERVER_PRELOAD"
 #: Where the server writes its report once the preload is done (set while it starts).
@@ -57,7 +59,6 @@ _unusable: str | None = None  # once the report is read
 #: Variable -> where the launcher last set or removed it after the server started ("file:line" of
 #: the first frame outside the standard library), for the reason a server is passed over.
 _changed_by: dict[str, str] = {}
-_STDLIB_DIR = os.path.dirname(os.__file__)
 
 
 def start(preload: Sequence[str], log: logging.Logger | None = None, resynced: Sequence[str] = ()) -> bool:
@@ -105,8 +106,7 @@ def _note_environment_change(event: str, args: tuple) -> None:
     try:
         frame = sys._getframe(1)
         while frame is not None and (
-            frame.f_code.co_filename.startswith((_STDLIB_DIR, "<frozen "))
-            or frame.f_code.co_filename == __file__
+            in_stdlib(frame.f_code.co_filename) or frame.f_code.co_filename == __file__
         ):
             frame = frame.f_back
         if frame is not None:
@@ -179,6 +179,7 @@ def unusable(timeout_s: float = READY_TIMEOUT_S) -> str | None:
         process_environ(),
         _resynced,
         _changed_by,
+        report.get("env_readers") or {},
     )
 
 
@@ -189,26 +190,65 @@ def _kept_settings(
     environ: Any,
     resynced: Sequence[str],
     changed_by: dict[str, str] | None = None,
+    readers: dict[str, list[str]] | None = None,
 ) -> str | None:
-    """Why a worker forked from the server could keep a setting other than ``environ``'s, or None."""
+    """Why a worker forked from the server could keep a setting other than ``environ``'s, or None.
+    ``readers``: where the preload read each variable; a change none of them keeps is harmless."""
     from foundry_core.forkserver_preload import environment_changes
 
     if listed:
         return f"its preload went through the whole environment ({listed[0]})"
-    changed = environment_changes(read, prefixes, environ, resynced)
+    readers = readers or {}
+    changed = [
+        n
+        for n in environment_changes(read, prefixes, environ, resynced)
+        if not _kept_by_none(n, read.get(n), environ.get(n), readers.get(n) or [])
+    ]
     if not changed:
         return None
     more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
     # How each one changed, never the values (a variable may hold a secret).
     by = changed_by or {}
     shown = [
-        f"{n} ({_how_changed(read.get(n), environ.get(n))}{', by ' + by[n] if n in by else ''})"
+        f"{n} ({_how_changed(read.get(n), environ.get(n))}{', by ' + by[n] if n in by else ''}"
+        f"{'; read by ' + ', '.join(readers[n]) if readers.get(n) else ''})"
         for n in changed[:3]
     ]
     return (
         f"its preload read {', '.join(shown)}{more} before the launcher changed "
         f"{'it' if len(changed) == 1 else 'them'}, and a module may keep what it read"
     )
+
+
+def _libcuda_folders(value: str | None) -> list[str]:
+    """Triton's view of ``LD_LIBRARY_PATH`` (``triton.backends.nvidia.driver.libcuda_dirs``, cached
+    for the process): at most the folders on it that hold ``libcuda.so.1``, in order."""
+    return [d for d in (value or "").split(":") if d and os.path.isfile(os.path.join(d, "libcuda.so.1"))]
+
+
+#: (variable, the file that reads it, below site-packages) -> what that reader keeps of the value.
+#: A change that leaves the view of every reader as it was is harmless to a forked worker: OpenCV,
+#: imported by SGLang's launcher after the server's preload, puts its own library folder (no
+#: ``libcuda.so.1`` there) at the front of ``LD_LIBRARY_PATH``, which Triton's driver read.
+READER_VIEWS: dict[tuple[str, str], Callable[[str | None], Any]] = {
+    ("LD_LIBRARY_PATH", "triton/backends/nvidia/driver.py"): _libcuda_folders,
+}
+
+
+def _kept_by_none(name: str, seen: str | None, now: str | None, readers: list[str]) -> bool:
+    """Whether every recorded reader of ``name`` keeps only a view of it that ``seen`` and ``now``
+    share (False where a reader is unknown, or there were more than the preload lists)."""
+    if not readers:
+        return False
+    for reader in readers:
+        file = reader.rsplit(":", 1)[0]
+        view = next(
+            (v for (var, f), v in READER_VIEWS.items() if var == name and (file == f or file.endswith("/" + f))),
+            None,
+        )
+        if view is None or view(seen) != view(now):
+            return False
+    return True
 
 
 def _how_changed(seen: str | None, now: str | None) -> str:
@@ -303,6 +343,8 @@ def apply_launch_state(state: dict[str, Any]) -> None:
         forkserver_preload.ENV_LISTED,
         state["environ"],
         state.get("resynced", ()),
+        None,
+        forkserver_preload.ENV_READERS,
     )
     if why:
         raise RuntimeError(

@@ -25,6 +25,11 @@ FAILED: list[str] = []
 CUDA_INITIALISED = False
 #: Each environment variable the preload read -> the value it saw (None: unset).
 ENV_READ: dict[str, str | None] = {}
+#: Each variable the preload read -> where it was read ("file:line" of the first frame outside the
+#: standard library, the file below its import root), a few at most: whether a worker may keep what
+#: was read depends on who read it (:data:`foundry_core.forkserver.READER_VIEWS`).
+ENV_READERS: dict[str, list[str]] = {}
+_MAX_READERS = 4
 #: Prefixes of the variables a known module read by going through the whole environment.
 ENV_PREFIXES: list[str] = []
 #: Where a module not in :data:`PREFIX_LISTERS` went through the whole environment: no list of
@@ -37,6 +42,7 @@ PREFIX_LISTERS = {"tqdm/utils.py": "TQDM_", "networkx/utils/backends.py": "NETWO
 # The server's own variables, set by the launcher only while it starts the server.
 _OWN = ("FOUNDRY_FORKSERVER_PRELOAD", "FOUNDRY_FORKSERVER_REPORT")
 _STDLIB_FRAMES = ("<frozen ", os.__file__)
+_STDLIB_DIR = os.path.dirname(os.__file__) + os.sep
 
 
 def _preload() -> None:
@@ -76,6 +82,8 @@ class recording_environment_reads:
             caller = sys._getframe(1).f_code
             if caller.co_name in ("__iter__", "copy") and caller.co_filename.startswith(_STDLIB_FRAMES):
                 return getitem(environ, key)  # the values of a listing (.items(), .copy()), recorded as one
+            if key not in _OWN:
+                _note_reader(key)
             try:
                 value = getitem(environ, key)
             except KeyError:
@@ -113,6 +121,33 @@ class recording_environment_reads:
         environ_type.__getitem__, environ_type.__iter__ = self._saved  # type: ignore[method-assign]
 
 
+def in_stdlib(filename: str) -> bool:
+    """Whether ``filename`` is the standard library's (frozen modules included; not the
+    site-packages folder a Python install may keep inside it)."""
+    if filename.startswith(_STDLIB_FRAMES):
+        return True
+    return filename.startswith(_STDLIB_DIR) and "-packages" not in filename[len(_STDLIB_DIR) :]
+
+
+def _note_reader(key: str) -> None:
+    """Add where ``key`` is being read (the caller of ``os.environ``'s lookup) to :data:`ENV_READERS`."""
+    frame = sys._getframe(2)
+    while frame is not None and in_stdlib(frame.f_code.co_filename):
+        frame = frame.f_back
+    if frame is None:
+        return
+    where = frame.f_code.co_filename
+    # The module's path below the import root it came from (site-packages, a --target folder)
+    roots = [p.rstrip(os.sep) + os.sep for p in sys.path if p and where.startswith(p.rstrip(os.sep) + os.sep)]
+    short = where[len(max(roots, key=len)) :] if roots else where
+    readers = ENV_READERS.setdefault(key, [])
+    reader = f"{short}:{frame.f_lineno}"
+    if reader not in readers and len(readers) < _MAX_READERS:
+        readers.append(reader)
+    elif reader not in readers:
+        readers[-1] = "..."  # more than can be listed: no reader list can excuse it
+
+
 def _write_report(path: str | None) -> None:
     if not path:
         return
@@ -121,6 +156,7 @@ def _write_report(path: str | None) -> None:
         "failed": FAILED,
         "cuda_initialised": CUDA_INITIALISED,
         "env_read": ENV_READ,
+        "env_readers": ENV_READERS,
         "env_prefixes": ENV_PREFIXES,
         "env_listed": ENV_LISTED,
     }
