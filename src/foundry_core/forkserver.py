@@ -243,7 +243,11 @@ def _kept_by_none(name: str, seen: str | None, now: str | None, readers: list[st
     for reader in readers:
         file = reader.rsplit(":", 1)[0]
         view = next(
-            (v for (var, f), v in READER_VIEWS.items() if var == name and (file == f or file.endswith("/" + f))),
+            (
+                v
+                for (var, f), v in READER_VIEWS.items()
+                if var == name and (file == f or file.endswith("/" + f))
+            ),
             None,
         )
         if view is None or view(seen) != view(now):
