@@ -8,8 +8,10 @@ the given Python:
 2. ``cold``: every listed file evicted from the page cache (``posix_fadvise(POSIX_FADV_DONTNEED)``,
    no root; pages another process has mapped stay), then the import timed;
 3. ``cold+readahead``: evicted again, then an interpreter that starts the read-ahead of that list
-   as Foundry's plugin does (one thread, then reader threads) and imports the module; with
-   ``posix_fadvise(WILLNEED)`` (the default) and with plain reads (``cold+readahead-read``);
+   as Foundry's plugin does (a helper process plans and reads) and imports the module; with
+   ``posix_fadvise(WILLNEED)`` (the default), with plain reads (``cold+readahead-read``) and planned
+   and read on the importing process's own threads (``cold+readahead-threads``, as before the
+   helper process); ``plan_s`` is how long the plan took (None: not made before the import ended);
 4. ``warm``: the import with the files cached (the floor read-ahead aims at).
 
 For SGLang it also times a scheduler start (``--scheduler``): a child process that imports
@@ -55,12 +57,14 @@ print(json.dumps({{"import_s": took, "files": len(entries)}}))
 """
 
 TIMED = """
-import json, time
+import json, sys, time
 t = time.perf_counter()
 {prelude}
 import {module}
 took = time.perf_counter() - t
-print(json.dumps({{"import_s": took}}))
+ahead = sys.modules.get("foundry_core.engine.readahead")
+summary = (ahead.summary() or {{}}) if ahead is not None else {{}}
+print(json.dumps({{"import_s": took, "plan_s": summary.get("plan_s")}}))
 """
 
 READAHEAD_PRELUDE = """
@@ -152,13 +156,16 @@ def measure_imports(python: str, module: str, rounds: int, env: dict[str, str]) 
     config.write_text(f'mode = "load"\narchive_dir = "{archive}"\n')
     plain = TIMED.format(prelude="", module=module)
     ahead = TIMED.format(prelude=READAHEAD_PRELUDE.format(config=str(config)), module=module)
-    results: dict[str, list[dict]] = {"cold": [], "cold+readahead": [], "cold+readahead-read": [], "warm": []}
+    names = ("cold", "cold+readahead", "cold+readahead-read", "cold+readahead-threads", "warm")
+    results: dict[str, list[dict]] = {name: [] for name in names}
     read_env = {**env, "FOUNDRY_READAHEAD_MODE": "read"}
+    threads_env = {**env, "FOUNDRY_READAHEAD_HELPER": "0"}
     for _ in range(rounds):
         for name, code, child_env in (
             ("cold", plain, env),
             ("cold+readahead", ahead, env),
             ("cold+readahead-read", ahead, read_env),
+            ("cold+readahead-threads", ahead, threads_env),
         ):
             evict(files)
             left = resident_fraction(files)

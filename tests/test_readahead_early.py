@@ -65,6 +65,18 @@ def test_register_time_read_ahead_reads_the_recorded_lists(load_config):
     s = out["summary"]
     assert s["lists"] == 1 and s["files"] > 100 and s["read_files"] == s["files"]
     assert s["how"] == "advise"
+    # Planned and read by a helper process, not on the launcher's GIL
+    assert s["helper_pid"] > 0 and s["plan_s"] is not None
+
+
+def test_without_a_helper_process_the_launcher_reads_ahead_itself_and_trusts_the_same(load_config):
+    helped = _run(load_config)["summary"]
+    out = _run(load_config, FOUNDRY_READAHEAD_HELPER="0")
+    s = out["summary"]
+    assert "helper_pid" not in s and s["lists"] == 1 and s["read_files"] == s["files"] > 100
+    # The helper was handed the launcher's environment roots (its own sys.path is bare): it keeps
+    # and refuses the same files (the recording test process imported a few from elsewhere).
+    assert (helped["files"], helped["skipped"]) == (s["files"], s["skipped"])
 
 
 def test_switched_off_or_started_by_the_parent_it_does_nothing(load_config):

@@ -55,6 +55,8 @@ ENV = "FOUNDRY_READAHEAD"
 STARTED_ENV = "FOUNDRY_READAHEAD_STARTED"
 #: How the files are read ahead: "advise" (default) or "read" (:func:`mode`).
 MODE_ENV = "FOUNDRY_READAHEAD_MODE"
+#: "0": plan and read ahead on the launcher's own threads, not in a helper process (:mod:`.readahead_proc`).
+HELPER_ENV = "FOUNDRY_READAHEAD_HELPER"
 THREADS = 8
 MAX_ENTRIES = 200_000  # a list longer than this is not a start's reads: skipped as damaged
 CHUNK = 1 << 20
@@ -302,14 +304,17 @@ def plan(
     model_names: Iterable[str] = (),
     extra_roots: Iterable[str | os.PathLike] = (),
     log: logging.Logger | None = None,
+    environment: Sequence[str | os.PathLike] | None = None,
 ) -> Plan:
     """Read every list beside the archive and keep the entries that may and should be read: the
     file's real path is under a trusted root and its size and mtime are the recorded ones. Small
-    files first, in recorded order (the imports' order), the model's files last."""
+    files first, in recorded order (the imports' order), the model's files last. ``environment``:
+    the engine's environment roots, where this process is not the engine's (:func:`child_main`)."""
     log = log or logger
     archive = Path(os.path.realpath(archive_dir))
     out = Plan()
-    base_roots = [archive, *environment_roots(), *(Path(os.path.realpath(r)) for r in extra_roots)]
+    env_roots = environment_roots() if environment is None else [Path(r) for r in environment]
+    base_roots = [archive, *env_roots, *(Path(os.path.realpath(r)) for r in extra_roots)]
     names = list(model_names)
     seen: set[str] = set()
     ordered: list[tuple[int, str, int, int]] = []
@@ -422,6 +427,11 @@ class Replay:
         self._running = 0
         self._workers: list[threading.Thread] = []
 
+    def stop(self) -> None:
+        """Read nothing more (the files being read are finished)."""
+        with self._lock:
+            self._next = len(self.files)
+
     def start(self) -> Replay:
         self._running = self.threads
         for i in range(self.threads):
@@ -506,6 +516,51 @@ def _plan_and_read(
     threads: int,
     log: logging.Logger,
 ) -> None:
+    """In a helper process (:mod:`.readahead_proc`), or on this process's threads where none starts."""
+    from . import readahead_proc
+
+    args = {
+        "archive_dir": str(archive_dir),
+        "names": names,
+        "roots": [str(r) for r in roots],
+        "environment": [str(r) for r in environment_roots()],
+        "threads": threads,
+        "how": mode(),
+    }
+
+    def planned(info: dict[str, Any]) -> None:
+        with _state_lock:
+            _state["plan_info"] = info
+        for name in info.get("bad_lists") or []:
+            log.info("Foundry: read-ahead list %s skipped (not a read-ahead list of this format)", name)
+        if info.get("lists"):
+            log.info(
+                "Foundry: reading ahead %d files (%.0f MB) from %d list(s), planned in %.2f s by a "
+                "helper process; skipped %s",
+                info["files"],
+                info["mb"],
+                info["lists"],
+                info["plan_s"],
+                ", ".join(f"{k} {v}" for k, v in info["skipped"].items() if v) or "none",
+            )
+
+    def done(result: dict[str, Any]) -> None:
+        if result.get("files"):
+            log.info(
+                "Foundry: read ahead %d of %d files (%.0f MB) in %.1f s",
+                result.get("read_files", 0),
+                result["files"],
+                result.get("read_mb", 0.0),
+                result.get("done_s") or 0.0,
+            )
+
+    helper = None
+    if os.environ.get(HELPER_ENV, "1").strip() != "0":
+        helper = readahead_proc.start(__file__, args, planned, done)
+    if helper is not None:
+        with _state_lock:
+            _state["replay"] = helper
+        return
     t0 = time.monotonic()
     try:
         p = plan(archive_dir, model_names=names, extra_roots=roots, log=log)
@@ -528,13 +583,39 @@ def _plan_and_read(
 def summary() -> dict[str, Any] | None:
     """This process's read-ahead for the start report (None where it started none)."""
     with _state_lock:
-        p, replay = _state.get("plan"), _state.get("replay")
-        if p is None:
+        p, info, replay = _state.get("plan"), _state.get("plan_info"), _state.get("replay")
+        if p is not None:
+            out = {"lists": p.lists, "skipped": dict(p.skipped), "bad_lists": list(p.bad_lists)}
+            out["plan_s"] = _state.get("plan_s")
+        elif info is not None:  # planned by the helper process
+            out = {k: info[k] for k in ("lists", "skipped", "bad_lists", "plan_s")}
+        elif replay is not None:  # the helper has not planned yet
+            out = {"lists": None}
+        else:
             return {"started_by": os.environ.get(STARTED_ENV)} if os.environ.get(STARTED_ENV) else None
-        out = {"lists": p.lists, "skipped": dict(p.skipped), "bad_lists": list(p.bad_lists)}
-        out["plan_s"] = _state.get("plan_s")
     out.update(replay.summary())
     return out
+
+
+def child_main(args: dict[str, Any]) -> None:
+    """The helper process of :mod:`.readahead_proc` (this file loaded on its own there): plan, say
+    so on stdout, read ahead, report; it stops reading once the launcher that started it is gone."""
+    t0 = time.monotonic()
+    launcher = os.getppid()
+    p = plan(
+        args["archive_dir"],
+        model_names=args["names"],
+        extra_roots=args["roots"],
+        environment=args["environment"],
+    )
+    info = {"lists": p.lists, "skipped": dict(p.skipped), "bad_lists": list(p.bad_lists)}
+    info.update(files=len(p.files), mb=round(sum(f[1] for f in p.files) / 1e6, 1))
+    print(json.dumps({"plan": dict(info, plan_s=round(time.monotonic() - t0, 3))}), flush=True)
+    replay = Replay(p.files, args["threads"], args["how"]).start()
+    while not replay.join(timeout=0.5):
+        if os.getppid() != launcher:
+            replay.stop()
+    print(json.dumps({"replay": replay.summary()}), flush=True)
 
 
 def reset() -> None:
