@@ -130,18 +130,24 @@ def in_stdlib(filename: str) -> bool:
 
 
 def _note_reader(key: str) -> None:
-    """Add where ``key`` is being read (the caller of ``os.environ``'s lookup) to :data:`ENV_READERS`."""
-    frame = sys._getframe(2)
-    while frame is not None and in_stdlib(frame.f_code.co_filename):
-        frame = frame.f_back
-    if frame is None:
-        return
-    where = frame.f_code.co_filename
-    # The module's path below the import root it came from (site-packages, a --target folder)
-    roots = [p.rstrip(os.sep) + os.sep for p in sys.path if p and where.startswith(p.rstrip(os.sep) + os.sep)]
-    short = where[len(max(roots, key=len)) :] if roots else where
+    """Add where ``key`` is being read (the caller of ``os.environ``'s lookup) to :data:`ENV_READERS`.
+    Never raises into the import that reads: a reader not noted excuses nothing (fails closed)."""
     readers = ENV_READERS.setdefault(key, [])
-    reader = f"{short}:{frame.f_lineno}"
+    try:
+        frame = sys._getframe(2)
+        while frame is not None and in_stdlib(frame.f_code.co_filename):
+            frame = frame.f_back
+        if frame is None:
+            return
+        where = frame.f_code.co_filename
+        # The module's path below the import root it came from (site-packages, a --target folder)
+        roots = [
+            p.rstrip(os.sep) + os.sep for p in sys.path if p and where.startswith(p.rstrip(os.sep) + os.sep)
+        ]
+        short = where[len(max(roots, key=len)) :] if roots else where
+        reader = f"{short}:{frame.f_lineno}"
+    except Exception:  # noqa: BLE001 - see above
+        reader = "..."
     if reader not in readers and len(readers) < _MAX_READERS:
         readers.append(reader)
     elif reader not in readers:

@@ -83,6 +83,8 @@ class Archive:
         Thread-safe: a caller that needs a member another thread is inflating waits for it. Raises
         :class:`ArchiveError` naming the first member, in sorted order, that does not decompress;
         nothing of that call is kept then, so every later read of it raises the same."""
+        if not getattr(self, "_pending", None):  # nothing left (or an Archive made without open_archive)
+            return
         with self._inflating:
             todo = sorted(self._pending if members is None else self._pending.intersection(members))
             if not todo:

@@ -554,9 +554,12 @@ def _plan_and_read(
                 result.get("done_s") or 0.0,
             )
 
+    def failed(error: str) -> None:
+        log.info("Foundry: read-ahead not started (%s)", error)
+
     helper = None
     if os.environ.get(HELPER_ENV, "1").strip() != "0":
-        helper = readahead_proc.start(__file__, args, planned, done)
+        helper = readahead_proc.start(__file__, args, planned, done, failed)
     if helper is not None:
         with _state_lock:
             _state["replay"] = helper
@@ -602,12 +605,16 @@ def child_main(args: dict[str, Any]) -> None:
     so on stdout, read ahead, report; it stops reading once the launcher that started it is gone."""
     t0 = time.monotonic()
     launcher = os.getppid()
-    p = plan(
-        args["archive_dir"],
-        model_names=args["names"],
-        extra_roots=args["roots"],
-        environment=args["environment"],
-    )
+    try:
+        p = plan(
+            args["archive_dir"],
+            model_names=args["names"],
+            extra_roots=args["roots"],
+            environment=args["environment"],
+        )
+    except Exception as e:  # noqa: BLE001 - said to the launcher, which logs it; the start goes on
+        print(json.dumps({"error": f"{type(e).__name__}: {e}"}), flush=True)
+        return
     info = {"lists": p.lists, "skipped": dict(p.skipped), "bad_lists": list(p.bad_lists)}
     info.update(files=len(p.files), mb=round(sum(f[1] for f in p.files) / 1e6, 1))
     print(json.dumps({"plan": dict(info, plan_s=round(time.monotonic() - t0, 3))}), flush=True)

@@ -39,16 +39,17 @@ class HelperReplay:
         proc: subprocess.Popen,
         on_plan: Callable[[dict[str, Any]], None],
         on_done: Callable[[dict[str, Any]], None],
+        on_error: Callable[[str], None],
     ) -> None:
         self.proc = proc
         self.plan: dict[str, Any] | None = None
         self.result: dict[str, Any] | None = None
         self._reader = threading.Thread(
-            target=self._read, args=(on_plan, on_done), name="foundry-readahead-helper", daemon=True
+            target=self._read, args=(on_plan, on_done, on_error), name="foundry-readahead-helper", daemon=True
         )
         self._reader.start()
 
-    def _read(self, on_plan: Callable, on_done: Callable) -> None:
+    def _read(self, on_plan: Callable, on_done: Callable, on_error: Callable) -> None:
         try:
             for line in self.proc.stdout:  # blocked in read(2): the GIL is free meanwhile
                 message = json.loads(line)
@@ -58,6 +59,8 @@ class HelperReplay:
                 elif "replay" in message:
                     self.result = message["replay"]
                     on_done(self.result)
+                elif "error" in message:
+                    on_error(message["error"])
         except (OSError, ValueError, TypeError):  # a helper that died mid-line: nothing more to say
             pass
         finally:
@@ -79,6 +82,7 @@ def start(
     args: dict[str, Any],
     on_plan: Callable[[dict[str, Any]], None],
     on_done: Callable[[dict[str, Any]], None],
+    on_error: Callable[[str], None],
 ) -> HelperReplay | None:
     """Start the helper on ``args`` (see ``child_main``); None where no interpreter can be started
     (the caller then reads ahead on its own threads)."""
@@ -95,4 +99,4 @@ def start(
         )
     except (OSError, ValueError):
         return None
-    return HelperReplay(proc, on_plan, on_done)
+    return HelperReplay(proc, on_plan, on_done, on_error)
