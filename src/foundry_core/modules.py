@@ -19,6 +19,7 @@ import hashlib
 import os
 import struct
 import sys
+from collections.abc import Iterator
 
 from cuda.bindings import driver as _drv
 
@@ -41,18 +42,23 @@ SETTABLE_FUNC_ATTRIBUTES = {
 NUM_REGS = int(_F.CU_FUNC_ATTRIBUTE_NUM_REGS)
 
 
-def _cupti_candidates() -> list[str]:
-    found = []
+def _cupti_candidates() -> Iterator[str]:
+    """CUPTI libraries to try, in order, found as they are asked for: a LOAD starts recording on its
+    start's critical path, and the first one usually starts."""
     env = os.environ.get("FOUNDRY_CUPTI")
     if env:
-        found.append(env)
+        yield env
     for entry in sys.path:
-        found += sorted(glob.glob(os.path.join(entry, "nvidia", "**", "libcupti.so*"), recursive=True))
+        # Where the NVIDIA wheels keep it (nvidia/cu13/lib, nvidia/cuda_cupti/lib): two directory
+        # reads; only a layout without it there walks the whole nvidia tree (thousands of files).
+        shallow = glob.glob(os.path.join(entry, "nvidia", "*", "lib", "libcupti.so*"))
+        yield from sorted(shallow) or sorted(
+            glob.glob(os.path.join(entry, "nvidia", "**", "libcupti.so*"), recursive=True)
+        )
     for root in ("/usr/local/cuda", *sorted(glob.glob("/usr/local/cuda-*"), reverse=True)):
-        found += sorted(glob.glob(os.path.join(root, "extras", "CUPTI", "lib64", "libcupti.so*")))
-        found += sorted(glob.glob(os.path.join(root, "targets", "*", "lib", "libcupti.so*")))
-    found.append("libcupti.so")
-    return found
+        yield from sorted(glob.glob(os.path.join(root, "extras", "CUPTI", "lib64", "libcupti.so*")))
+        yield from sorted(glob.glob(os.path.join(root, "targets", "*", "lib", "libcupti.so*")))
+    yield "libcupti.so"
 
 
 def start_recording(keep_images: bool = True) -> None:
