@@ -75,6 +75,8 @@ def test_a_held_archive_is_unaffected_by_a_newer_save_and_the_next_start_loads_t
     first = engine_save(cfg, "vllm", "v1")
     held, reason = decide.verify_archive(cfg, 0, device=0, fingerprint=MODEL, world_size=1)
     assert reason is None and held.digest == first
+    # Where the check's time went, for the start report: open_archive's steps and the rest of it
+    assert {"read_s", "hash_s", "inflate_s", "location_s", "fingerprint_s"} <= set(held.open_timings)
     held_version = path.parent / os.readlink(path)
 
     second = engine_save(cfg, "vllm", "v2")  # another replica, or a later mode = save start
