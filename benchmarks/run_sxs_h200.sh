@@ -50,7 +50,12 @@ if [ "$left" -gt 60 ]; then
 else
   echo "no time left for starts ($left s)"
 fi
-name=sxs-$engine-h200
+# named for the card the lease gave (an nvidia-h200 call may run on an H100)
+case "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)" in
+  *H100*) card=h100 ;;
+  *) card=h200 ;;
+esac
+name=sxs-$engine-$card
 python3 benchmarks/sxs.py merge --engine "$engine" --workdir "$work" --out "$out/$name.json" \
   --command "$cmd (calls accumulate in $work)"
 echo "sxs merge rc=$?"
