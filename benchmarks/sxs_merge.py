@@ -79,6 +79,9 @@ def summarize(
             {str(r.get("page_cache_dropped")) for r in recs if "page_cache_dropped" in r}
         ),
     }
+    facts = [r["foundry"] for r in ok if r.get("foundry")]
+    if facts:
+        out["foundry"] = foundry_summary(facts)
     serving = [r["serving"] for r in ok if r.get("serving")]
     if serving:
         out["serving"] = {rate: _median_dict([s[rate] for s in serving if rate in s]) for rate in serving[0]}
@@ -102,6 +105,26 @@ def summarize(
 
 def _dropped(rec: dict[str, Any]) -> bool:
     return rec.get("page_cache_dropped") is True
+
+
+def foundry_summary(facts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Foundry's own lines over a mode's starts (sxs_server.foundry_facts): its steps on the start's
+    critical path, the archive check's split, when the read-ahead was planned, and how the schedulers
+    started (each distinct reason once)."""
+    reports = [f.get("report") or {} for f in facts]
+    starts = [f.get("scheduler_start") or r.get("scheduler_start") for f, r in zip(facts, reports)]
+    out: dict[str, Any] = {
+        "critical_s": spread([r.get("foundry_critical_s") for r in reports]),
+        "steps_s": _median_dict([r.get("foundry_steps_s") or {} for r in reports]),
+        "check_archive_split": _median_dict([r.get("check_archive_split") or {} for r in reports]),
+        "readahead_planned_at_s": spread([f.get("readahead_planned_at_s") for f in facts]),
+        "readahead_plan_s": spread([f.get("readahead_plan_s") for f in facts]),
+        "caches_new_files_max": max((r.get("caches_new_files") or 0 for r in reports), default=0),
+        "scheduler_start": sorted(
+            {f"{s.get('method')}: {s.get('reason') or ''}".rstrip(": ") for s in starts if s}
+        ),
+    }
+    return {k: v for k, v in out.items() if v not in (None, {}, [])}
 
 
 def paired(

@@ -134,6 +134,48 @@ def phases(lines: list[tuple[float, str]], engine: str, ready_s: float | None) -
     return out
 
 
+_REPORT = re.compile(r"Foundry (?:rank \d+: )?(?:LOAD|SAVE) report: (\{.*\})\s*$")
+_PLANNED = re.compile(r"Foundry: reading ahead (\d+) files(?:.*planned in ([0-9.]+) s)?")
+_READ_AHEAD = re.compile(r"Foundry: read ahead (\d+) of (\d+) files \(([0-9.]+) MB\) in ([0-9.]+) s")
+_STARTS_BY = re.compile(r"Foundry: schedulers start by (\w+)(?: \((.*)\))?\s*$")
+#: What of a start report a result keeps (the rest stays in the log)
+_REPORT_KEYS = (
+    "foundry_critical_s",
+    "foundry_steps_s",
+    "check_archive_split",
+    "scheduler_start",
+    "restore_s",
+)
+
+
+def foundry_facts(lines: list[tuple[float, str]]) -> dict[str, Any]:
+    """Foundry's own lines of a start's log, for the result: its start report (the first rank's:
+    steps, the archive check's split, how the scheduler started), when the read-ahead was planned
+    and what it read, and the launcher's scheduler start method with its reason."""
+    out: dict[str, Any] = {}
+    for t, line in lines:
+        if "report" not in out and (m := _REPORT.search(line)):
+            try:
+                report = json.loads(m.group(1))
+            except ValueError:
+                continue
+            out["report"] = {k: report[k] for k in _REPORT_KEYS if k in report}
+            new = (report.get("caches") or {}).get("new_files") or {}
+            if "total" in new:
+                out["report"]["caches_new_files"] = new["total"]
+        elif "readahead_planned_at_s" not in out and (m := _PLANNED.search(line)):
+            out["readahead_planned_at_s"] = round(t, 3)
+            out["readahead_files"] = int(m.group(1))
+            if m.group(2):
+                out["readahead_plan_s"] = float(m.group(2))
+        elif m := _READ_AHEAD.search(line):
+            out["readahead_done_at_s"] = round(t, 3)
+            out["readahead_read"] = {"files": int(m.group(1)), "of": int(m.group(2)), "mb": float(m.group(3))}
+        elif "scheduler_start" not in out and (m := _STARTS_BY.search(line)):
+            out["scheduler_start"] = {"method": m.group(1), "reason": m.group(2)}
+    return out
+
+
 def refusal(lines: list[tuple[float, str]]) -> str | None:
     """The line that says why a server stopped: the last Foundry line, exception or error."""
     for _, line in reversed(lines):
@@ -250,5 +292,9 @@ class Server:
         if self.proc is not None:
             kill_group(self.proc)
             self.pump.join(timeout=5.0)
-            self.rec["phases"] = phases(read_log(self.log), self.engine, self.rec.get("ready_s"))
+            lines = read_log(self.log)
+            self.rec["phases"] = phases(lines, self.engine, self.rec.get("ready_s"))
+            facts = foundry_facts(lines)
+            if facts:
+                self.rec["foundry"] = facts
             self.proc = None

@@ -203,3 +203,36 @@ def test_a_ratio_never_sets_a_start_that_reads_from_disk_against_one_that_finds_
         "foundry cold / stock_best best, page cache dropped",
         "foundry warm / stock_best best, page cache kept",
     ]
+
+
+def test_foundry_lines_of_a_start_log_go_into_its_record_and_the_mode_summary(tmp_path):
+    """The log lines Foundry writes (as the plugins word them) become each start's ``foundry`` facts,
+    and the merge sums them up per mode: steps, the archive check's split, read-ahead, scheduler start."""
+    import sxs_merge
+    import sxs_server
+
+    report = {
+        "foundry_critical_s": 0.31,
+        "foundry_steps_s": {"check_archive": 0.11, "recording": 0.06},
+        "check_archive_split": {"inflate_s": 0.0, "hash_s": 0.01},
+        "scheduler_start": {"method": "forkserver", "reason": None},
+        "caches": {"new_files": {"total": 0}},
+        "graphs": 36,
+    }
+    log = tmp_path / "start.log"
+    log.write_text(
+        "[   13.000] [2026-12-05 15:05:42] Foundry: reading ahead 9415 files (9288 MB) from 2 list(s), "
+        "planned in 0.41 s by a helper process; skipped missing 62\n"
+        "[   27.500] [2026-12-05 15:05:44] Foundry: schedulers start by forkserver\n"
+        "[   30.000] [2026-12-05 15:05:47] Foundry: read ahead 9400 of 9415 files (9288 MB) in 17.0 s\n"
+        f"[   48.000] [2026-12-05 15:06:11] Foundry LOAD report: {json.dumps(report)}\n"
+    )
+    facts = sxs_server.foundry_facts(sxs_server.read_log(log))
+    assert facts["readahead_planned_at_s"] == 13.0 and facts["readahead_plan_s"] == 0.41
+    assert facts["readahead_read"] == {"files": 9400, "of": 9415, "mb": 9288.0}
+    assert facts["scheduler_start"] == {"method": "forkserver", "reason": None}
+    assert facts["report"]["foundry_critical_s"] == 0.31 and facts["report"]["caches_new_files"] == 0
+    assert "graphs" not in facts["report"]  # the rest stays in the log
+    summary = sxs_merge.foundry_summary([facts, facts])
+    assert summary["critical_s"]["median"] == 0.31 and summary["steps_s"]["check_archive"] == 0.11
+    assert summary["scheduler_start"] == ["forkserver"] and summary["readahead_plan_s"]["n"] == 2
