@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -177,3 +178,39 @@ def test_disabled_by_the_environment(tmp_path, monkeypatch):
     assert readahead.record(tmp_path, "rank0") is None
     assert readahead.start(tmp_path) is None
     assert sys.modules["foundry_core.engine.readahead"] is readahead
+
+
+def test_the_helper_stops_reading_once_the_launcher_is_gone(tmp_path, monkeypatch, capsys):
+    """child_main (the helper process's body, run here in-process): it plans, says so, reads, and
+    stops taking files once its parent is not the launcher that started it any more."""
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    entries = []
+    for i in range(200):
+        f = archive / f"f{i}.bin"
+        f.write_bytes(b"x" * 100)
+        st = f.stat()
+        entries.append({"path": str(f), "size": st.st_size, "mtime_ns": st.st_mtime_ns, "kind": "caches"})
+    (archive / "readahead-rank0.json").write_text(json.dumps({"format": readahead.FORMAT, "files": entries}))
+    parents = iter([4242])  # the launcher at the start, then gone (re-parented)
+    monkeypatch.setattr(readahead.os, "getppid", lambda: next(parents, 1))
+
+    def slow(path, size, mtime, buf=None):  # 200 files x 50 ms: 10 s if nothing stops it
+        time.sleep(0.05)
+        return size
+
+    monkeypatch.setattr(readahead, "_advise_one", slow)
+    readahead.child_main(
+        {
+            "archive_dir": str(archive),
+            "names": [],
+            "roots": [],
+            "environment": [],
+            "threads": 1,
+            "how": "advise",
+        }
+    )
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert lines[0]["plan"]["files"] == 200 and lines[0]["plan"]["lists"] == 1
+    result = lines[1]["replay"]
+    assert result["files"] == 200 and 0 < result["read_files"] < 200
