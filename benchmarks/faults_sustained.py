@@ -140,6 +140,12 @@ def case_sustained_load(ctx: Ctx, run: CaseRun) -> None:
                     {"t_s": round(time.monotonic() - t0, 1), "pass": passes, **gpu_memory_of(srv.proc.pid)}
                 )
                 next_sample = time.monotonic() + ctx.opts.sample_every
+        # The end state too, whatever the sampling interval: growth needs the last pass's memory
+        # (a short run whose passes all fell inside one interval had only its first sample).
+        if samples and samples[-1]["pass"] != passes and srv.alive():
+            samples.append(
+                {"t_s": round(time.monotonic() - t0, 1), "pass": passes, **gpu_memory_of(srv.proc.pid)}
+            )
         wall = time.monotonic() - t0
     srv.stop()
     asking.join(max(0.0, ctx.deadline() - time.monotonic()))  # deadline() is on the monotonic clock
