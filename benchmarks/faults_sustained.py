@@ -115,6 +115,12 @@ def case_sustained_load(ctx: Ctx, run: CaseRun) -> None:
     first_mismatch = None
     next_sample = 0.0
     t0 = time.monotonic()
+
+    def sample() -> None:
+        samples.append(
+            {"t_s": round(time.monotonic() - t0, 1), "pass": passes, **gpu_memory_of(srv.proc.pid)}
+        )
+
     with concurrent.futures.ThreadPoolExecutor(1) as digesting:
         # At least two passes, however short --sustain: stock's two passes are compared with the
         # LOAD's first two.
@@ -136,16 +142,12 @@ def case_sustained_load(ctx: Ctx, run: CaseRun) -> None:
                     first_mismatch = first_mismatch or {"pass": passes, "request": i, **cmp}
             passes += 1
             if passes == 1 or time.monotonic() >= next_sample:
-                samples.append(
-                    {"t_s": round(time.monotonic() - t0, 1), "pass": passes, **gpu_memory_of(srv.proc.pid)}
-                )
+                sample()
                 next_sample = time.monotonic() + ctx.opts.sample_every
         # The end state too, whatever the sampling interval: growth needs the last pass's memory
         # (a short run whose passes all fell inside one interval had only its first sample).
         if samples and samples[-1]["pass"] != passes and srv.alive():
-            samples.append(
-                {"t_s": round(time.monotonic() - t0, 1), "pass": passes, **gpu_memory_of(srv.proc.pid)}
-            )
+            sample()
         wall = time.monotonic() - t0
     srv.stop()
     asking.join(max(0.0, ctx.deadline() - time.monotonic()))  # deadline() is on the monotonic clock

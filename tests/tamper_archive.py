@@ -195,8 +195,9 @@ class Ctx:
     def open(self):
         return open_archive(self.path, expected_fingerprint=self.expected(), expected_digest=self.pin)
 
-    def load(self):
-        """foundry_core.load, up to its first GPU step; this machine is described by ``self.machine``."""
+    def load(self, archive=None):
+        """foundry_core.load, up to its first GPU step; this machine is described by ``self.machine``.
+        ``archive``: what verify() returned, as the plugins pass it."""
 
         def this_machine(device=0, *, model=None, rank=0, world_size=1):
             return make_fingerprint(**self.machine, model=model, rank=rank, world_size=world_size)
@@ -212,6 +213,7 @@ class Ctx:
                 expected_digest=self.pin,
                 trusted_root=self.root,
                 progress=False,
+                archive=archive,
             )
 
 

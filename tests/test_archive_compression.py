@@ -170,6 +170,25 @@ def test_native_inflate_refuses_trailing_or_short_streams():
     assert run(zlib.compress(b""), 0) == b""
 
 
+def _forge_first_chunk(archive, rel: str, bad: bytes) -> None:
+    """Replace the first chunk of compressed member ``rel`` by ``bad`` and make every checksum
+    consistent again: only inflating can find it out."""
+    from foundry_core import archive as archive_mod
+
+    m = manifest_of(archive)
+    entry = m["files"][rel]
+    member = real(archive) / rel
+    stored = member.read_bytes()
+    first = entry["encoding"]["chunks"][0]
+    member.write_bytes(bad + stored[first:])
+    entry["encoding"]["chunks"][0] = len(bad)
+    entry["size"] = len(bad) + len(stored) - first
+    entry["sha256"] = hashlib.sha256(member.read_bytes()).hexdigest()
+    del m["manifest_sha256"]
+    m["manifest_sha256"] = archive_mod._self_checksum(m)
+    (real(archive) / "manifest.json").write_bytes(archive_mod._manifest_bytes(m))
+
+
 @pytest.mark.parametrize("path", ["native", "python"])
 def test_both_inflate_paths_give_the_content_and_refuse_damage(tmp_path, monkeypatch, path):
     import zlib
@@ -192,19 +211,8 @@ def test_both_inflate_paths_give_the_content_and_refuse_damage(tmp_path, monkeyp
     assert ar.read_bytes("graphs/0000.bin") == _code_like(70_000)
     # Now a chunk that inflates to something else, with its checksums made consistent again:
     # refused naming the member, on either path.
-    m = manifest_of(tmp_path / "a")
-    entry = m["files"]["modules/big.cubin"]
-    member = real(tmp_path / "a") / "modules" / "big.cubin"
-    stored = member.read_bytes()
-    first = entry["encoding"]["chunks"][0]
-    bad = zlib.compress(b"\0" * (archive_mod.COMPRESS_CHUNK - 1))  # one byte short
-    member.write_bytes(bad + stored[first:])
-    entry["encoding"]["chunks"][0] = len(bad)
-    entry["size"] = len(bad) + len(stored) - first
-    entry["sha256"] = hashlib.sha256(member.read_bytes()).hexdigest()
-    del m["manifest_sha256"]
-    m["manifest_sha256"] = archive_mod._self_checksum(m)
-    (real(tmp_path / "a") / "manifest.json").write_bytes(archive_mod._manifest_bytes(m))
+    one_byte_short = zlib.compress(b"\0" * (archive_mod.COMPRESS_CHUNK - 1))
+    _forge_first_chunk(tmp_path / "a", "modules/big.cubin", one_byte_short)
     with pytest.raises(ArchiveError, match=r"modules/big.cubin.*does not decompress"):
         open_archive(tmp_path / "a")
 
@@ -250,19 +258,7 @@ def test_inflating_can_wait_until_every_check_passed(tmp_path):
     assert ar.read_bytes("modules/big.cubin") == big and ar.inflate_s > 0 and ar.inflate_ahead() is None
 
     # A member whose stored bytes pass their checksum but do not inflate (checksums made consistent)
-    m = manifest_of(tmp_path / "a")
-    entry = m["files"]["modules/big.cubin"]
-    member = real(tmp_path / "a") / "modules" / "big.cubin"
-    stored = member.read_bytes()
-    first = entry["encoding"]["chunks"][0]
-    bad = zlib.compress(b"\0" * 10)
-    member.write_bytes(bad + stored[first:])
-    entry["encoding"]["chunks"][0] = len(bad)
-    entry["size"] = len(bad) + len(stored) - first
-    entry["sha256"] = hashlib.sha256(member.read_bytes()).hexdigest()
-    del m["manifest_sha256"]
-    m["manifest_sha256"] = archive_mod._self_checksum(m)
-    (real(tmp_path / "a") / "manifest.json").write_bytes(archive_mod._manifest_bytes(m))
+    _forge_first_chunk(tmp_path / "a", "modules/big.cubin", zlib.compress(b"\0" * 10))
     ar = open_archive(tmp_path / "a", inflate=False)  # every check passes: the stored bytes are as listed
     ar.inflate_ahead().join(30)  # the thread keeps the error to itself
     assert ar.read_bytes("modules/small.cubin") == small  # the other member inflated

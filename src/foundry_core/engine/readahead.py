@@ -297,6 +297,17 @@ class Plan:
     lists: int = 0
     bad_lists: list[str] = field(default_factory=list)
 
+    def info(self, plan_s: float) -> dict[str, Any]:
+        """What the plan holds, as the start report and the helper process's first line say it."""
+        return {
+            "lists": self.lists,
+            "skipped": dict(self.skipped),
+            "bad_lists": list(self.bad_lists),
+            "files": len(self.files),
+            "mb": round(sum(f[1] for f in self.files) / 1e6, 1),
+            "plan_s": round(plan_s, 3),
+        }
+
 
 def plan(
     archive_dir: str | os.PathLike,
@@ -528,19 +539,20 @@ def _plan_and_read(
         "how": mode(),
     }
 
-    def planned(info: dict[str, Any]) -> None:
+    def planned(info: dict[str, Any], helper: bool = True) -> None:
         with _state_lock:
             _state["plan_info"] = info
-        for name in info.get("bad_lists") or []:
+        for name in info["bad_lists"] if helper else ():  # plan() logs them where it runs here
             log.info("Foundry: read-ahead list %s skipped (not a read-ahead list of this format)", name)
         if info.get("lists"):
             log.info(
-                "Foundry: reading ahead %d files (%.0f MB) from %d list(s), planned in %.2f s by a "
-                "helper process; skipped %s",
+                "Foundry: reading ahead %d files (%.0f MB) from %d list(s), planned in %.2f s by %s; "
+                "skipped %s",
                 info["files"],
                 info["mb"],
                 info["lists"],
                 info["plan_s"],
+                "a helper process" if helper else "this process",
                 ", ".join(f"{k} {v}" for k, v in info["skipped"].items() if v) or "none",
             )
 
@@ -569,28 +581,18 @@ def _plan_and_read(
         p = plan(archive_dir, model_names=names, extra_roots=roots, log=log)
         replay = Replay(p.files, threads).start()
     except Exception as e:  # noqa: BLE001 - read-ahead is an optimisation; the start goes on
-        log.info("Foundry: read-ahead not started (%s)", e)
+        failed(str(e))
         return
     with _state_lock:
-        _state.update(plan=p, replay=replay, plan_s=round(time.monotonic() - t0, 3))
-    if p.lists:
-        log.info(
-            "Foundry: reading ahead %d files (%.0f MB) from %d list(s); skipped %s",
-            len(p.files),
-            sum(f[1] for f in p.files) / 1e6,
-            p.lists,
-            ", ".join(f"{k} {v}" for k, v in p.skipped.items() if v) or "none",
-        )
+        _state["replay"] = replay
+    planned(p.info(time.monotonic() - t0), helper=False)
 
 
 def summary() -> dict[str, Any] | None:
     """This process's read-ahead for the start report (None where it started none)."""
     with _state_lock:
-        p, info, replay = _state.get("plan"), _state.get("plan_info"), _state.get("replay")
-        if p is not None:
-            out = {"lists": p.lists, "skipped": dict(p.skipped), "bad_lists": list(p.bad_lists)}
-            out["plan_s"] = _state.get("plan_s")
-        elif info is not None:  # planned by the helper process
+        info, replay = _state.get("plan_info"), _state.get("replay")
+        if info is not None:
             out = {k: info[k] for k in ("lists", "skipped", "bad_lists", "plan_s")}
         elif replay is not None:  # the helper has not planned yet
             out = {"lists": None}
@@ -615,9 +617,7 @@ def child_main(args: dict[str, Any]) -> None:
     except Exception as e:  # noqa: BLE001 - said to the launcher, which logs it; the start goes on
         print(json.dumps({"error": f"{type(e).__name__}: {e}"}), flush=True)
         return
-    info = {"lists": p.lists, "skipped": dict(p.skipped), "bad_lists": list(p.bad_lists)}
-    info.update(files=len(p.files), mb=round(sum(f[1] for f in p.files) / 1e6, 1))
-    print(json.dumps({"plan": dict(info, plan_s=round(time.monotonic() - t0, 3))}), flush=True)
+    print(json.dumps({"plan": p.info(time.monotonic() - t0)}), flush=True)
     replay = Replay(p.files, args["threads"], args["how"]).start()
     while not replay.join(timeout=0.5):
         if os.getppid() != launcher:
