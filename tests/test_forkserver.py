@@ -254,6 +254,8 @@ KEPT = textwrap.dedent(
                 os.putenv(key, value)  # as native code's setenv(3): os.environ does not show it
             else:
                 os.environ[key] = value
+        for name in filter(None, os.environ.get("IMPORT_AFTER_SERVER", "").split(",")):
+            __import__(name)  # as SGLang's launcher imports OpenCV after the server started
         why = forkserver.unusable(timeout_s=120)
         p = mp.get_context("forkserver").Process(target=forkserver.WithLaunchState(worker))
         p.start()  # forked anyway: the worker refuses to run
@@ -271,12 +273,14 @@ def _kept(
     resynced=(),
     natively=False,
     base: dict | None = None,
+    import_after: str = "",
 ) -> dict:
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
     environ = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), SRC])}
     environ["SET_AFTER_SERVER"] = json.dumps(set_after)
+    environ["IMPORT_AFTER_SERVER"] = import_after
     if natively:
         environ["SET_NATIVELY"] = "1"
     for name in ("FOUNDRY_TEST_KEPT", "FOUNDRY_TEST_OTHER", "TQDM_DISABLE"):
@@ -344,10 +348,62 @@ def test_a_change_no_reader_keeps_leaves_the_server_usable(tmp_path):
     assert out["unusable"] is None and out["exitcode"] == 0, out
     driver = {"LD_LIBRARY_PATH": f"{tmp_path / 'driverlibs'}:/opt/none"}
     out = _kept(tmp_path, files, "triton.backends.nvidia.driver", driver, base=base)
-    assert "LD_LIBRARY_PATH (grown at the front, by launcher.py:" in out["unusable"]
-    assert "read by triton/backends/nvidia/driver.py:2)" in out["unusable"] and out["exitcode"] != 0
+    # A folder with libraries changes what the server's own dynamic loader finds, first of all.
+    assert out["unusable"].startswith("its dynamic loader took LD_LIBRARY_PATH when it started (grown")
+    assert out["exitcode"] != 0
     out = _kept(tmp_path, files, "other_reader", grown, base=base)
     assert "read by other_reader.py:2)" in out["unusable"] and out["exitcode"] != 0
+
+
+# A stand-in for OpenCV's cv2/__init__.py: it puts its own folder on sys.path, then grows
+# LD_LIBRARY_PATH in front, reading and writing it in one statement (line 4).
+CV2_INIT = (
+    "import os, sys\n"
+    "sys.path.insert(0, os.path.dirname(__file__))\n"
+    "LIBS = os.path.join(os.path.dirname(__file__), 'libs')\n"
+    "os.environ['LD_LIBRARY_PATH'] = LIBS + ':' + os.environ.get('LD_LIBRARY_PATH', '')\n"
+)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the fork server start method is Linux's here")
+def test_a_module_that_reads_a_variable_only_to_grow_it_keeps_nothing(tmp_path):
+    """OpenCV, imported by the preload and again by SGLang's launcher, reads LD_LIBRARY_PATH only
+    to put its folder in front: harmless while that folder holds no shared library (the worker is
+    handed the launcher's value); once it holds one, the server's dynamic loader, which took the
+    variable at its start, would find other libraries than a spawned worker: passed over."""
+    files = {"cv2/__init__.py": CV2_INIT}
+    (tmp_path / "cv2" / "libs").mkdir(parents=True)
+    base = {"LD_LIBRARY_PATH": "/opt/none"}
+    out = _kept(tmp_path, files, "cv2", {}, base=base, import_after="cv2")
+    assert out["unusable"] is None and out["exitcode"] == 0, out
+    (tmp_path / "cv2" / "libs" / "libopencv_core.so.4").touch()
+    out = _kept(tmp_path, files, "cv2", {}, base=base, import_after="cv2")
+    assert out["unusable"] == (
+        "its dynamic loader took LD_LIBRARY_PATH when it started (grown at the front, by "
+        "cv2/__init__.py:4 since), and a worker forked from it searches as the server does"
+    )
+    # Another module that keeps what it read is no read-modify-write: named, by its package.
+    files["cv2/keeper.py"] = "import os\nKEPT = os.environ.get('LD_LIBRARY_PATH')\n"
+    (tmp_path / "cv2" / "libs" / "libopencv_core.so.4").unlink()
+    out = _kept(
+        tmp_path,
+        {**files, "cv2/__init__.py": CV2_INIT + "from . import keeper\n"},
+        "cv2",
+        {},
+        base=base,
+        import_after="cv2",
+    )
+    assert "read by cv2/__init__.py:4, cv2/keeper.py:2)" in out["unusable"], out
+
+
+def test_the_loader_view_counts_folders_that_hold_libraries(tmp_path):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "libs").mkdir()
+    (tmp_path / "libs" / "libx.so.1").touch()
+    view = forkserver.loader_view
+    assert view("LD_LIBRARY_PATH", f"{tmp_path / 'empty'}:/opt/none") == view("LD_LIBRARY_PATH", None) == []
+    assert view("LD_LIBRARY_PATH", f"{tmp_path / 'libs'}:{tmp_path / 'libs'}") == [str(tmp_path / "libs")]
+    assert view("LD_PRELOAD", "a.so") == "a.so"
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="the fork server start method is Linux's here")

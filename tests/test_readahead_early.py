@@ -83,3 +83,29 @@ def test_switched_off_or_started_by_the_parent_it_does_nothing(load_config):
     assert _run(load_config, FOUNDRY_READAHEAD="0")["thread"] is False
     out = _run(load_config, FOUNDRY_READAHEAD_STARTED="1")
     assert out["thread"] is False and out["summary"] == {"started_by": "1"}
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a process's age is read from /proc")
+def test_marks_hold_the_process_age_at_each_point():
+    """A worker's start report says how long after its process started Foundry's plugin and
+    session came (foundry_core.early.mark): measured from the process's start, not the import."""
+    child = textwrap.dedent(
+        """
+        import json, time
+        time.sleep(0.5)
+        from foundry_core import early
+        early.mark("plugin_registered")
+        time.sleep(0.3)
+        early.mark("plugin_registered")  # the first time only
+        early.mark("session_begin")
+        print(json.dumps(early.MARKS))
+        """
+    )
+    environ = {**os.environ, "PYTHONPATH": SRC}
+    out = subprocess.run(
+        [sys.executable, "-c", child], capture_output=True, text=True, env=environ, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    marks = json.loads(out.stdout)
+    assert 0.5 <= marks["plugin_registered"] < marks["session_begin"]
+    assert marks["session_begin"] - marks["plugin_registered"] >= 0.25

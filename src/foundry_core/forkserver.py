@@ -30,6 +30,7 @@ import atexit
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import sys
@@ -39,7 +40,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from foundry_core.forkserver_preload import in_stdlib
+from foundry_core.forkserver_preload import code_site, in_stdlib
 
 #: The modules the server imports, for :mod:`foundry_core.forkserver_preload` (set while it starts).
 PRELOAD_ENV = "FOUNDRY_FORKSERVER_PRELOAD"
@@ -110,13 +111,7 @@ def _note_environment_change(event: str, args: tuple) -> None:
         ):
             frame = frame.f_back
         if frame is not None:
-            where = frame.f_code.co_filename
-            short = (
-                where.rsplit("site-packages/", 1)[-1]
-                if "site-packages/" in where
-                else os.path.basename(where)
-            )
-            _changed_by[os.fsdecode(args[0])] = f"{short}:{frame.f_lineno}"
+            _changed_by[os.fsdecode(args[0])] = code_site(frame.f_code.co_filename, frame.f_lineno)
     except Exception:  # noqa: BLE001 - see above
         pass
 
@@ -180,6 +175,7 @@ def unusable(timeout_s: float = READY_TIMEOUT_S) -> str | None:
         _resynced,
         _changed_by,
         report.get("env_readers") or {},
+        report.get("loader_env") or {},
     )
 
 
@@ -191,24 +187,33 @@ def _kept_settings(
     resynced: Sequence[str],
     changed_by: dict[str, str] | None = None,
     readers: dict[str, list[str]] | None = None,
+    loader_env: dict[str, str | None] | None = None,
 ) -> str | None:
     """Why a worker forked from the server could keep a setting other than ``environ``'s, or None.
-    ``readers``: where the preload read each variable; a change none of them keeps is harmless."""
+    ``readers``: where the preload read each variable; a change none of them keeps is harmless.
+    ``loader_env``: the values the server's dynamic loader started with, which its workers keep."""
     from foundry_core.forkserver_preload import environment_changes
 
     if listed:
         return f"its preload went through the whole environment ({listed[0]})"
     readers = readers or {}
+    by = changed_by or {}
+    for name, seen in sorted((loader_env or {}).items()):
+        if loader_view(name, seen) != loader_view(name, environ.get(name)):
+            where = f", by {by[name]}" if name in by else ""
+            return (
+                f"its dynamic loader took {name} when it started ({_how_changed(seen, environ.get(name))}"
+                f"{where} since), and a worker forked from it searches as the server does"
+            )
     changed = [
         n
         for n in environment_changes(read, prefixes, environ, resynced)
-        if not _kept_by_none(n, read.get(n), environ.get(n), readers.get(n) or [])
+        if not _kept_by_none(n, read.get(n), environ.get(n), readers.get(n) or [], by.get(n))
     ]
     if not changed:
         return None
     more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
     # How each one changed, never the values (a variable may hold a secret).
-    by = changed_by or {}
     shown = [
         f"{n} ({_how_changed(read.get(n), environ.get(n))}{', by ' + by[n] if n in by else ''}"
         f"{'; read by ' + ', '.join(readers[n]) if readers.get(n) else ''})"
@@ -235,12 +240,36 @@ READER_VIEWS: dict[tuple[str, str], Callable[[str | None], Any]] = {
 }
 
 
-def _kept_by_none(name: str, seen: str | None, now: str | None, readers: list[str]) -> bool:
+def loader_view(name: str, value: str | None) -> Any:
+    """What the dynamic loader makes of ``value``: for ``LD_LIBRARY_PATH`` the folders on it that
+    hold a shared library, in order (an empty entry is the working folder, as glibc reads it); a
+    folder with none, or none at all, changes no library a worker finds. Other variables as given."""
+    if name != "LD_LIBRARY_PATH":
+        return value
+    folders = []
+    for entry in re.split("[:;]", value or ""):
+        folder = os.path.realpath(entry or ".")
+        try:
+            if folder not in folders and any(".so" in f for f in os.listdir(folder)):
+                folders.append(folder)
+        except OSError:  # gone, not a folder, unreadable: the loader skips it too
+            continue
+    return folders
+
+
+def _kept_by_none(
+    name: str, seen: str | None, now: str | None, readers: list[str], changer: str | None = None
+) -> bool:
     """Whether every recorded reader of ``name`` keeps only a view of it that ``seen`` and ``now``
-    share (False where a reader is unknown, or there were more than the preload lists)."""
+    share (False where a reader is unknown, or there were more than the preload lists). A reader at
+    the very line that made the launcher's change (``changer``) read the value only to change it
+    (OpenCV grows ``LD_LIBRARY_PATH`` in one statement): what it made is the launcher's value, which
+    the worker is handed (:func:`apply_launch_state`)."""
     if not readers:
         return False
     for reader in readers:
+        if reader == changer:
+            continue
         file = reader.rsplit(":", 1)[0]
         view = next(
             (
@@ -308,6 +337,7 @@ def launch_state() -> dict[str, Any]:
         "umask": umask,
         "affinity": affinity,
         "resynced": list(_resynced),
+        "changed_by": dict(_changed_by),
     }
 
 
@@ -347,8 +377,9 @@ def apply_launch_state(state: dict[str, Any]) -> None:
         forkserver_preload.ENV_LISTED,
         state["environ"],
         state.get("resynced", ()),
-        None,
+        state.get("changed_by"),
         forkserver_preload.ENV_READERS,
+        forkserver_preload.LOADER_ENV,
     )
     if why:
         raise RuntimeError(

@@ -41,6 +41,11 @@ ENV_LISTED: list[str] = []
 PREFIX_LISTERS = {"tqdm/utils.py": "TQDM_", "networkx/utils/backends.py": "NETWORKX_BACKEND_PRIORITY"}
 # The server's own variables, set by the launcher only while it starts the server.
 _OWN = ("FOUNDRY_FORKSERVER_PRELOAD", "FOUNDRY_FORKSERVER_REPORT")
+#: Variables the dynamic loader reads once, when a process starts: the server keeps the values it
+#: was started with (:data:`LOADER_ENV`) for every worker forked from it, whatever the worker's
+#: ``os.environ`` says (:func:`foundry_core.forkserver.loader_view`).
+LOADER_VARS = ("LD_LIBRARY_PATH", "LD_PRELOAD")
+LOADER_ENV: dict[str, str | None] = {v: os.environ.get(v) for v in LOADER_VARS}
 _STDLIB_FRAMES = ("<frozen ", os.__file__)
 _STDLIB_DIR = os.path.dirname(os.__file__) + os.sep
 
@@ -129,6 +134,20 @@ def in_stdlib(filename: str) -> bool:
     return filename.startswith(_STDLIB_DIR) and "-packages" not in filename[len(_STDLIB_DIR) :]
 
 
+def code_site(filename: str, lineno: int) -> str:
+    """``file:line`` with the file below the import root it came from (site-packages, a --target
+    folder), so that the preload's readers and the launcher's writers are named alike. A package's
+    own folder on ``sys.path`` is no root (OpenCV puts ``cv2/`` there): its modules keep their
+    package's name. The file's name alone where no root holds it."""
+    roots = [
+        r
+        for r in (p.rstrip(os.sep) + os.sep for p in sys.path if p)
+        if filename.startswith(r) and not os.path.isfile(r + "__init__.py")
+    ]
+    short = filename[len(max(roots, key=len)) :] if roots else os.path.basename(filename)
+    return f"{short}:{lineno}"
+
+
 def _note_reader(key: str) -> None:
     """Add where ``key`` is being read (the caller of ``os.environ``'s lookup) to :data:`ENV_READERS`.
     Never raises into the import that reads: a reader not noted excuses nothing (fails closed)."""
@@ -139,13 +158,7 @@ def _note_reader(key: str) -> None:
             frame = frame.f_back
         if frame is None:
             return
-        where = frame.f_code.co_filename
-        # The module's path below the import root it came from (site-packages, a --target folder)
-        roots = [
-            p.rstrip(os.sep) + os.sep for p in sys.path if p and where.startswith(p.rstrip(os.sep) + os.sep)
-        ]
-        short = where[len(max(roots, key=len)) :] if roots else where
-        reader = f"{short}:{frame.f_lineno}"
+        reader = code_site(frame.f_code.co_filename, frame.f_lineno)
     except Exception:  # noqa: BLE001 - see above
         reader = "..."
     if reader not in readers and len(readers) < _MAX_READERS:
@@ -165,6 +178,7 @@ def _write_report(path: str | None) -> None:
         "env_readers": ENV_READERS,
         "env_prefixes": ENV_PREFIXES,
         "env_listed": ENV_LISTED,
+        "loader_env": LOADER_ENV,
     }
     try:  # whole or absent: the launcher reads it while this is written
         with open(f"{path}.tmp", "w") as f:

@@ -80,8 +80,9 @@ def _early_start() -> None:
     if not any(a.startswith("--foundry-config") for a in sys.argv) and "FOUNDRY_CONFIG" not in os.environ:
         return  # no Foundry configuration named: nothing imported, as for a start without Foundry
     try:
-        from foundry_core.early import start_readahead
+        from foundry_core.early import mark, start_readahead
 
+        mark("plugin_registered")
         start_readahead("foundry.sglang")
         _start_forkserver()
     except Exception:  # noqa: BLE001 - register() never raises into the engine's plugin loader

@@ -40,6 +40,7 @@ import os
 import time
 from typing import Any
 
+from foundry_core import early
 from foundry_core.engine import capture, decide
 from foundry_core.engine.records import write_json_atomic
 from foundry_sglang_plugin import archive, settings
@@ -134,6 +135,7 @@ class Session:
             )
         tp_size = max(1, int(read("tp_size", 1) or 1))
         rank = int(dp_rank or 0) * tp_size + tp_rank
+        early.mark("session_begin")
         t0 = time.perf_counter()
         session = cls(server_args, cfg, mode, rank, gpu_id)
         session.world_size = archive.world_size(server_args)
@@ -167,6 +169,10 @@ class Session:
         begin_s["total_s"] = time.perf_counter() - t0
         session.report["begin_s"] = {k: round(v, 4) for k, v in begin_s.items()}
         _time_steps(session, begin_s)
+        early.mark("session_ready")
+        # The scheduler's own start around Foundry's steps: its imports before the plugin, SGLang's
+        # set-up between the plugin and the session (a spawned scheduler's re-import is before both).
+        session.report["process_age_s"] = dict(early.MARKS)
         logger.info(
             "Foundry %s: rank %d, archive %s (start checks %.2f s: recording %.2f, archive %.2f, caches %.2f)",
             session.mode.upper(),
