@@ -27,8 +27,10 @@ the engine's own benchmark client at two request rates (benchmarks/sxs_serving.p
 measures the floor once per call (benchmarks/sxs_floor.py). A pair runs its modes in the given order,
 the next pair in the reverse order. Every start is one JSON file under ``--workdir``, which outlives
 the call on a warm machine; ``merge`` (benchmarks/sxs_merge.py) turns them into the result JSON and
-chart. A start that would not fit the budget left, judged by the same start's earlier durations, is
-skipped and said so.
+chart. Each start is weighed against the budget left (``Work.estimate``): one that does not fit even at
+its least is skipped and said so; one that fits at its least but not as long as it likely takes runs
+with its timeout cut to the time left, and when that cut ends it the record says ``cut_by_budget``
+(not a failure: the merge counts it apart, the next call runs it again).
 """
 
 from __future__ import annotations
@@ -55,8 +57,17 @@ import sxs_serving  # noqa: E402
 
 REPO = HERE.parent
 SRC = REPO / "src"
-FIRST_START_S = 240.0  # what a start is assumed to take before one was measured
+FIRST_START_S = 240.0  # what a start is assumed to take before any was measured
 SERVING_S = 150.0  # what both rates of a serving run are assumed to take before one was measured
+#: Start kind -> the kind of the same engine and shape it never takes longer than: a LOAD restores what
+#: its SAVE compiled and captured, a warm LOAD finds what the cold one left, stock_best the caches
+#: stock_naive left. Before its first measurement a start is expected to take as long as that kind.
+NEVER_LONGER_THAN = {
+    ("foundry", "cold"): ("foundry", "save"),
+    ("peer", "cold"): ("peer", "save"),
+    ("foundry", "warm"): ("foundry", "cold"),
+    ("stock_best", "best"): ("stock_naive", "cold"),
+}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -135,15 +146,64 @@ class Work:
     def next_pair(self) -> int:
         return 1 + max((r.get("pair") or 0 for r in self.records()), default=0)
 
-    def estimate(self, mode: str, variant: str, serving: bool, first_s: float) -> float:
-        """Seconds a start will take: the longest earlier one of the same kind; else 1.5 times the
-        longest of any kind; else ``first_s``. Serving likewise."""
+    def floor_s(self) -> float | None:
+        """The least any start here takes, by the floors measured here (the least of them): importing
+        the entry module (cached or not, whichever was faster), reading the weights, a CUDA context."""
+        sums = []
+        for path in (self.dir / "floor").glob("*.json"):
+            floor = json.loads(path.read_text())
+            imports = [
+                v["wall_s"]
+                for k in ("import_entry_module", "import_entry_module_warm")
+                if "wall_s" in (v := floor.get(k) or {}) and "error" not in v
+            ]
+            if imports:
+                weights = (floor.get("read_weights") or {}).get("s") or 0.0
+                sums.append(
+                    min(imports) + weights + ((floor.get("cuda_context") or {}).get("inner_s") or 0.0)
+                )
+        return min(sums) if sums else None
+
+    def _likely(self, recs: list[dict[str, Any]], mode: str, variant: str, first_s: float) -> float:
+        same = [
+            _start_s(r)
+            for r in recs
+            if (r["mode"], r["variant"]) == (mode, variant) and "wall_s" in r and not r.get("cut_by_budget")
+        ]
+        if same:
+            return max(same)
+        if (mode, variant) in NEVER_LONGER_THAN:
+            return self._likely(recs, *NEVER_LONGER_THAN[(mode, variant)], first_s)
+        other = [1.5 * _start_s(r) for r in recs if "wall_s" in r and "error" not in r]
+        return min(max(other), first_s) if other else first_s
+
+    def estimate(self, mode: str, variant: str, serving: bool, first_s: float) -> tuple[float, float]:
+        """(likely, least) seconds a start takes, its serving run included.
+
+        likely: the longest earlier start of the same kind; before the first, the likely time of the
+        kind it never takes longer than (:data:`NEVER_LONGER_THAN`, a SAVE for a cold LOAD); else 1.5
+        times the longest start of any kind, at most ``first_s``; else ``first_s``.
+        least: the shortest earlier start of the same kind that worked; before the first, the floor
+        measured here (what any start pays), else ``likely``.
+        A start of the kind the budget cut short ran that long without getting ready: both are at least
+        that. A start runs where the time left covers ``least``, with its timeout cut to that time where
+        it does not cover ``likely``."""
         recs = self.records()
-        same = [r["wall_s"] for r in recs if (r["mode"], r["variant"]) == (mode, variant) and "wall_s" in r]
-        other = [1.5 * r["wall_s"] for r in recs if "wall_s" in r and "error" not in r]
+        kind = [r for r in recs if (r["mode"], r["variant"]) == (mode, variant) and "wall_s" in r]
+        worked = [_start_s(r) for r in kind if "error" not in r]
+        likely = self._likely(recs, mode, variant, first_s)
+        least = min(worked) if worked else self.floor_s()
+        least = max(
+            [likely if least is None else least] + [r["wall_s"] for r in kind if r.get("cut_by_budget")]
+        )
         serve = [r["serving_wall_s"] for r in recs if r.get("serving_wall_s")]
-        start = max(same) if same else min(max(other), first_s) if other else first_s
-        return start + ((max(serve) if serve else min(SERVING_S, first_s)) if serving else 0.0)
+        serving_s = (max(serve) if serve else min(SERVING_S, first_s)) if serving else 0.0
+        return max(likely, least) + serving_s, least + serving_s
+
+
+def _start_s(rec: dict[str, Any]) -> float:
+    """A recorded start's seconds, its serving run left out (an estimate adds it where asked)."""
+    return rec["wall_s"] - (rec.get("serving_wall_s") or 0.0)
 
 
 def _not_files(folder: str, names: list[str]) -> list[str]:
@@ -261,15 +321,19 @@ class Runner:
         toml: Path | None = None,
         serving: bool = False,
     ) -> dict[str, Any] | None:
-        """One start, recorded whatever happens; None when it did not fit the budget (recorded too)."""
+        """One start, recorded whatever happens; None when it did not fit the budget (said so)."""
         eng = self.opts.engine
         rec: dict[str, Any] = {"mode": mode, "variant": variant, "pair": pair, "shape": self.opts.shape}
         rec["host"] = socket.gethostname()  # calls resumed on another machine say so
-        need = self.work.estimate(mode, variant, serving, min(FIRST_START_S, self.opts.timeout))
+        need, least = self.work.estimate(mode, variant, serving, min(FIRST_START_S, self.opts.timeout))
         left = self.deadline - time.monotonic()
-        if need > left:
-            print(f"skip {mode}/{variant} pair {pair}: needs ~{need:.0f} s, {left:.0f} s left", flush=True)
+        if least > left:
+            why = f"needs ~{need:.0f} s (at least ~{least:.0f} s), {left:.0f} s left"
+            print(f"skip {mode}/{variant} pair {pair}: {why}", flush=True)
             return None
+        if need > left:
+            why = f"needs ~{need:.0f} s, {left:.0f} s left: its timeout cut to that"
+            print(f"{mode}/{variant} pair {pair}: {why}", flush=True)
         rec.update(prepare(self.work, caches))
         launch = modes.launch(eng, mode, self.where(mode, toml), self.dummy, self.parent, SRC, self.others)
         rec["argv"] = launch.argv[1:]  # the interpreter's path says nothing
@@ -277,7 +341,10 @@ class Runner:
         log = self.work.logs / f"{len(list(self.work.starts.glob('*.json'))):04d}-{mode}-{variant}.log"
         rec["log"] = str(log)
         t0 = time.monotonic()
-        server = sxs_server.Server(launch.argv, launch.env, log, eng, min(self.opts.timeout, left))
+        # Whether or not the estimate fit: no start runs past the budget
+        timeout = max(1.0, min(self.opts.timeout, self.deadline - t0))
+        rec["timeout_s"] = round(timeout, 1)
+        server = sxs_server.Server(launch.argv, launch.env, log, eng, timeout)
         try:
             with server:
                 if serving:
@@ -297,6 +364,12 @@ class Runner:
         except Exception as e:  # noqa: BLE001 - every failure is a result of its own
             server.rec.setdefault("error", f"{type(e).__name__}: {e}"[:500])
         rec.update(server.rec)
+        ran_out = "error" in rec and (
+            rec["error"].startswith("TimeoutError") or time.monotonic() - t0 >= timeout
+        )
+        if ran_out and timeout < self.opts.timeout:
+            # not a failure of the start: the next call runs it again (a SAVE too), not counted as one
+            rec["cut_by_budget"] = True
         # A plugin the engine did not load leaves a stock start under the mode's name.
         mark = {"peer": "[Foundry]", "foundry": "Foundry"}.get(mode)
         if mark and "error" not in rec and mark not in log.read_text(errors="replace"):
@@ -304,7 +377,8 @@ class Runner:
         rec["wall_s"] = round(time.monotonic() - t0, 1)
         self.work.save(rec)
         wait_gpu_free(self.baseline)
-        status = rec.get("error") or f"ttft {rec.get('ttft_cold_s')} s, ready {rec.get('ready_s')} s"
+        status = ("cut by the budget: " if rec.get("cut_by_budget") else "") + rec.get("error", "")
+        status = status or f"ttft {rec.get('ttft_cold_s')} s, ready {rec.get('ready_s')} s"
         print(f"{eng} {self.opts.shape} {mode}/{variant} pair {pair}: {status}", flush=True)
         return rec
 
@@ -327,7 +401,10 @@ class Runner:
             return False
         if self.work.saved(mode):
             return True
-        if any(r["mode"] == mode and r["variant"] == "save" and "error" in r for r in self.work.records()):
+        if any(
+            r["mode"] == mode and r["variant"] == "save" and "error" in r and not r.get("cut_by_budget")
+            for r in self.work.records()
+        ):
             return False  # refused or failed before: the record says why; not retried
         shutil.rmtree(self.work.archive if mode == "foundry" else self.work.peer_archive, ignore_errors=True)
         rec = self.start(mode, "save", None, "empty", self.toml(mode, "save"))
@@ -375,26 +452,30 @@ class Runner:
         first = self.work.next_pair()
         for pair in range(first, first + self.opts.pairs):
             need, left = self.pair_estimate(), self.deadline - time.monotonic()
-            # An incomplete pair compares nothing: leave it to the next call. Before any start was
-            # measured there is nothing to judge by: the starts' own checks decide.
+            # An incomplete pair compares nothing: a pair whose starts do not fit even at their least
+            # is left to the next call. Before any start was measured there is nothing to judge by:
+            # the starts' own checks decide.
             if need > left and self.work.records():
-                print(f"stop before pair {pair}: it needs ~{need:.0f} s, {left:.0f} s left", flush=True)
+                print(
+                    f"stop before pair {pair}: it needs at least ~{need:.0f} s, {left:.0f} s left", flush=True
+                )
                 return
             order = self.opts.modes if pair % 2 else list(reversed(self.opts.modes))
             for mode in order:
                 self.mode(mode, pair)
 
     def pair_estimate(self) -> float:
-        """Seconds one pair of the chosen modes takes, the SAVEs it still needs included."""
+        """Seconds one pair of the chosen modes takes at the least (:meth:`Work.estimate`), the SAVEs
+        it still needs included."""
         first = min(FIRST_START_S, self.opts.timeout)
         kinds = {"stock_naive": ["cold"], "stock_best": ["best"], "stock_default": ["default"]}
         kinds.update(foundry=["cold", "warm"], peer=["cold"])
         total = 0.0
         for mode in self.opts.modes:
             serving = self.opts.serving and mode in self.opts.serving_modes
-            total += sum(self.work.estimate(mode, v, serving and v != "warm", first) for v in kinds[mode])
+            total += sum(self.work.estimate(mode, v, serving and v != "warm", first)[1] for v in kinds[mode])
             if mode in ("foundry", "peer") and not self.work.saved(mode):
-                total += self.work.estimate(mode, "save", False, first)
+                total += self.work.estimate(mode, "save", False, first)[1]
         return total
 
 

@@ -95,8 +95,14 @@ def summarize(
         out["outputs_differ_by_prompt"] = ref.get("prompts_differ")
     if foundry is not None and recs:
         out["settings_diff_from_foundry"] = modes.settings_diff(_launch(recs[-1]), _launch(foundry))
+    # A start the budget cut short (sxs.py) did not fail: it had less time than a start may take
+    cut = [r for r in recs if r.get("cut_by_budget")]
+    if cut:
+        out["cut_by_budget"] = len(cut)
     errors = [
-        {"error": r["error"], "refusal": r.get("refusal"), "log": r.get("log")} for r in recs if "error" in r
+        {"error": r["error"], "refusal": r.get("refusal"), "log": r.get("log")}
+        for r in recs
+        if "error" in r and not r.get("cut_by_budget")
     ]
     if errors:
         out["errors"] = errors[:3]
@@ -173,7 +179,8 @@ def shape_result(shape_dir: Path) -> dict[str, Any]:
         if not mine:
             continue
         main = [r for r in mine if r["variant"] == MAIN_VARIANT[mode]]
-        entry = summarize(main or mine, reference, foundry)
+        # A mode's row is its main start alone: a SAVE is no LOAD, whatever else ran.
+        entry = summarize(main, reference, foundry) if main else {"starts": 0}
         for variant in sorted({r["variant"] for r in mine} - {MAIN_VARIANT[mode]}):
             entry[variant] = summarize([r for r in mine if r["variant"] == variant], reference, None)
         result["modes"][mode] = entry
@@ -273,13 +280,15 @@ def chart(result: dict[str, Any], path: Path) -> str | None:
         "spawn": "#a6d854",
         "weights": "#ffd92f",
         "compile": "#e78ac3",
+        "jit": "#b3b3b3",
         "graphs": "#fc8d62",
         "warmups": "#66c2a5",
     }
     for ax, shape in zip(axes[:, 0], shapes):
-        rows = []  # each mode's main start, and Foundry's warm LOAD beside its cold one
+        rows = []  # each mode's main start, and Foundry's warm LOAD and SAVE beside its cold one
         for mode, entry in result["shapes"][shape]["modes"].items():
-            for label, e in ((mode, entry), (f"{mode} warm", entry.get("warm") or {})):
+            beside = ((f"{mode} warm", entry.get("warm") or {}), (f"{mode} SAVE", entry.get("save") or {}))
+            for label, e in ((mode, entry), *beside):
                 if e.get("ttft_cold_s"):
                     cache = "dropped" if "True" in e.get("page_cache_dropped", []) else "kept"
                     rows.append((f"{label}\n(page cache {cache})", e))
@@ -326,14 +335,31 @@ def main(opts: argparse.Namespace) -> int:
         print(f"{root} holds {meta.get('engine')}'s runs, not {opts.engine}'s", file=sys.stderr)
         return 2
     versions = _versions(meta.get("python") or sys.executable)
-    result: dict[str, Any] = {
+    now = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "commit": _commit(),
         "machine": _machine(),
-        "command": opts.command or os.environ.get("SXS_COMMAND"),
-        "engine": opts.engine,
         "engine_version": versions.get(opts.engine),
         "torch_version": versions.get("torch"),
+    }
+    # The facts of the machine the starts ran on, kept in the work dir by the merge made there: a
+    # later merge of the same records elsewhere (a CPU machine, after a parse fix) keeps them and
+    # says when and where it merged again.
+    facts = meta.get("facts")
+    if facts and now["machine"].startswith("no GPU seen"):
+        merged_again = {"date": now["date"], "commit": now["commit"]}
+    else:
+        facts, merged_again = now, None
+        meta_path.write_text(json.dumps({**meta, "facts": facts}))
+    result: dict[str, Any] = {
+        "date": facts["date"],
+        "commit": facts["commit"],
+        "machine": facts["machine"],
+        "command": opts.command or os.environ.get("SXS_COMMAND"),
+        "engine": opts.engine,
+        "engine_version": facts["engine_version"],
+        "torch_version": facts["torch_version"],
+        **({"merged_again": merged_again} if merged_again else {}),
         "allowed_diff_stock_best_vs_foundry": modes.ALLOWED_DIFF,
         "stock_best_env": modes.STOCK_BEST_ENV[opts.engine],
         "shapes": {},

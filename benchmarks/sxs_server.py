@@ -21,36 +21,50 @@ PROMPTS = [[3 + (37 * i + 11 * j) % 4096 for j in range(6 + 5 * i)] for i in ran
 OUTPUT_TOKENS = 32
 TOP_LOGPROBS = 5
 
-#: Moments (first matching line) that split a start into phases, in the order they happen.
-MARKS: dict[str, dict[str, str]] = {
+#: Moments that split a start into phases, in the order they happen: the first line that matches;
+#: of a tuple, the first line that matches its first pattern matching any line (a preference).
+MARKS: dict[str, dict[str, str | tuple[str, ...]]] = {
     "sglang": {
         "imports_done": r"server_args=",  # 0.5.23 logs a dict, earlier releases ServerArgs(...)
         "weights_begin": r"Load weight begin",
         "weights_end": r"Load weight end",
-        # a LOAD runs SGLang's capture step too (installing the restored graphs): same lines
-        "graphs_begin": r"Capture (?:\w+ )?decode .{0,20}?graph begin",
-        "graphs_end": r"Capture (?:\w+ )?decode .{0,20}?graph end",
         "ready_log": r"The server is fired up and ready to roll",
     },
     "vllm": {
         "imports_done": r"non-default args:",
-        "weights_begin": r"Starting to load model",
-        "weights_end": r"Model loading took|Loading weights took",
+        "weights_begin": r"Starting to load model|Loading model from scratch",  # the latter: 0.33.0
+        # vLLM's own loading figure ends at "Model loading took"; "Loading weights took" (the files
+        # read, 2.4 s earlier in 0.33.0) stands in where a release logs only that.
+        "weights_end": (r"Model loading took", r"Loading weights took"),
         "compile_end": r"torch\.compile (?:takes|took) [\d.]+ s in total",
-        "graphs_begin": r"Capturing CUDA graphs",
-        "graphs_end": r"Graph capturing finished|Foundry rank 0: restored",
         "ready_log": r"Application startup complete",
     },
 }
-#: Phase -> (start mark, end mark); a phase with a missing mark is None.
+#: A graph capture stage per engine: (the line that begins it, the line that ends it, whether the begin
+#: line is written only when the stage ends). vLLM's is a progress bar whose line closes with the bar
+#: (0.33.0: its memory profiling captures throwaway graphs in a first stage, then the real capture).
+#: A LOAD runs SGLang's capture step too (installing the restored graphs): same lines.
+CAPTURE: dict[str, tuple[str, str, bool]] = {
+    "sglang": (
+        r"Capture (?:\w+ )?decode .{0,20}?graph begin",
+        r"Capture (?:\w+ )?decode .{0,20}?graph end",
+        False,
+    ),
+    "vllm": (r"Capturing CUDA graphs", r"Graph capturing finished", True),
+}
+#: Phase -> (start mark, end mark); a phase with a missing mark is None. ``jit`` and ``graphs`` are
+#: sums of spans instead (:func:`phases`).
 PHASES = {
     "imports": ("spawn", "imports_done"),
     "spawn": ("imports_done", "weights_begin"),
     "weights": ("weights_begin", "weights_end"),
     "compile": ("weights_end", "compile_end"),
-    "graphs": ("graphs_begin", "graphs_end"),
     "warmups": ("graphs_end", "ready"),
 }
+#: FlashInfer building a kernel module at first use (no flashinfer-jit-cache installed); the build
+#: logs nothing until it is done, so it lasts until the next line of the engine that is no build line.
+_JIT = re.compile(r"Building JIT module")
+_API_SERVER = re.compile(r"^\(APIServer pid=")  # vLLM's front process: it logs while the engine builds
 _RESTORED = re.compile(r"Foundry rank 0: restored \d+ decode graphs in ([\d.]+) s")
 _STAMP = re.compile(r"^\[\s*(\d+(?:\.\d+)?)\] ?(.*)$")
 _HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # no proxy for 127.0.0.1
@@ -105,8 +119,14 @@ class LogPump(threading.Thread):
 
 
 def read_log(path: Path) -> list[tuple[float, str]]:
+    """The log's lines as the pump wrote them (a progress bar's carriage returns stay inside its line),
+    each with its seconds since spawn."""
     out, t = [], 0.0
-    for line in path.read_text(errors="replace").splitlines() if path.is_file() else []:
+    # bytes decoded, not read_text: text mode would turn a bar's carriage returns into line breaks
+    text = path.read_bytes().decode(errors="replace") if path.is_file() else ""
+    for line in text.split("\n"):
+        if not line:
+            continue
         m = _STAMP.match(line)
         if m:
             t, line = float(m.group(1)), m.group(2)
@@ -114,22 +134,86 @@ def read_log(path: Path) -> list[tuple[float, str]]:
     return out
 
 
-def phases(lines: list[tuple[float, str]], engine: str, ready_s: float | None) -> dict[str, Any]:
-    """Each mark's first time and each phase's seconds (None where a mark is missing)."""
+def _first_marks(lines: list[tuple[float, str]], engine: str) -> dict[str, float]:
     marks: dict[str, float] = {"spawn": 0.0}
-    patterns = {k: re.compile(v) for k, v in MARKS[engine].items()}
-    for t, line in lines:
-        for key, rx in patterns.items():
-            if key not in marks and rx.search(line):
+    for key, spec in MARKS[engine].items():
+        for rx in map(re.compile, (spec,) if isinstance(spec, str) else spec):
+            t = next((t for t, line in lines if rx.search(line)), None)
+            if t is not None:
                 marks[key] = round(t, 3)
+                break
+    return marks
+
+
+Spans = list[tuple[float, float]]
+
+
+def _spans(lines: list[tuple[float, str]], engine: str) -> tuple[Spans, Spans, Spans]:
+    """(start, end) of each JIT build and each graph capture stage, and (time, seconds) of each
+    restore line (vLLM's LOAD captures nothing and says how long its restore took).
+
+    A capture stage whose begin line is written only when it ends (vLLM's bar) is counted from the
+    engine's line before it: the stage began after that line, so this may count some unlogged moments
+    before the capture too. Where that line ended a JIT build, the build is counted up to the bar's
+    line and the stage from there: which of the two took the moments in between, no line says."""
+    begin, end, begin_written_late = CAPTURE[engine]
+    begin_rx, end_rx = re.compile(begin), re.compile(end)
+    jits: Spans = []
+    stages: Spans = []
+    restores: Spans = []
+    before = 0.0  # the engine's last logged moment before this line
+    jit_from = stage_from = None
+    for t, line in lines:
+        if _API_SERVER.match(line):
+            continue  # another process: says nothing of where the engine is
+        if jit_from is not None and not _JIT.search(line):
+            jits.append((jit_from, t))
+            jit_from, before = None, t
+        if _JIT.search(line):
+            jit_from = t if jit_from is None else jit_from
+        elif stage_from is None and begin_rx.search(line):
+            stage_from = before if begin_written_late else t
+        elif stage_from is not None and end_rx.search(line):
+            stages.append((stage_from, t))
+            stage_from = None
+        elif m := _RESTORED.search(line):
+            restores.append((t, float(m.group(1))))
+        before = t
+    if jit_from is not None:  # the start ended while building (a timeout): counted to its last line
+        jits.append((jit_from, before))
+    return jits, stages, restores
+
+
+def _within(a: float, b: float, spans: Spans) -> float:
+    """Seconds of ``spans`` that fall between ``a`` and ``b``."""
+    return sum(max(0.0, min(b, e) - max(a, s)) for s, e in spans)
+
+
+def phases(lines: list[tuple[float, str]], engine: str, ready_s: float | None) -> dict[str, Any]:
+    """Each phase's seconds (None where a mark is missing) and the marks. ``jit``: FlashInfer's kernel
+    builds, taken out of whatever phase they fell in. ``graphs``: every capture stage summed (vLLM
+    0.33.0 captures twice at SAVE: its memory profiling's throwaway graphs, then the graphs it keeps),
+    plus a LOAD's restore seconds; what lies between two stages (vLLM: KV cache, kernel autotune) is
+    in no phase. ``warmups``: from the end of the last stage to ready."""
+    marks = _first_marks(lines, engine)
+    jits, stages, restores = _spans(lines, engine)
+    if stages:
+        marks["graphs_begin"] = round(stages[0][0], 3)
+    if stages or restores:
+        marks["graphs_end"] = round(max([e for _, e in stages] + [t for t, _ in restores]), 3)
     if ready_s is not None:
         marks["ready"] = ready_s
-    out: dict[str, Any] = {}
-    for name, (a, b) in PHASES.items():
-        out[name] = round(marks[b] - marks[a], 3) if a in marks and b in marks else None
-    if out["graphs"] is None:  # vLLM's LOAD logs no begin: the restore line says its seconds
-        took = [float(m.group(1)) for _, line in lines if (m := _RESTORED.search(line))]
-        out["graphs"] = took[0] if took else None
+
+    def between(a: str, b: str) -> float | None:
+        if a not in marks or b not in marks:
+            return None
+        return round(marks[b] - marks[a] - _within(marks[a], marks[b], jits), 3)
+
+    out: dict[str, Any] = {name: between(a, b) for name, (a, b) in PHASES.items() if name != "warmups"}
+    out["jit"] = round(sum(e - s for s, e in jits), 3) if jits else None
+    graphs = sum(e - s - _within(s, e, jits) for s, e in stages) + sum(took for _, took in restores)
+    out["graphs"] = round(graphs, 3) if stages or restores else None
+    out["warmups"] = between(*PHASES["warmups"])
     out["marks"] = marks
     return out
 

@@ -5,7 +5,8 @@ requests with logprobs; plus a stand-in of each engine's benchmark client.
 tests/test_sxs_harness.py puts packages named ``sglang`` and ``vllm`` on the path whose entry modules
 (``sglang.launch_server``, ``sglang.benchmark.serving``, ``vllm.entrypoints.cli.main``) call :func:`main`,
 so the harness runs the very command lines it runs on the GPU machine. ``STANDIN_REFUSE`` (a line)
-makes a start with upstream Foundry's variable set exit with that line, as a refusal would."""
+makes a start with upstream Foundry's variable set exit with that line, as a refusal would;
+``STANDIN_START_S`` (seconds) makes every start take that much longer."""
 
 from __future__ import annotations
 
@@ -79,6 +80,7 @@ def _arg(argv: list[str], flag: str, default: str | None = None) -> str | None:
 
 def serve(engine: str, argv: list[str]) -> int:
     say = lambda line: print(line, flush=True)  # noqa: E731
+    time.sleep(float(os.environ.get("STANDIN_START_S") or 0))
     foundry = "--enable-foundry" in argv
     toml = Path(
         _arg(argv, "--foundry-config", "")

@@ -1,6 +1,6 @@
 """benchmarks/sxs.py end to end on the CPU, against stand-in engines (benchmarks/sxs_standin.py) that
 answer the harness's real command lines: calls that add pairs to one work dir, the merge's result
-fields and ratios, a peer refusal, the budget, and bad input."""
+fields and ratios, a peer refusal, the budget, and bad input; the phases read from real log lines."""
 
 import json
 import os
@@ -13,6 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import sxs  # noqa: E402  (benchmarks/ is no package)
+import sxs_merge  # noqa: E402
 import sxs_model  # noqa: E402
 import sxs_serving  # noqa: E402
 
@@ -55,6 +56,25 @@ def _run(work: Path, engine: str, modes: str, *extra: str, peer: bool = True) ->
 def _merge(work: Path, engine: str, out: Path) -> dict:
     assert sxs.main(["merge", "--engine", engine, "--workdir", str(work), "--out", str(out)]) == 0
     return json.loads(out.read_text())
+
+
+def test_a_merge_elsewhere_keeps_the_facts_of_the_machine_the_starts_ran_on(standin, monkeypatch):
+    """Start records merged again on a machine without a GPU (after a parse fix) keep the date,
+    commit, machine and versions the merge on the GPU machine left in the work dir."""
+    work = standin / "work"
+    assert _run(work, "vllm", "foundry", "--no-floor") == 0
+    gpu = {"date": "2026-12-05T18:30:51Z", "commit": "068d9cc", "machine": "1x NVIDIA H100 80GB HBM3, 580"}
+    monkeypatch.setattr(sxs_merge, "_machine", lambda: gpu["machine"])
+    monkeypatch.setenv("FOUNDRY_COMMIT", gpu["commit"])
+    first = _merge(work, "vllm", standin / "a.json")
+    assert first["machine"] == gpu["machine"] and "merged_again" not in first
+    monkeypatch.setattr(sxs_merge, "_machine", lambda: "no GPU seen; host here")
+    monkeypatch.setenv("FOUNDRY_COMMIT", "later")
+    again = _merge(work, "vllm", standin / "b.json")
+    assert {k: again[k] for k in ("date", "commit", "machine")} == {
+        k: first[k] for k in ("date", "commit", "machine")
+    }
+    assert again["merged_again"]["commit"] == "later"
 
 
 def test_sglang_calls_accumulate_pairs_and_merge(standin):
@@ -111,7 +131,8 @@ def test_vllm_and_a_peer_refusal(standin, monkeypatch):
     assert _run(work2, "sglang", "stock_naive,peer") == 0
     peer = _merge(work2, "sglang", standin / "sg.json")["shapes"]["tiny"]["modes"]["peer"]
     assert peer["save"]["errors"][0]["refusal"].endswith("this sglang is too new")
-    assert peer["starts"] == 1 and peer["ttft_cold_s"] is None  # the refused SAVE only: no LOAD tried
+    # The refused SAVE only: no LOAD tried, and the mode's row does not pass the SAVE off as one.
+    assert peer["starts"] == 0 and "ttft_cold_s" not in peer and peer["save"]["starts"] == 1
 
     work3 = standin / "work3"  # no upstream Foundry where it should be: no start under its name
     assert _run(work3, "sglang", "stock_naive,peer", peer=False) == 0
@@ -122,10 +143,11 @@ def test_vllm_and_a_peer_refusal(standin, monkeypatch):
 def test_budget_and_bad_input(standin, capsys):
     work = standin / "work"
     assert _run(work, "sglang", "stock_naive", "--budget", "5", "--no-floor") == 0
-    assert "skip stock_naive/cold pair 1: needs ~30 s, 5 s left" in capsys.readouterr().out
+    # nothing measured, no floor: the start may take its whole timeout and at least that
+    assert "skip stock_naive/cold pair 1: needs ~30 s (at least ~30 s), 5 s left" in capsys.readouterr().out
     assert _run(work, "sglang", "stock_naive,foundry", "--no-floor") == 0
     assert _run(work, "sglang", "stock_naive,foundry", "--no-floor", "--budget", "1") == 0
-    assert "stop before pair 2: it needs ~" in capsys.readouterr().out  # no half pair
+    assert "stop before pair 2: it needs at least ~" in capsys.readouterr().out  # no half pair
     assert len(list((work / "tiny" / "starts").glob("*.json"))) == 4  # naive, SAVE, cold, warm
     with pytest.raises(SystemExit):
         _run(work, "sglang", "stock_naive,fast")
@@ -176,7 +198,6 @@ def test_the_device_site_path_carries_what_its_pth_files_add(tmp_path):
 
 
 def test_a_ratio_never_sets_a_start_that_reads_from_disk_against_one_that_finds_its_files_cached():
-    import sxs_merge
 
     def start(mode, variant, pair, ttft, dropped):
         rec = {"mode": mode, "variant": variant, "pair": pair, "ttft_cold_s": ttft}
@@ -208,7 +229,6 @@ def test_a_ratio_never_sets_a_start_that_reads_from_disk_against_one_that_finds_
 def test_foundry_lines_of_a_start_log_go_into_its_record_and_the_mode_summary(tmp_path):
     """The log lines Foundry writes (as the plugins word them) become each start's ``foundry`` facts,
     and the merge sums them up per mode: steps, the archive check's split, read-ahead, scheduler start."""
-    import sxs_merge
     import sxs_server
 
     report = {
@@ -236,3 +256,147 @@ def test_foundry_lines_of_a_start_log_go_into_its_record_and_the_mode_summary(tm
     summary = sxs_merge.foundry_summary([facts, facts])
     assert summary["critical_s"]["median"] == 0.31 and summary["steps_s"]["check_archive"] == 0.11
     assert summary["scheduler_start"] == ["forkserver"] and summary["readahead_plan_s"]["n"] == 2
+
+
+def _floor(work: Path, seconds: float) -> None:
+    """A floor record as sxs_floor.measure writes it, adding up to ``seconds``."""
+    floor = work / "tiny" / "floor"
+    floor.mkdir(parents=True, exist_ok=True)
+    (floor / "0000.json").write_text(
+        json.dumps(
+            {
+                "import_entry_module": {"wall_s": seconds - 0.5, "page_cache_dropped": True},
+                "import_entry_module_warm": {"wall_s": seconds},  # slower than the cold one this time
+                "read_weights": {"files": 0, "note": "no weight files (dummy weights)"},
+                "cuda_context": {"wall_s": 0.7, "inner_s": 0.5},
+            }
+        )
+    )
+
+
+def test_a_start_never_measured_is_expected_from_the_kinds_it_never_outlasts(tmp_path):
+    """As on the GPU with --timeout 200: after a 175 s SAVE, the cold LOAD is expected to take no
+    longer than it (not the 1.5 times the longest start, capped at the timeout, of before), the warm
+    LOAD no longer than the cold one, and either may run from the floor up."""
+    work = sxs.Work(tmp_path / "w", "vllm", "tiny")
+    _floor(tmp_path / "w", 20.0)
+    work.save({"mode": "foundry", "variant": "save", "pair": None, "wall_s": 175.2})
+    assert work.floor_s() == 20.0  # the faster import, no weight files, the context alone
+    assert work.estimate("foundry", "cold", False, 200.0) == (175.2, 20.0)
+    assert work.estimate("foundry", "warm", False, 200.0) == (175.2, 20.0)
+    assert work.estimate("stock_naive", "cold", False, 200.0) == (200.0, 20.0)  # 1.5 x 175.2, capped
+    work.save({"mode": "foundry", "variant": "cold", "pair": 1, "wall_s": 52.0})
+    assert work.estimate("foundry", "cold", False, 200.0) == (52.0, 52.0)
+    assert work.estimate("foundry", "warm", False, 200.0) == (52.0, 20.0)
+    # a warm LOAD the budget cut after 30 s: needs more than that, still no more than the cold one
+    work.save(
+        {"mode": "foundry", "variant": "warm", "pair": 2, "wall_s": 30.0, "error": "x", "cut_by_budget": True}
+    )
+    assert work.estimate("foundry", "warm", False, 200.0) == (52.0, 30.0)
+    # serving: its own seconds once, whatever the recorded start's wall included
+    work.save({"mode": "stock_naive", "variant": "cold", "pair": 1, "wall_s": 100.0, "serving_wall_s": 60.0})
+    assert work.estimate("stock_naive", "cold", True, 200.0) == (100.0, 100.0)
+    assert work.estimate("stock_best", "best", False, 200.0) == (40.0, 20.0)  # no longer than stock_naive
+
+
+def test_a_start_the_budget_cuts_short_is_no_failure_and_runs_again(standin, capsys, monkeypatch):
+    work = standin / "work"
+    _floor(work, 1.0)
+    monkeypatch.setenv("STANDIN_START_S", "30")  # longer than the 4 s left
+    assert _run(work, "vllm", "foundry", "--no-floor", "--budget", "4") == 0
+    out = capsys.readouterr().out
+    assert "foundry/save pair None: needs ~30 s, 4 s left: its timeout cut to that" in out
+    assert "cut by the budget: TimeoutError" in out
+    starts = [json.loads(p.read_text()) for p in sorted((work / "tiny" / "starts").glob("*.json"))]
+    assert len(starts) == 1 and starts[0]["cut_by_budget"] is True and starts[0]["timeout_s"] <= 4
+    save = _merge(work, "vllm", standin / "cut.json")["shapes"]["tiny"]["modes"]["foundry"]["save"]
+    assert save["cut_by_budget"] == 1 and "errors" not in save
+
+    monkeypatch.delenv("STANDIN_START_S")
+    assert _run(work, "vllm", "foundry", "--no-floor") == 0  # the cut SAVE is made again, not given up
+    starts = [json.loads(p.read_text()) for p in sorted((work / "tiny" / "starts").glob("*.json"))]
+    assert [(s["variant"], "error" in s) for s in starts] == [
+        ("save", True),
+        ("save", False),
+        ("cold", False),
+        ("warm", False),
+    ]
+
+
+def _log(path: Path, lines: list[str]) -> list:
+    import sxs_server
+
+    path.write_bytes("\n".join(lines).encode() + b"\n")  # bytes: a bar's carriage returns stay
+    return sxs_server.read_log(path)
+
+
+def test_vllm_0_33_phases_sum_both_capture_stages_and_count_the_flashinfer_build(tmp_path):
+    """vLLM 0.33.0's SAVE (lines of a real log, cut short): its memory profiling captures 2 graphs in
+    a first stage, the real capture 51 in a second; a progress bar's line is written when the bar
+    closes, so a stage counts from the engine's line before. FlashInfer's JIT build of the sampling
+    module (no flashinfer-jit-cache) lasts until the engine's next line; the API server's lines in
+    between are another process."""
+    import sxs_server
+
+    bar = (
+        "\rCapturing CUDA graphs (FULL):   0%| | 0/{n} [00:00<?]\rCapturing CUDA graphs (FULL): 100%| {n}/{n}"
+    )
+    engine, jit = "(EngineCore pid=2) INFO", "2026-12-05 18:28:08,085 - INFO - core.py:594 - flashinfer.jit:"
+    lines = _log(
+        tmp_path / "vllm.log",
+        [
+            "[   17.256] (APIServer pid=1) INFO [startup.py:96] non-default args: {'model': '/m'}",
+            f"[   36.042] {engine} [model_runner.py:399] Loading model from scratch...",
+            f"[   40.068] {engine} [default_loader.py:506] Loading weights took 2.38 seconds",
+            f"[   42.517] {engine} [model_runner.py:428] Model loading took 3.22 GiB memory and 6.98 seconds",
+            f"[   71.075] {engine} [monitor.py:62] [backbone] torch.compile took 27.49 s in total",
+            f"[   73.207] {jit} Building JIT module sampling; this can take several minutes on first use.",
+            "[  100.000] (APIServer pid=1) INFO [readahead.py:197] Foundry: read-ahead list /r.json",
+            f"[  163.860] {bar.format(n=2)}",
+            f"[  164.422] {engine} [model_runner.py:1163] Graph capturing finished in 1 secs, took 0.20 GiB",
+            f"[  166.106] {jit} [Autotuner]: Autotuning process ends",
+            f"[  169.876] {bar.format(n=51)}",
+            f"[  170.586] {engine} [model_runner.py:1163] Graph capturing finished in 3 secs, took 0.34 GiB",
+            "[  174.228] INFO:     Application startup complete.",
+        ],
+    )
+    got = sxs_server.phases(lines, "vllm", 174.235)
+    assert {k: v for k, v in got.items() if k != "marks"} == {
+        "imports": 17.256,
+        "spawn": 18.786,  # to "Loading model from scratch"
+        "weights": 6.475,  # to vLLM's own "Model loading took", not "Loading weights took"
+        "compile": 28.558,
+        "jit": 90.653,  # 73.207 to the first bar's line
+        "graphs": 5.042,  # 163.860-164.422 and 166.106-170.586
+        "warmups": 3.649,  # from the second stage's end
+    }
+    assert got["marks"]["graphs_begin"] == 163.86 and got["marks"]["graphs_end"] == 170.586
+
+
+def test_sglang_phases_from_its_log_lines(tmp_path):
+    """SGLang 0.5.23's SAVE (lines of a real log, cut short): one capture stage whose begin line is
+    written when it begins; its batches' progress bar inside; no JIT build logged."""
+    import sxs_server
+
+    lines = _log(
+        tmp_path / "sglang.log",
+        [
+            "[   18.763] [2026-12-05 18:10:03] server_args={'model_path': '/m'}",
+            "[   35.741] [2026-12-05 18:10:20] Load weight begin. avail mem=78.49 GB",
+            "[   38.582] [2026-12-05 18:10:23] Load weight end. elapsed=2.84 s, type=Qwen3ForCausalLM",
+            "[   39.284] [2026-12-05 18:10:24] Capture target decode CUDA graph begin. backend=full",
+            "[   82.067]   0%|   | 0/36 [00:00<?]\rCapturing batches (bs=256 avail_mem=12.03 GB): 3%|",
+            "[   82.608] [2026-12-05 18:11:07] Capture target decode CUDA graph end. bs=[1, 2]",
+            "[   93.165] [2026-12-05 18:11:18] The server is fired up and ready to roll!",
+        ],
+    )
+    got = sxs_server.phases(lines, "sglang", 94.168)
+    assert {k: v for k, v in got.items() if k != "marks"} == {
+        "imports": 18.763,
+        "spawn": 16.978,
+        "weights": 2.841,
+        "compile": None,
+        "jit": None,
+        "graphs": 43.324,
+        "warmups": 11.56,
+    }
