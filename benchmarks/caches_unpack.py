@@ -6,7 +6,11 @@ with the graph archive inflated before it, 0.60 s while that inflate ran beside 
 archives of that shape with the project's own writers (bytes of real shared libraries, so that
 they compress like code) and times the unpack under each kind of company.
 
-    .venv-core/bin/python benchmarks/caches_unpack.py [--reps 9] [--json out.json]
+    .venv-core/bin/python benchmarks/caches_unpack.py [--reps 9] [--graph code|sparse]
+        [--root /dev/shm] [--src /path/to/other/src] [--json out.json]
+
+``--src`` times another foundry_core (``git archive HEAD src | tar -x -C /tmp/old``, with the
+built native library copied beside it) for a before/after on the same machine.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import argparse
 import glob
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -127,7 +132,13 @@ def build(base: Path, graph_kind: str) -> tuple[Path, Path]:
     for i in range(16):
         d = dirs.path("triton") / f"{i * 2654435761 % (1 << 128):032x}"
         d.mkdir()
-        for name, size in (("k.cubin", 24_000), ("k.ptx", 16_000), ("k.ttir", 6_000), ("k.ttgir", 7_000), ("k.llir", 9_000)):
+        for name, size in (
+            ("k.cubin", 24_000),
+            ("k.ptx", 16_000),
+            ("k.ttir", 6_000),
+            ("k.ttgir", 7_000),
+            ("k.llir", 9_000),
+        ):
             (d / name).write_bytes(src.take(size))
             n += 1
         (d / "k.json").write_text(json.dumps({"name": f"k{i}", "num_warps": 4, "shared": 0}))
@@ -174,6 +185,7 @@ def one(graph: Path, carried: Path, company: str, rep: int) -> dict:
     if g is not None:
         out["graph_inflate_s"] = g.inflate_s
     dirs.close()
+    shutil.rmtree(dirs.root)  # the file system's state stays the same from one repetition to the next
     return out
 
 
@@ -205,21 +217,31 @@ def main() -> None:
     ap.add_argument("--json")
     ap.add_argument("--graph", default="code", choices=("code", "sparse"))
     ap.add_argument("--companies", default="alone,inflate,python,inflate+python")
+    ap.add_argument("--src", help="the foundry_core to time (default: this checkout's src/)")
+    ap.add_argument(
+        "--root",
+        help="where the archives and the private folders go (default: the temporary directory; "
+        "/dev/shm takes the file system's own costs out, leaving the CPU's and the GIL's)",
+    )
     args = ap.parse_args()
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+    sys.path.insert(0, args.src or str(Path(__file__).resolve().parent.parent / "src"))
     _fixed_fingerprint()
     _time_open()
     from foundry_core import _native
     from foundry_core.archive import codec, open_archive
 
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory(dir=args.root) as tmp:
         graph, carried = build(Path(tmp), args.graph)
         ga, ca = open_archive(graph, inflate=False), open_archive(carried, inflate=False)
         for name, a in (("graph", ga), ("caches", ca)):
             stored = sum(f["size"] for f in a.manifest["files"].values())
-            print(f"{name}: {len(a.files)} members, {stored / 1e6:.1f} MB stored, {sum(a.files.values()) / 1e6:.1f} MB inflated")
+            print(
+                f"{name}: {len(a.files)} members, {stored / 1e6:.1f} MB stored, {sum(a.files.values()) / 1e6:.1f} MB inflated"
+            )
         del ga, ca
-        print(f"cpus {os.cpu_count()}, native inflate {_native.inflate_fn() is not None}, zlib threads {codec._ZLIB_THREADS}")
+        print(
+            f"cpus {os.cpu_count()}, native inflate {_native.inflate_fn() is not None}, zlib threads {codec._ZLIB_THREADS}"
+        )
         companies = args.companies.split(",")
         results: dict[str, list[dict]] = {c: [] for c in companies}
         one(graph, carried, "alone", -1)  # warm the page cache and imports
@@ -236,7 +258,9 @@ def main() -> None:
                 line += f"  graph inflate {_ms(col['graph_inflate_s'])}"
             print(line)
         if args.json:
-            Path(args.json).write_text(json.dumps({"graph": args.graph, "cpus": os.cpu_count(), "runs": results}, indent=1))
+            Path(args.json).write_text(
+                json.dumps({"graph": args.graph, "cpus": os.cpu_count(), "runs": results}, indent=1)
+            )
 
 
 if __name__ == "__main__":

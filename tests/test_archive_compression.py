@@ -60,11 +60,21 @@ def test_compressed_members_round_trip_in_chunks(tmp_path):
     ar = open_archive(tmp_path / "a")
     assert ar.read_bytes("modules/big.cubin") == big
     assert ar.read_bytes("modules/small.cubin") == small
-    # Where opening it went, for start reports: every step timed, the stored (compressed) bytes counted.
+    # Where opening it went, for start reports: every step timed, the stored (compressed) bytes and
+    # what they inflate to counted.
     split = ar.open_timings
-    assert set(split) == {"manifest_s", "tree_s", "read_s", "hash_s", "inflate_s", "stored_bytes"}
+    assert set(split) == {
+        "manifest_s",
+        "tree_s",
+        "read_s",
+        "hash_s",
+        "inflate_s",
+        "stored_bytes",
+        "content_bytes",
+    }
     assert all(v >= 0 for v in split.values())
     assert split["stored_bytes"] == sum(f["size"] for f in files.values())
+    assert split["content_bytes"] == len(big) * 2 + len(small) + len(noise) + len(tiny)
     assert ar.read_bytes("memory/00001.bin") == noise
     assert ar.read_bytes("memory/00002.bin") == tiny
     assert ar.read_bytes("graphs/0000.bin") == big

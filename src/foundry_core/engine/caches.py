@@ -23,8 +23,10 @@ right after capture; the engine layer writes it before the record that marks a S
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import fcntl
+import itertools
 import json
 import logging
 import os
@@ -405,10 +407,9 @@ def unpack(
     archive = _open(path, expected_digest, trusted_root)
     compare_fingerprint(archive.fingerprint, fingerprint(device, engine, rank=rank, world_size=world_size))
     carried: dict[str, dict[str, list[int]]] = {k: {} for k in dirs.kinds}
+    place = _Placer(archive)
     for kind, rel, member in _members(archive, dirs.kinds):
-        carried[kind][rel] = _write_member(
-            archive, member, dirs.path(kind) / rel, crc=kind in REWRITTEN_ON_LOAD
-        )
+        carried[kind][rel] = place(member, dirs.path(kind) / rel, crc=kind in REWRITTEN_ON_LOAD)
     # What came from the archive, with size and time (and CRC where a rewrite may be bookkeeping):
     # a file changed later counts as compiled.
     (dirs.root / CARRIED_LIST).write_text(json.dumps(carried, sort_keys=True))
@@ -437,9 +438,10 @@ def unpack_engine_records(
     # taken as the archive's, and the worker compares it before the engine uses any other file.
     compare_fingerprint(archive.fingerprint, {**archive.fingerprint, "model": model_facts(engine)})
     written = 0
+    place = _Placer(archive)
     for kind, rel, member in _members(archive, [k for k in wanted if k in dirs.kinds]):
         if rel.startswith(wanted[kind]):
-            _write_member(archive, member, dirs.path(kind) / rel)
+            place(member, dirs.path(kind) / rel)
             written += 1
     return written
 
@@ -466,28 +468,66 @@ def _members(archive: Any, kinds: Iterable[str]) -> Iterable[tuple[str, str, str
             yield parts[1], parts[2], member
 
 
-def _write_member(archive: Any, member: str, dest: Path, *, crc: bool = False) -> list[int]:
-    """One carried file into place with its recorded mode and time; returns ``[size, mtime_ns]``,
-    with ``crc32`` appended when ``crc`` (it costs ~15 ms for 50 MB: only for the kinds where a
-    rewrite with the same bytes is told from a rebuild, :data:`REWRITTEN_ON_LOAD`)."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    # Written beside and renamed into place: a tool that looks meanwhile sees all or nothing.
-    fd, tmp = tempfile.mkstemp(prefix=".foundry-", dir=dest.parent)
+class _Placer:
+    """Writes carried files into place, each with its recorded mode and time.
+
+    Each file costs six system calls (create, write, utime, fstat, close, rename) and each folder
+    one mkdir, where tempfile.mkstemp, a Python file object, chmod/utime/stat by path and a mkdir
+    per file took ten: at LOAD this runs while the graph archive inflates on every core, and each
+    system call gives the GIL away and waits its turn to get it back."""
+
+    def __init__(self, archive: Any):
+        self.archive = archive
+        self.modes: dict = archive.meta.get("modes") or {}
+        self.mtimes: dict = archive.meta.get("mtimes") or {}
+        self.made: set[Path] = set()
+
+    def __call__(self, member: str, dest: Path, *, crc: bool = False) -> list[int]:
+        """``member`` into ``dest``; returns ``[size, mtime_ns]``, with ``crc32`` appended when
+        ``crc`` (it costs ~15 ms for 50 MB: only for the kinds where a rewrite with the same bytes
+        is told from a rebuild, :data:`REWRITTEN_ON_LOAD`)."""
+        parent = dest.parent
+        if parent not in self.made:
+            parent.mkdir(parents=True, exist_ok=True)
+            self.made.add(parent)
+        data = self.archive.read_bytes(member)
+        mode = 0o700 if self.modes.get(member, 0o644) & 0o100 else 0o600
+        mtime = self.mtimes.get(member)
+        # Written beside and renamed into place: a tool that looks meanwhile sees all or nothing.
+        fd, tmp = _create_beside(parent, mode)
+        try:
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                if isinstance(mtime, int) and mtime > 0:
+                    os.utime(fd, ns=(mtime, mtime))
+                st = os.fstat(fd)  # the times as this file system keeps them; a rename keeps them
+                if stat.S_IMODE(st.st_mode) != mode:  # the umask took bits off at creation
+                    os.fchmod(fd, mode)
+            finally:
+                os.close(fd)
+            os.replace(tmp, dest)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        return [st.st_size, st.st_mtime_ns, zlib.crc32(data)] if crc else [st.st_size, st.st_mtime_ns]
+
+
+_TMP_SEQ = itertools.count()
+
+
+def _create_beside(folder: Path, mode: int) -> tuple[int, str]:
+    """A new file in ``folder`` named ``.foundry-*`` (never listed as a cache file), open for
+    writing: a name from this process's id and a counter, made with O_EXCL; tempfile's random
+    names where that one is taken (left by an earlier process with the same id)."""
+    path = os.path.join(folder, f".foundry-{os.getpid()}-{next(_TMP_SEQ)}")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
-        data = archive.read_bytes(member)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        mode = (archive.meta.get("modes") or {}).get(member, 0o644)
-        os.chmod(tmp, 0o700 if mode & 0o100 else 0o600)
-        mtime = (archive.meta.get("mtimes") or {}).get(member)
-        if isinstance(mtime, int) and mtime > 0:
-            os.utime(tmp, ns=(mtime, mtime))
-        os.replace(tmp, dest)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    st = dest.stat()
-    return [st.st_size, st.st_mtime_ns, zlib.crc32(data)] if crc else [st.st_size, st.st_mtime_ns]
+        return os.open(path, flags, mode), path
+    except FileExistsError:
+        return tempfile.mkstemp(prefix=".foundry-", dir=folder)
 
 
 def _crc(path: Path) -> int | None:
