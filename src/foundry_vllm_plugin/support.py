@@ -74,6 +74,10 @@ def _check_graph_mode(vllm_config: Any, out: _Refusals) -> None:
         # vLLM then sets cudagraph_mode=NONE itself: one reason, not two.
         out.add("enforce_eager", "it turns CUDA graphs off, so there is nothing to persist")
         return
+    if _get(vllm_config, "model_config", "runner_type", default="generate") != "generate":
+        # vLLM picks a pooling model's graph mode itself (PIECEWISE: it allows no full graphs there),
+        # and _check_model refuses the runner: one reason, not a second that says "use FULL_DECODE_ONLY".
+        return
     mode = _get(vllm_config, "compilation_config", "cudagraph_mode")
     name = _mode_name(mode) if mode is not None else "unset"
     if name == FOUNDRY_CUDAGRAPH_MODE:
@@ -197,14 +201,20 @@ def _check_features(vllm_config: Any, out: _Refusals) -> None:
         )
     if _get(vllm_config, "lora_config") is not None:
         out.add("LoRA", "adapter slots and punica buffers are swapped behind the graph")
-    if _get(vllm_config, "model_config", "enable_sleep_mode", default=False):
+    sleep_mode = _get(vllm_config, "model_config", "enable_sleep_mode", default=False)
+    if sleep_mode:
         out.add("sleep mode", "the cuMem allocator places weights and graphs outside the Foundry region")
-    if _get(vllm_config, "model_config", "enable_cumem_allocator", default=False):
+    # Sleep mode makes vLLM turn the cuMem allocator on itself: one reason, not two.
+    if _get(vllm_config, "model_config", "enable_cumem_allocator", default=False) and not sleep_mode:
         out.add(
             "the cuMem allocator (enable_cumem_allocator)",
             "vLLM then allocates weights and the KV cache from its own pool, outside the Foundry region",
         )
-    if _get(vllm_config, "kv_transfer_config") is not None:
+    # KV offloading (--kv-offloading-size) makes vLLM put its offloading connector into
+    # kv_transfer_config itself, over any connector given there: one reason, not a second that names
+    # a disaggregated prefill nobody asked for.
+    kv_offloading = _get(vllm_config, "cache_config", "kv_offloading_size") is not None
+    if _get(vllm_config, "kv_transfer_config") is not None and not kv_offloading:
         out.add(
             "KV transfer (disaggregated prefill)", "connectors register and move KV memory outside the engine"
         )
@@ -218,7 +228,7 @@ def _check_features(vllm_config: Any, out: _Refusals) -> None:
         or _get(offload, "prefetch", "offload_group_size", default=0) > 0
     ):
         out.add("CPU weight offloading", "offloaded weights live outside device memory")
-    if _get(vllm_config, "cache_config", "kv_offloading_size") is not None:
+    if kv_offloading:
         out.add("KV cache offloading", "it runs a KV connector beside the engine")
     backend = _get(vllm_config, "attention_config", "backend")
     if backend is not None and _mode_name(backend) not in VALIDATED_ATTENTION_BACKENDS:

@@ -2,7 +2,8 @@
 
 Every case starts from one real ``VllmConfig`` that vLLM built with Foundry on (see conftest), copies it,
 and switches on one feature by setting the real field (with a real vLLM config object where one can be
-built without a model or a device).
+built without a model or a device). The cases that ``vllm serve`` flags reach also go through its parser
+in test_vllm_serve_refusals.py, which says why the others cannot.
 """
 
 from __future__ import annotations

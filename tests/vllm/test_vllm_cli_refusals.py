@@ -4,8 +4,8 @@ The configuration cases run vLLM's own command line (``vllm.entrypoints.cli.main
 ``vllm serve`` console script runs) in a fresh interpreter on this CPU machine
 (``VLLM_TARGET_DEVICE=cpu``): each error is found while vLLM turns the flags into engine arguments.
 A valid Foundry start there (no CUDA device) is refused before vLLM builds its config. Refusals of an
-engine configuration need a CUDA platform to be reached, so they run through the same ``vllm serve``
-parser in this process, under the tests' CUDA stand-in (conftest), and end in the same ``SystemExit``.
+engine configuration need a CUDA platform to be reached: test_vllm_serve_refusals.py runs every one that
+flags reach through the same ``vllm serve`` parser, under the tests' CUDA stand-in (conftest).
 """
 
 from __future__ import annotations
@@ -93,43 +93,6 @@ def test_a_bad_foundry_config_ends_vllm_serve_with_one_line(qwen3_dir, tmp_path,
         flags, env = ["--enable-foundry"], {"FOUNDRY_CONFIG": str(tmp_path / "nope.toml")}
     line = _one_line(_serve(qwen3_dir, *flags, env=env))
     assert expected in line, line
-
-
-def _serve_parser_refusal(qwen3_dir, *flags: str) -> str:
-    """The refusal of an engine configuration, through the ``vllm serve`` parser in this process
-    (under the tests' CUDA stand-in: vLLM's CLI start-up itself imports CUDA-only modules under it).
-    It is the ``SystemExit`` that ends ``vllm serve`` with its one line, as the cases above show."""
-    from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.entrypoints.common.cli_args import make_arg_parser
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
-
-    from foundry_core.config import ConfigError
-
-    common = ["--model", str(qwen3_dir), "--load-format", "dummy", "--skip-tokenizer-init"]
-    args = make_arg_parser(FlexibleArgumentParser()).parse_args([*common, "--max-model-len", "1024", *flags])
-    engine_args = AsyncEngineArgs.from_cli_args(args)
-    with pytest.raises(SystemExit) as err:
-        engine_args.create_engine_config()
-    assert isinstance(err.value, ConfigError)
-    line = err.value.code
-    assert isinstance(line, str) and "\n" not in line
-    assert line.startswith("error: Foundry cannot run this vLLM configuration: "), line
-    return line
-
-
-def test_every_refused_feature_is_listed_on_one_line(qwen3_dir, foundry_toml):
-    """LoRA and eager mode at once: both reasons, on one line (the refusal once named the first)."""
-    flags = ["--enable-foundry", "--foundry-config", str(foundry_toml), "--enable-lora", "--enforce-eager"]
-    line = _serve_parser_refusal(qwen3_dir, *flags)
-    assert "enforce_eager: it turns CUDA graphs off" in line and "; LoRA: adapter slots" in line, line
-
-
-def test_a_graph_mode_and_cpu_offloading_are_both_listed(qwen3_dir, foundry_toml):
-    flags = ["--enable-foundry", "--foundry-config", str(foundry_toml), "-cc.cudagraph_mode=PIECEWISE"]
-    flags += ["--cpu-offload-gb", "4"]
-    line = _serve_parser_refusal(qwen3_dir, *flags)
-    assert "cudagraph_mode=PIECEWISE: piecewise graphs" in line, line
-    assert "CPU weight offloading: offloaded weights" in line, line
 
 
 def test_a_valid_foundry_start_without_a_cuda_device_is_refused_up_front(qwen3_dir, foundry_toml):
