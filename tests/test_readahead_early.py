@@ -91,14 +91,21 @@ def test_marks_hold_the_process_age_at_each_point():
     session came (foundry_core.early.mark): measured from the process's start, not the import."""
     child = textwrap.dedent(
         """
-        import json, time
+        import json, os, time
         time.sleep(0.5)
         from foundry_core import early
         early.mark("plugin_registered")
         time.sleep(0.3)
         early.mark("plugin_registered")  # the first time only
         early.mark("session_begin")
-        print(json.dumps(early.MARKS))
+        parent = dict(early.MARKS)
+        pid = os.fork()
+        if pid == 0:  # a forked worker: its own marks, its age from its own start
+            early.mark("session_begin")
+            os.write(1, json.dumps(early.MARKS).encode() + b"\\n")
+            os._exit(0)
+        os.waitpid(pid, 0)
+        print(json.dumps(parent))
         """
     )
     environ = {**os.environ, "PYTHONPATH": SRC}
@@ -106,6 +113,7 @@ def test_marks_hold_the_process_age_at_each_point():
         [sys.executable, "-c", child], capture_output=True, text=True, env=environ, timeout=60
     )
     assert out.returncode == 0, out.stderr
-    marks = json.loads(out.stdout)
+    child, marks = (json.loads(line) for line in out.stdout.splitlines())
+    assert list(child) == ["session_begin"] and child["session_begin"] < 0.5
     assert 0.5 <= marks["plugin_registered"] < marks["session_begin"]
     assert marks["session_begin"] - marks["plugin_registered"] >= 0.25

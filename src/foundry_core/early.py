@@ -17,6 +17,7 @@ _started = False
 #: Seconds from this process's start to each named point of Foundry's (:func:`mark`): where a
 #: worker's start went before and after Foundry's own steps, in its start report.
 MARKS: dict[str, float] = {}
+_marks_pid = os.getpid()  # a forked child starts its own marks: its age counts from its own start
 
 
 def process_age() -> float | None:
@@ -32,7 +33,11 @@ def process_age() -> float | None:
 
 
 def mark(name: str) -> None:
-    """Note the process's age now under ``name`` (the first time only). Never raises."""
+    """Note the process's age now under ``name`` (the first time in this process). Never raises."""
+    global _marks_pid
+    if _marks_pid != os.getpid():
+        MARKS.clear()
+        _marks_pid = os.getpid()
     if name not in MARKS:
         age = process_age()
         if age is not None:
