@@ -6,7 +6,7 @@
 # (earlier calls on the same warm machine included) and copies result, chart and logs to $OUT.
 # From the repository root:
 #   ENGINE=sglang|vllm SHAPE=qwen3-1.7b MODES=stock_naive,stock_best,foundry,peer PAIRS=1 \
-#     BUDGET_S=570 [SERVING=1] [START_TIMEOUT_S=300] [FOUNDRY_COMMIT=<hash>] bash benchmarks/run_sxs_h200.sh
+#     BUDGET_S=570 [SERVING=1] [START_TIMEOUT_S=300] [FLOOR=0] [FOUNDRY_COMMIT=<hash>] bash benchmarks/run_sxs_h200.sh
 # BUDGET_S is the whole call, install included (default 570); the starts get what is left less 25 s
 # for the merge. The work dir /tmp/sxs-$ENGINE outlives the call while the machine stays warm; on a
 # fresh machine RESUME_FROM=<an earlier call's sxs-$ENGINE-h200-logs.tar.gz, carried in the tree>
@@ -35,17 +35,24 @@ case $engine in
   sglang) mods="sglang.launch_server sglang.srt.managers.scheduler sglang.srt.models.qwen3 sglang.srt.models.qwen3_moe sglang.kernels.ops.gemm.cutedsl_dual_gemm" ;;
   *) mods="vllm.entrypoints.openai.api_server vllm.v1.engine.core vllm.model_executor.models.qwen3 vllm.model_executor.models.qwen3_moe" ;;
 esac
-python3 -c 'import importlib, sys
+# Once per machine: a later call on the same warm machine finds the same site.
+checked=/tmp/sxs-site-checked-$engine
+if [ ! -f "$checked" ]; then
+  python3 -c 'import importlib, sys
 for m in sys.argv[1:]:
     importlib.import_module(m)' $mods || { echo "the $engine site cannot import what a start needs: stopped before any start"; exit 6; }
+  touch "$checked"
+fi
 left=$((${BUDGET_S:-570} - $(date +%s) + t0 - 25))
-serving=()
-[ "${SERVING:-0}" = 1 ] && serving=(--serving)
+extra=()  # the run's optional flags
+[ "${SERVING:-0}" = 1 ] && extra+=(--serving)
+# FLOOR=0: no floor this call (about 40 s), for a later call on a machine whose floor is measured
+[ "${FLOOR:-1}" = 0 ] && extra+=(--no-floor)
 cmd="ENGINE=$engine SHAPE=${SHAPE:-qwen3-1.7b} MODES=${MODES:-} PAIRS=${PAIRS:-1} SERVING=${SERVING:-0} bash benchmarks/run_sxs_h200.sh"
 if [ "$left" -gt 60 ]; then
   python3 benchmarks/sxs.py run --engine "$engine" --shape "${SHAPE:-qwen3-1.7b}" \
     --modes "${MODES:-stock_naive,stock_best,foundry}" --pairs "${PAIRS:-1}" --workdir "$work" \
-    --budget "$left" --timeout "${START_TIMEOUT_S:-300}" --peer-site /tmp/site-peer "${serving[@]}"
+    --budget "$left" --timeout "${START_TIMEOUT_S:-300}" --peer-site /tmp/site-peer "${extra[@]}"
   echo "sxs run rc=$?"
 else
   echo "no time left for starts ($left s)"
