@@ -234,9 +234,10 @@ def main() -> None:
         graph, carried = build(Path(tmp), args.graph)
         ga, ca = open_archive(graph, inflate=False), open_archive(carried, inflate=False)
         for name, a in (("graph", ga), ("caches", ca)):
-            stored = sum(f["size"] for f in a.manifest["files"].values())
+            sizes = a.open_timings  # the reader's own count of stored and inflated bytes
             print(
-                f"{name}: {len(a.files)} members, {stored / 1e6:.1f} MB stored, {sum(a.files.values()) / 1e6:.1f} MB inflated"
+                f"{name}: {len(a.files)} members, {sizes['stored_bytes'] / 1e6:.1f} MB stored, "
+                f"{sizes['content_bytes'] / 1e6:.1f} MB inflated"
             )
         del ga, ca
         print(

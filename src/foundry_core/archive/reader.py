@@ -150,27 +150,24 @@ def _read_exact(fd: int, size: int, what: str) -> bytes:
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
 def _open_member(root_fd: int, rel: str, dirs: _DirFds | None = None) -> int:
     """Open ``rel`` below ``root_fd`` refusing a symlink at every component (O_NOFOLLOW each step).
     ``dirs`` keeps the directories opened for the previous member, so that members read in sorted
-    order open each directory once, not once per member."""
+    order open each directory once, not once per member; without it, this member's are closed again."""
     parts = rel.split("/")
-    if dirs is not None:
-        fd = dirs.open(parts[:-1])
-        return os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=fd)
-    fd = root_fd
-    opened: list[int] = []
+    chain = dirs if dirs is not None else _DirFds(root_fd)
     try:
-        for part in parts[:-1]:
-            fd = os.open(part, _DIR_FLAGS, dir_fd=fd)
-            opened.append(fd)
-        return os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=fd)
+        return os.open(
+            parts[-1],
+            os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
+            dir_fd=chain.open(parts[:-1]),
+        )
     finally:
-        for d in opened:
-            os.close(d)
-
-
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+        if dirs is None:
+            chain.close()
 
 
 class _DirFds:
