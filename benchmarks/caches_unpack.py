@@ -4,7 +4,11 @@ archive inflates ahead on a thread (``Archive.inflate_ahead``) or a CPU-bound Py
 Seen on an H100 host (SGLang 0.5.23, 16 cores): the unpack of 132 files / 13.4 MB took 0.09 s
 with the graph archive inflated before it, 0.60 s while that inflate ran beside it. This builds
 archives of that shape with the project's own writers (bytes of real shared libraries, so that
-they compress like code) and times the unpack under each kind of company.
+they compress like code) and times the unpack under each kind of company. What it showed (every
+core busy beside a thread that hands the GIL back at each system call slows that thread most) is
+why the plugins now start the inflate after the hand-over, and on half the cores
+(foundry_core/engine/prewarm.py): "alone" is a LOAD's hand-over now, "inflate" what it overlaps
+where a reader's own inflate-ahead runs.
 
     .venv-core/bin/python benchmarks/caches_unpack.py [--reps 9] [--graph code|sparse]
         [--root /dev/shm] [--src /path/to/other/src] [--json out.json]

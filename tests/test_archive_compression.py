@@ -240,7 +240,7 @@ def test_inspect_reports_content_and_on_disk_sizes(tmp_path, capsys):
     assert "files     2, 2.0 MiB" in line and "on disk, 1 compressed)" in line, line
 
 
-def test_inflating_can_wait_until_every_check_passed(tmp_path):
+def test_inflating_can_wait_until_every_check_passed(tmp_path, monkeypatch):
     """open_archive(inflate=False) checks everything but inflates nothing; members inflate on first
     read or on the inflate-ahead thread, and one that does not decompress is refused where it is read."""
     import zlib
@@ -263,8 +263,21 @@ def test_inflating_can_wait_until_every_check_passed(tmp_path):
     }
     assert ar.read_bytes("modules/small.cubin") == small  # inflated on first read, that one alone
     assert ar._pending == {"modules/big.cubin"}
-    thread = ar.inflate_ahead()
-    thread.join(30)
+    from foundry_core.archive import codec
+
+    threads_asked = []
+    real_map = codec._map_on_threads
+
+    def counting_map(fn, items, threads, name, sizes=None):
+        threads_asked.append(threads)
+        return real_map(fn, items, threads, name, sizes)
+
+    monkeypatch.setattr(codec, "_map_on_threads", counting_map)
+    ar.inflate_ahead().join(30)
+    monkeypatch.undo()
+    # In the background it leaves half the cores to the work it overlaps (prewarm's docstring).
+    assert threads_asked == [codec.BACKGROUND_THREADS]
+    assert 1 <= codec.BACKGROUND_THREADS <= max(1, (os.cpu_count() or 1) // 2)
     assert ar.read_bytes("modules/big.cubin") == big and ar.inflate_s > 0 and ar.inflate_ahead() is None
 
     # A member whose stored bytes pass their checksum but do not inflate (checksums made consistent)

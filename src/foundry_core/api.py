@@ -406,21 +406,24 @@ def verify(
     world_size: int = 1,
     expected_digest: str | None = None,
     trusted_root: str | os.PathLike | None = None,
-    inflate_ahead: bool = False,
+    inflate: bool = True,
 ):
     """Check an archive against this machine without touching the GPU beyond reading its properties.
 
     With ``fingerprint_model=None`` the saved model facts are not compared (only the machine's).
     ``trusted_root``, when given, is checked first, as :func:`load` does: the archive must resolve
-    under it. Returns the verified :class:`~foundry_core.archive.Archive`. ``inflate_ahead``: its
-    compressed members are inflated on a thread once every check has passed, off the caller's path
-    (:meth:`~foundry_core.archive.Archive.inflate_ahead`; :func:`load` waits where it needs one).
+    under it. Returns the verified :class:`~foundry_core.archive.Archive`. ``inflate=False``: every
+    check runs (each member's checksum covers its stored bytes), but the compressed members are left
+    to inflate where first read, or on the thread that the caller starts with
+    :meth:`~foundry_core.archive.Archive.inflate_ahead` once its own urgent work is done (an engine
+    start: after Foundry's steps, which a background inflate would slow); :func:`load` inflates or
+    waits for what is still pending.
     """
     t0 = time.perf_counter()
     if trusted_root is not None:
         check_location(path, trusted_root)
     t1 = time.perf_counter()
-    archive = open_archive(path, expected_digest=expected_digest, inflate=not inflate_ahead)
+    archive = open_archive(path, expected_digest=expected_digest, inflate=inflate)
     t2 = time.perf_counter()
     saved_model = archive.fingerprint.get("model", {})
     expected = current_fingerprint(
@@ -436,8 +439,6 @@ def verify(
     split = getattr(archive, "open_timings", None)
     if isinstance(split, dict):
         split.update(location_s=round(t1 - t0, 4), fingerprint_s=round(time.perf_counter() - t2, 4))
-    if inflate_ahead:
-        archive.inflate_ahead()
     return archive
 
 
@@ -608,7 +609,7 @@ def load(
             )
         _check_symmetric(archive, path, symmetric)
         _check_nvshmem_heap(archive, path)
-        # Members inflated ahead (verify(inflate_ahead=True)): done, or refused, before any mapping.
+        # Members left pending (verify(inflate=False)): inflated, or refused, before any mapping.
         inflate = getattr(archive, "inflate", None)
         if inflate is not None:
             t_wait = time.perf_counter()

@@ -191,6 +191,11 @@ class FoundrySession:
         self.report.update(vllm=self.fingerprint.get("vllm"), device=dev["name"])
         t0 = time.perf_counter()
         self.decide_mode(index)  # before the region is reserved and before any model memory
+        from foundry_core.engine import prewarm
+
+        # Background work only now, beside vLLM's setup: beside the steps above it slowed them
+        # (prewarm's docstring). The archive checked in decide_mode inflates there too.
+        prewarm.start(logger, archive=self.verified)
         self._time_steps(time.perf_counter() - t0)
         self.region = fc.Region(
             base=self.cfg.rank_region_base(self.rank), size=self.cfg.region_size, device=index

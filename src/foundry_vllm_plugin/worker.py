@@ -51,7 +51,7 @@ from typing import Any
 
 from vllm.v1.worker.gpu_worker import Worker as _VllmGpuWorker
 
-from foundry_core.engine import inductor, prewarm
+from foundry_core.engine import inductor
 from foundry_core.engine.profiling import profiled
 from foundry_vllm_plugin import archive, graphs, workspace
 from foundry_vllm_plugin.profiling_state import after_restore, neutral_profiling, settle_after_profiling
@@ -82,7 +82,6 @@ class FoundryWorker(_VllmGpuWorker):
         # Before vLLM's worker initialises CUDA or compiles anything: private cache directories.
         self._foundry.caches.begin()
         inductor.pin_process(logger)  # for torch.compile calls that do not take vLLM's config
-        prewarm.start(logger)  # Triton's per-process cache key, hashed while vLLM sets up
         self._foundry.report.setdefault("foundry_steps_s", {})["session"] = round(time.perf_counter() - t0, 4)
         super().__init__(*args, **kwargs)
 

@@ -41,13 +41,35 @@ def test_the_start_report_times_every_foundry_step(load_start, monkeypatch):
     assert session.mode == "load"
     report = session.report
     steps = report[startsteps.STEPS_KEY]
-    assert set(steps) == {"launcher.settle", "session", "recording", "check_archive", "caches"}
+    assert set(steps) == {"launcher.settle", "session", "recording", "check_archive", "caches", "threads"}
     assert all(isinstance(v, float) and v >= 0 for v in steps.values())
     assert report[startsteps.TOTAL_KEY] == pytest.approx(sum(steps.values()), abs=1e-3)
     assert report["foundry_budget_s"] == startsteps.BUDGET_S
     assert report["scheduler_start"] == {"method": "fork", "reason": "clean launcher"}
     skipped = {r["step"] for r in report["start_work"] if r["action"] == "skipped"}
     assert "decode-graph warmup and capture" in skipped
+
+
+def test_background_threads_start_after_the_steps(load_start, monkeypatch):
+    """The archive's inflate and Triton's key run on threads begun once the check and the caches
+    hand-over are done (beside them they slowed the steps: prewarm's docstring), with the checked
+    archive handed over, not read again."""
+    from foundry_core.engine import handover, prewarm
+
+    events: list = []
+    verified = object.__new__(foundry_core.Archive)
+    verified.meta = {"slots": SLOTS}
+
+    def verify(path, **kw):
+        events.append(("check", kw["inflate"]))
+        return verified
+
+    monkeypatch.setattr(foundry_core, "verify", verify)
+    monkeypatch.setattr(handover.CacheHandover, "restore", lambda self, device: events.append(("caches",)))
+    monkeypatch.setattr(prewarm, "start", lambda log=None, archive=None: events.append(("threads", archive)))
+    session = Session.begin(load_start, HINT)
+    assert session.mode == "load"
+    assert events == [("check", False), ("caches",), ("threads", verified)]
 
 
 def test_a_scheduler_started_without_a_choice_says_so(load_start, monkeypatch):

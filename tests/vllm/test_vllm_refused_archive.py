@@ -78,7 +78,7 @@ def test_auto_verifies_before_loading_and_loads_a_good_archive(
         "world_size": 1,
         "expected_digest": s.cfg.digest_for_rank(0),
         "trusted_root": s.cfg.archive_dir,
-        "inflate_ahead": True,  # inflating runs on while the engine loads its weights
+        "inflate": False,  # inflated on a thread after the steps, while the engine loads its weights
     }
     assert captures_only == [True]  # LOAD: module images no longer copied
     assert s.report["mode"] == "load" and "refused" not in s.report

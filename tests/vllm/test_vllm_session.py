@@ -176,11 +176,23 @@ def test_a_load_rebuilds_ahead_from_open_and_a_save_does_not(base_vllm_config, m
     # open() hands vLLM the region's graph pool through the platform class: undone after the test.
     pool = getattr(type(current_platform), "_global_graph_pool", None)
     monkeypatch.setattr(type(current_platform), "_global_graph_pool", pool, raising=False)
+    from foundry_core.engine import prewarm
+
+    events: list = []
+    monkeypatch.setattr(prewarm, "start", lambda log=None, archive=None: events.append(("threads", archive)))
     for mode in ("load", "save"):
         s = FoundrySession(base_vllm_config)
-        monkeypatch.setattr(s, "decide_mode", lambda index, s=s, mode=mode: setattr(s, "mode", mode))
+
+        def decide(index, s=s, mode=mode):
+            s.mode, s.verified = mode, f"verified-{mode}" if mode == "load" else None
+            events.append(("decide", mode))
+
+        monkeypatch.setattr(s, "decide_mode", decide)
         s.open(types.SimpleNamespace(index=2))
         assert s.prepared == ("prepared" if mode == "load" else None)
+    # Background threads (Triton's key, the archive's inflate) only once the steps are done: beside
+    # them they slowed the steps (prewarm's docstring).
+    assert events == [("decide", "load"), ("threads", "verified-load"), ("decide", "save"), ("threads", None)]
     ((path, kw),) = started
     assert path == archive.core_archive_dir(s.cfg, 0) and kw["device"] == 2 and kw["rank"] == 0
 

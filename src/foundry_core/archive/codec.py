@@ -30,6 +30,12 @@ COMPRESS_CHUNK = 1 << 20
 COMPRESS_LEVEL = 6
 _COMPRESS_MIN = 4096  # smaller members are stored as they are
 _ZLIB_THREADS = max(1, min(16, os.cpu_count() or 1))
+#: Threads for inflating in the background (:meth:`Archive.inflate_ahead`): half the cores, so that
+#: the work it overlaps keeps a core of its own. A thread that hands the GIL back for every system
+#: call waits for a free core each time it takes it again; with every core inflating, a 13 MB
+#: caches hand-over took 0.60 s beside the inflate on a 16-core H100 host, against 0.09 s after it
+#: (and 2.2x on 2 cores, 1.4x with one core left free: benchmarks/caches_unpack.py).
+BACKGROUND_THREADS = max(1, min(_ZLIB_THREADS, (os.cpu_count() or 1) // 2))
 
 
 def _compress_pool() -> concurrent.futures.ThreadPoolExecutor:
@@ -145,9 +151,12 @@ def _fresh_bytes(size: int) -> bytes:
     return _bytes_maker()(None, size)
 
 
-def _decode_members(contents: dict[str, bytes], files: dict[str, Any], where: str) -> None:
+def _decode_members(
+    contents: dict[str, bytes], files: dict[str, Any], where: str, threads: int | None = None
+) -> None:
     """Replace each compressed member's stored bytes by its content, inflating all chunks of all
-    members on threads; the first damaged member in sorted order is the one reported.
+    members on up to ``threads`` threads (:data:`_ZLIB_THREADS` with None); the first damaged member
+    in sorted order is the one reported.
 
     With the native library each chunk is inflated straight into its place in the member's final
     buffer (native/inflate.c, GIL released); without it, Python's zlib inflates each chunk into its
@@ -190,7 +199,7 @@ def _decode_members(contents: dict[str, bytes], files: dict[str, Any], where: st
             return _inflate(contents[rel], start, end, expected)
         return native(src_at[rel] + start, end - start, dst_at[rel] + out_at, expected) == 0
 
-    parts = _map_on_threads(run, jobs, _ZLIB_THREADS, "foundry-inflate", [job[4] for job in jobs])
+    parts = _map_on_threads(run, jobs, threads or _ZLIB_THREADS, "foundry-inflate", [job[4] for job in jobs])
     by_member: dict[str, list] = {rel: [] for rel in members}
     for (rel, _, _, _, _), part in zip(jobs, parts):
         by_member[rel].append(part)

@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from .codec import _decode_members, _map_on_threads
+from .codec import BACKGROUND_THREADS, _decode_members, _map_on_threads
 from .errors import ArchiveError, ArchiveNotFound, FingerprintMismatch, _one_line, _oserr
 from .format import _HEX64, MANIFEST_NAME, MAX_MANIFEST_BYTES, _check_manifest, _loads, _self_checksum_matches
 
@@ -78,8 +78,9 @@ class Archive:
         except (KeyError, TypeError):
             raise ArchiveError(f"archive {self.path} has no file {_one_line(repr(relpath), 120)}") from None
 
-    def inflate(self, members: Iterable[str] | None = None) -> None:
-        """Inflate the compressed members not inflated yet (``members`` of them; all with None).
+    def inflate(self, members: Iterable[str] | None = None, threads: int | None = None) -> None:
+        """Inflate the compressed members not inflated yet (``members`` of them; all with None), on
+        up to ``threads`` threads (one per core, at most 16, with None).
         Thread-safe: a caller that needs a member another thread is inflating waits for it. Raises
         :class:`ArchiveError` naming the first member, in sorted order, that does not decompress;
         nothing of that call is kept then, so every later read of it raises the same."""
@@ -92,21 +93,23 @@ class Archive:
             t0 = time.perf_counter()
             listed = self.manifest["files"]
             work = {rel: self._contents[rel] for rel in todo}
-            _decode_members(work, {rel: listed[rel] for rel in todo}, f"archive {self.path}")
+            _decode_members(work, {rel: listed[rel] for rel in todo}, f"archive {self.path}", threads)
             self._contents.update(work)
             self._pending.difference_update(todo)
             self.inflate_s += time.perf_counter() - t0
 
     def inflate_ahead(self) -> threading.Thread | None:
         """Inflate every pending member on a daemon thread (native inflation and zlib release the
-        GIL) and return it, or None when nothing is pending. A member that does not decompress is
-        reported where it is read (:meth:`read_bytes`), not on the thread."""
-        if not self._pending:
+        GIL) and return it, or None when nothing is pending. It inflates on half the cores
+        (:data:`~foundry_core.archive.codec.BACKGROUND_THREADS`), leaving the rest to the work it
+        overlaps; a reader that needs a member before it is done waits for it. A member that does not
+        decompress is reported where it is read (:meth:`read_bytes`), not on the thread."""
+        if not getattr(self, "_pending", None):  # nothing left (or an Archive made without open_archive)
             return None
 
         def run() -> None:
             try:
-                self.inflate()
+                self.inflate(threads=BACKGROUND_THREADS)
             except ArchiveError:  # read_bytes of that member raises it again, in its caller
                 pass
 

@@ -63,8 +63,9 @@ def verify_archive(
             world_size=world_size,
             expected_digest=expected_digest,
             trusted_root=cfg.archive_dir,  # checked first, as fc.load does
-            # Inflating (most of the check's time) runs on while the engine loads its weights.
-            inflate_ahead=True,
+            # Inflating (most of the check's time) is left to a thread started after Foundry's
+            # steps (prewarm.start), and runs on while the engine loads its weights.
+            inflate=False,
         )
     except fc.ArchiveError as e:
         return None, one_line(e)
