@@ -396,6 +396,29 @@ def test_a_module_that_reads_a_variable_only_to_grow_it_keeps_nothing(tmp_path):
     assert "read by cv2/__init__.py:4, cv2/keeper.py:2)" in out["unusable"], out
 
 
+CV2_5_INIT = (
+    "import os, sys\n"
+    "def _prepend_env_paths(key, paths, sep):\n"
+    "    old = os.environ.get(key)\n"
+    "    os.environ[key] = sep.join(paths) + ((sep + old) if old else '')\n"
+    "_prepend_env_paths('LD_LIBRARY_PATH', [os.path.join(os.path.dirname(__file__), 'libs')], ':')\n"
+)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the fork server start method is Linux's here")
+def test_a_helper_that_reads_a_variable_only_to_grow_it_keeps_nothing(tmp_path):
+    """OpenCV 5 grows LD_LIBRARY_PATH in a helper function: the read and the write are on two lines
+    of one call, which the preload sees (seen with the real SGLang 0.5.23 launcher and OpenCV 5.1.0
+    on the CPU). A helper that reads it and sets something else keeps what it read: passed over."""
+    (tmp_path / "cv2" / "libs").mkdir(parents=True)
+    base = {"LD_LIBRARY_PATH": "/opt/none"}
+    out = _kept(tmp_path, {"cv2/__init__.py": CV2_5_INIT}, "cv2", {}, base=base, import_after="cv2")
+    assert out["unusable"] is None and out["exitcode"] == 0, out
+    replaced = CV2_5_INIT.replace("sep.join(paths) + ((sep + old) if old else '')", "sep.join(paths)")
+    out = _kept(tmp_path, {"cv2/__init__.py": replaced}, "cv2", {}, base=base, import_after="cv2")
+    assert out["unusable"] is not None and "read by cv2/__init__.py:3" in out["unusable"], out
+
+
 def test_the_loader_view_counts_folders_that_hold_libraries(tmp_path):
     (tmp_path / "empty").mkdir()
     (tmp_path / "libs").mkdir()

@@ -176,6 +176,7 @@ def unusable(timeout_s: float = READY_TIMEOUT_S) -> str | None:
         _changed_by,
         report.get("env_readers") or {},
         report.get("loader_env") or {},
+        report.get("env_grown") or {},
     )
 
 
@@ -188,10 +189,12 @@ def _kept_settings(
     changed_by: dict[str, str] | None = None,
     readers: dict[str, list[str]] | None = None,
     loader_env: dict[str, str | None] | None = None,
+    grown: dict[str, list[str]] | None = None,
 ) -> str | None:
     """Why a worker forked from the server could keep a setting other than ``environ``'s, or None.
     ``readers``: where the preload read each variable; a change none of them keeps is harmless.
-    ``loader_env``: the values the server's dynamic loader started with, which its workers keep."""
+    ``loader_env``: the values the server's dynamic loader started with, which its workers keep.
+    ``grown``: the readers that read a variable only to set it in the same call, which keep nothing."""
     from foundry_core.forkserver_preload import environment_changes
 
     if listed:
@@ -205,10 +208,13 @@ def _kept_settings(
                 f"its dynamic loader took {name} when it started ({_how_changed(seen, environ.get(name))}"
                 f"{where} since), and a worker forked from it searches as the server does"
             )
+    grown = grown or {}
     changed = [
         n
         for n in environment_changes(read, prefixes, environ, resynced)
-        if not _kept_by_none(n, read.get(n), environ.get(n), readers.get(n) or [], by.get(n))
+        if not _kept_by_none(
+            n, read.get(n), environ.get(n), readers.get(n) or [], by.get(n), grown.get(n) or ()
+        )
     ]
     if not changed:
         return None
@@ -258,17 +264,23 @@ def loader_view(name: str, value: str | None) -> Any:
 
 
 def _kept_by_none(
-    name: str, seen: str | None, now: str | None, readers: list[str], changer: str | None = None
+    name: str,
+    seen: str | None,
+    now: str | None,
+    readers: list[str],
+    changer: str | None = None,
+    grown: Sequence[str] = (),
 ) -> bool:
     """Whether every recorded reader of ``name`` keeps only a view of it that ``seen`` and ``now``
-    share (False where a reader is unknown, or there were more than the preload lists). A reader at
-    the very line that made the launcher's change (``changer``) read the value only to change it
-    (OpenCV grows ``LD_LIBRARY_PATH`` in one statement): what it made is the launcher's value, which
-    the worker is handed (:func:`apply_launch_state`)."""
+    share (False where a reader is unknown, or there were more than the preload lists). A reader
+    that read the value only to set it in the same call (``grown``, seen by the preload: OpenCV 5's
+    loader grows ``LD_LIBRARY_PATH`` in a helper function) or at the very line that made the
+    launcher's change (``changer``: OpenCV 4 does it in one statement) keeps nothing: what it made
+    is the launcher's value, which the worker is handed (:func:`apply_launch_state`)."""
     if not readers:
         return False
     for reader in readers:
-        if reader == changer:
+        if reader == changer or reader in grown:
             continue
         file = reader.rsplit(":", 1)[0]
         view = next(
@@ -380,6 +392,7 @@ def apply_launch_state(state: dict[str, Any]) -> None:
         state.get("changed_by"),
         forkserver_preload.ENV_READERS,
         forkserver_preload.LOADER_ENV,
+        forkserver_preload.ENV_GROWN,
     )
     if why:
         raise RuntimeError(

@@ -19,6 +19,7 @@ import os
 import signal
 import sys
 from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 
 IMPORTED: list[str] = []
 FAILED: list[str] = []
@@ -30,6 +31,14 @@ ENV_READ: dict[str, str | None] = {}
 #: was read depends on who read it (:data:`foundry_core.forkserver.READER_VIEWS`).
 ENV_READERS: dict[str, list[str]] = {}
 _MAX_READERS = 4
+#: Each variable -> the places (named as in :data:`ENV_READERS`) whose read of it was followed by a
+#: write of it from the very same call: a read only to set it again (OpenCV's loader puts its own
+#: folder in front of ``LD_LIBRARY_PATH`` in a helper function). What such a reader made is the
+#: environment's value, which a worker is handed from the launcher; it keeps nothing of its own.
+ENV_GROWN: dict[str, list[str]] = {}
+# Variable -> (the frame that last read it, where): a write from that same frame makes it grown.
+# The frame is held, not its id, so that no later call can come to the same address meanwhile.
+_last_read: dict[str, tuple[object, str]] = {}
 #: Prefixes of the variables a known module read by going through the whole environment.
 ENV_PREFIXES: list[str] = []
 #: Where a module not in :data:`PREFIX_LISTERS` went through the whole environment: no list of
@@ -78,8 +87,8 @@ class recording_environment_reads:
 
     def __enter__(self) -> recording_environment_reads:
         environ_type = type(os.environ)
-        self._saved = (environ_type.__getitem__, environ_type.__iter__)
-        getitem, listing = self._saved
+        self._saved = (environ_type.__getitem__, environ_type.__iter__, environ_type.__setitem__)
+        getitem, listing, setitem = self._saved
 
         def read(environ: object, key: str) -> str:
             if environ is not os.environ:  # os.environb
@@ -117,13 +126,20 @@ class recording_environment_reads:
                         ENV_READ.setdefault(name, getitem(environ, name))
             return listing(environ)
 
+        def written(environ: object, key: str, value: str) -> None:
+            setitem(environ, key, value)
+            if environ is os.environ and key in _last_read:
+                _note_writer(key, value)
+
         environ_type.__getitem__ = read  # type: ignore[method-assign]
         environ_type.__iter__ = listed  # type: ignore[method-assign]
+        environ_type.__setitem__ = written  # type: ignore[method-assign]
         return self
 
     def __exit__(self, *exc: object) -> None:
         environ_type = type(os.environ)
-        environ_type.__getitem__, environ_type.__iter__ = self._saved  # type: ignore[method-assign]
+        environ_type.__getitem__, environ_type.__iter__, environ_type.__setitem__ = self._saved  # type: ignore[method-assign]
+        _last_read.clear()
 
 
 def in_stdlib(filename: str) -> bool:
@@ -148,23 +164,47 @@ def code_site(filename: str, lineno: int) -> str:
     return f"{short}:{lineno}"
 
 
+def _caller_outside_stdlib(depth: int) -> Any:
+    """The first frame at or above ``depth`` (from the caller's caller) that is not the standard
+    library's, or None."""
+    frame = sys._getframe(depth + 1)
+    while frame is not None and in_stdlib(frame.f_code.co_filename):
+        frame = frame.f_back
+    return frame
+
+
 def _note_reader(key: str) -> None:
     """Add where ``key`` is being read (the caller of ``os.environ``'s lookup) to :data:`ENV_READERS`.
     Never raises into the import that reads: a reader not noted excuses nothing (fails closed)."""
     readers = ENV_READERS.setdefault(key, [])
     try:
-        frame = sys._getframe(2)
-        while frame is not None and in_stdlib(frame.f_code.co_filename):
-            frame = frame.f_back
+        frame = _caller_outside_stdlib(2)
         if frame is None:
             return
         reader = code_site(frame.f_code.co_filename, frame.f_lineno)
+        _last_read[key] = (frame, reader)
     except Exception:  # noqa: BLE001 - see above
         reader = "..."
     if reader not in readers and len(readers) < _MAX_READERS:
         readers.append(reader)
     elif reader not in readers:
         readers[-1] = "..."  # more than can be listed: no reader list can excuse it
+
+
+def _note_writer(key: str, value: str) -> None:
+    """``key`` is being set to ``value``: where the same call read it before and the new value holds
+    what was read at its front or end (or nothing was there), that reader read it only to grow it
+    (:data:`ENV_GROWN`). Never raises into the import that writes."""
+    try:
+        frame = _caller_outside_stdlib(2)
+        last, reader = _last_read.pop(key)
+        seen = ENV_READ.get(key)
+        if frame is last and reader != "..." and (not seen or value.startswith(seen) or value.endswith(seen)):
+            grown = ENV_GROWN.setdefault(key, [])
+            if reader not in grown:
+                grown.append(reader)
+    except Exception:  # noqa: BLE001 - the reader stays unexcused
+        pass
 
 
 def _write_report(path: str | None) -> None:
@@ -176,6 +216,7 @@ def _write_report(path: str | None) -> None:
         "cuda_initialised": CUDA_INITIALISED,
         "env_read": ENV_READ,
         "env_readers": ENV_READERS,
+        "env_grown": ENV_GROWN,
         "env_prefixes": ENV_PREFIXES,
         "env_listed": ENV_LISTED,
         "loader_env": LOADER_ENV,

@@ -367,6 +367,7 @@ def test_what_the_launcher_sets_before_the_schedulers_start_is_nothing_the_prelo
     # logging, the compile-cache folders, Foundry's settings). A module that read one of them at
     # import would keep the server's value in every scheduler: the launcher passes such a server
     # over. The second case adds a module that reads one, to show the check sees it.
+    import importlib.util
     import json
     import subprocess
 
@@ -377,6 +378,11 @@ def test_what_the_launcher_sets_before_the_schedulers_start_is_nothing_the_prelo
     script.write_text(LAUNCHER_ENV)
     env = {**os.environ, "FOUNDRY_READAHEAD": "0", "TMPDIR": str(tmp_path / "t")}
     (tmp_path / "t").mkdir()
+    # As on a GPU image: libraries on LD_LIBRARY_PATH, which OpenCV (imported by the preload and by
+    # the launcher) grows; on the H100 that passed the server over twice (fixed since).
+    (tmp_path / "gpu-libs").mkdir()
+    (tmp_path / "gpu-libs" / "libcudart.so.13").touch()
+    env["LD_LIBRARY_PATH"] = str(tmp_path / "gpu-libs")
     env.pop(start_method.ENV, None)
     env.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)
     env.pop("FOUNDRY_CACHE_ROOT", None)
@@ -399,6 +405,8 @@ def test_what_the_launcher_sets_before_the_schedulers_start_is_nothing_the_prelo
         out["changed"]
     )
     assert {"TORCH_COMPILE_JOB_ID", "FOUNDRY_MODE"} <= set(out["changed"])
+    if importlib.util.find_spec("cv2") is not None:  # CI installs it (.ci/sglang.sh), as GPU images have it
+        assert "LD_LIBRARY_PATH" in out["changed"]  # OpenCV's loader grew it in the launcher
     # The server's imports made nothing in the launcher's way: Foundry's private cache folder is the
     # archive's own (a folder made world-readable before it is refused for a random one, and every
     # LOAD compiles again: seen on an H100 when torch's compile stack was in the preload).
