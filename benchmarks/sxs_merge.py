@@ -123,6 +123,7 @@ def foundry_summary(facts: list[dict[str, Any]]) -> dict[str, Any]:
         "critical_s": spread([r.get("foundry_critical_s") for r in reports]),
         "steps_s": _median_dict([r.get("foundry_steps_s") or {} for r in reports]),
         "check_archive_split": _median_dict([r.get("check_archive_split") or {} for r in reports]),
+        "process_age_s": _median_dict([r.get("process_age_s") or {} for r in reports]),
         "readahead_planned_at_s": spread([f.get("readahead_planned_at_s") for f in facts]),
         "readahead_plan_s": spread([f.get("readahead_plan_s") for f in facts]),
         "caches_new_files_max": max((r.get("caches_new_files") or 0 for r in reports), default=0),
@@ -278,6 +279,7 @@ def chart(result: dict[str, Any], path: Path) -> str | None:
     colors = {
         "imports": "#8da0cb",
         "spawn": "#a6d854",
+        "setup": "#e5c494",
         "weights": "#ffd92f",
         "compile": "#e78ac3",
         "jit": "#b3b3b3",

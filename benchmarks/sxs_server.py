@@ -26,12 +26,15 @@ TOP_LOGPROBS = 5
 MARKS: dict[str, dict[str, str | tuple[str, ...]]] = {
     "sglang": {
         "imports_done": r"server_args=",  # 0.5.23 logs a dict, earlier releases ServerArgs(...)
+        # The scheduler's model runner begins (after its spawn and imports, and Foundry's steps).
+        "worker_up": r"Init parallel begin",
         "weights_begin": r"Load weight begin",
         "weights_end": r"Load weight end",
         "ready_log": r"The server is fired up and ready to roll",
     },
     "vllm": {
         "imports_done": r"non-default args:",
+        "worker_up": r"Initializing a V1 LLM engine",  # the engine core's first line, after its imports
         "weights_begin": r"Starting to load model|Loading model from scratch",  # the latter: 0.33.0
         # vLLM's own loading figure ends at "Model loading took"; "Loading weights took" (the files
         # read, 2.4 s earlier in 0.33.0) stands in where a release logs only that.
@@ -56,7 +59,10 @@ CAPTURE: dict[str, tuple[str, str, bool]] = {
 #: sums of spans instead (:func:`phases`).
 PHASES = {
     "imports": ("spawn", "imports_done"),
-    "spawn": ("imports_done", "weights_begin"),
+    # Worker processes started (SGLang's schedulers, vLLM's engine core: a spawned one imports the
+    # engine again) to their first line; then their set-up before the weights.
+    "spawn": ("imports_done", "worker_up"),
+    "setup": ("worker_up", "weights_begin"),
     "weights": ("weights_begin", "weights_end"),
     "compile": ("weights_end", "compile_end"),
     "warmups": ("graphs_end", "ready"),
@@ -229,6 +235,7 @@ _REPORT_KEYS = (
     "check_archive_split",
     "scheduler_start",
     "restore_s",
+    "process_age_s",  # SGLang: when the plugin, and Foundry's session, came in the scheduler's life
 )
 
 

@@ -346,6 +346,7 @@ def test_vllm_0_33_phases_sum_both_capture_stages_and_count_the_flashinfer_build
         tmp_path / "vllm.log",
         [
             "[   17.256] (APIServer pid=1) INFO [startup.py:96] non-default args: {'model': '/m'}",
+            f"[   31.527] {engine} [core.py:139] Initializing a V1 LLM engine (v0.33.0) with config: x",
             f"[   36.042] {engine} [model_runner.py:399] Loading model from scratch...",
             f"[   40.068] {engine} [default_loader.py:506] Loading weights took 2.38 seconds",
             f"[   42.517] {engine} [model_runner.py:428] Model loading took 3.22 GiB memory and 6.98 seconds",
@@ -363,7 +364,8 @@ def test_vllm_0_33_phases_sum_both_capture_stages_and_count_the_flashinfer_build
     got = sxs_server.phases(lines, "vllm", 174.235)
     assert {k: v for k, v in got.items() if k != "marks"} == {
         "imports": 17.256,
-        "spawn": 18.786,  # to "Loading model from scratch"
+        "spawn": 14.271,  # to the engine core's first line
+        "setup": 4.515,  # to "Loading model from scratch"
         "weights": 6.475,  # to vLLM's own "Model loading took", not "Loading weights took"
         "compile": 28.558,
         "jit": 90.653,  # 73.207 to the first bar's line
@@ -382,6 +384,7 @@ def test_sglang_phases_from_its_log_lines(tmp_path):
         tmp_path / "sglang.log",
         [
             "[   18.763] [2026-12-05 18:10:03] server_args={'model_path': '/m'}",
+            "[   33.895] [2026-12-05 18:10:19] Init parallel begin.",
             "[   35.741] [2026-12-05 18:10:20] Load weight begin. avail mem=78.49 GB",
             "[   38.582] [2026-12-05 18:10:23] Load weight end. elapsed=2.84 s, type=Qwen3ForCausalLM",
             "[   39.284] [2026-12-05 18:10:24] Capture target decode CUDA graph begin. backend=full",
@@ -393,7 +396,8 @@ def test_sglang_phases_from_its_log_lines(tmp_path):
     got = sxs_server.phases(lines, "sglang", 94.168)
     assert {k: v for k, v in got.items() if k != "marks"} == {
         "imports": 18.763,
-        "spawn": 16.978,
+        "spawn": 15.132,  # the schedulers spawned, to their model runner's first line
+        "setup": 1.846,
         "weights": 2.841,
         "compile": None,
         "jit": None,
