@@ -417,6 +417,15 @@ def test_a_helper_that_reads_a_variable_only_to_grow_it_keeps_nothing(tmp_path):
     replaced = CV2_5_INIT.replace("sep.join(paths) + ((sep + old) if old else '')", "sep.join(paths)")
     out = _kept(tmp_path, {"cv2/__init__.py": replaced}, "cv2", {}, base=base, import_after="cv2")
     assert out["unusable"] is not None and "read by cv2/__init__.py:3" in out["unusable"], out
+    # The same line, called once more to keep what it read: not every read there grew it.
+    keeping = (
+        CV2_5_INIT.replace("(key, paths, sep):", "(key, paths, sep, keep=False):").replace(
+            "    old = os.environ.get(key)\n", "    old = os.environ.get(key)\n    if keep: return old\n"
+        )
+        + "KEPT = _prepend_env_paths('LD_LIBRARY_PATH', [], ':', keep=True)\n"
+    )
+    out = _kept(tmp_path, {"cv2/__init__.py": keeping}, "cv2", {}, base=base, import_after="cv2")
+    assert out["unusable"] is not None and "read by cv2/__init__.py:3" in out["unusable"], out
 
 
 def test_the_loader_view_counts_folders_that_hold_libraries(tmp_path):

@@ -31,14 +31,18 @@ ENV_READ: dict[str, str | None] = {}
 #: was read depends on who read it (:data:`foundry_core.forkserver.READER_VIEWS`).
 ENV_READERS: dict[str, list[str]] = {}
 _MAX_READERS = 4
-#: Each variable -> the places (named as in :data:`ENV_READERS`) whose read of it was followed by a
-#: write of it from the very same call: a read only to set it again (OpenCV's loader puts its own
-#: folder in front of ``LD_LIBRARY_PATH`` in a helper function). What such a reader made is the
-#: environment's value, which a worker is handed from the launcher; it keeps nothing of its own.
+#: Each variable -> the places (named as in :data:`ENV_READERS`) each of whose reads of it was
+#: followed by a write of it from the very same call, holding what was read at its front or end: a
+#: read only to grow it (OpenCV 5's loader puts its own folder in front of ``LD_LIBRARY_PATH`` in a
+#: helper function). What such a reader made is the environment's value, which a worker is handed
+#: from the launcher; it keeps nothing of its own. Set when the recording ends.
 ENV_GROWN: dict[str, list[str]] = {}
-# Variable -> (the frame that last read it, where): a write from that same frame makes it grown.
-# The frame is held, not its id, so that no later call can come to the same address meanwhile.
-_last_read: dict[str, tuple[object, str]] = {}
+# Variable -> (the frame that last read it, where, the value it got): a write from that same frame
+# grows it. The frame is held, not its id, so that no later call can come to the same address.
+_last_read: dict[str, tuple[Any, str, str | None]] = {}
+# (variable, place) -> how often it was read there, and how often such a read was grown.
+_reads: dict[tuple[str, str], int] = {}
+_grown: dict[tuple[str, str], int] = {}
 #: Prefixes of the variables a known module read by going through the whole environment.
 ENV_PREFIXES: list[str] = []
 #: Where a module not in :data:`PREFIX_LISTERS` went through the whole environment: no list of
@@ -96,16 +100,18 @@ class recording_environment_reads:
             caller = sys._getframe(1).f_code
             if caller.co_name in ("__iter__", "copy") and caller.co_filename.startswith(_STDLIB_FRAMES):
                 return getitem(environ, key)  # the values of a listing (.items(), .copy()), recorded as one
-            if key not in _OWN:
-                _note_reader(key)
+            if key in _OWN:
+                return getitem(environ, key)
+            frame = _note_reader(key)
             try:
                 value = getitem(environ, key)
             except KeyError:
-                if key not in _OWN:
-                    ENV_READ.setdefault(key, None)
+                value = None
                 raise
-            if key not in _OWN:
+            finally:
                 ENV_READ.setdefault(key, value)
+                if frame is not None:
+                    _last_read[key] = (*frame, value)
             return value
 
         def listed(environ: object) -> Iterator[str]:
@@ -140,6 +146,9 @@ class recording_environment_reads:
         environ_type = type(os.environ)
         environ_type.__getitem__, environ_type.__iter__, environ_type.__setitem__ = self._saved  # type: ignore[method-assign]
         _last_read.clear()
+        for (key, place), n in _grown.items():
+            if n == _reads.get((key, place)):  # every read there was grown
+                ENV_GROWN.setdefault(key, []).append(place)
 
 
 def in_stdlib(filename: str) -> bool:
@@ -173,36 +182,37 @@ def _caller_outside_stdlib(depth: int) -> Any:
     return frame
 
 
-def _note_reader(key: str) -> None:
-    """Add where ``key`` is being read (the caller of ``os.environ``'s lookup) to :data:`ENV_READERS`.
-    Never raises into the import that reads: a reader not noted excuses nothing (fails closed)."""
+def _note_reader(key: str) -> tuple[Any, str] | None:
+    """Add where ``key`` is being read (the caller of ``os.environ``'s lookup) to :data:`ENV_READERS`;
+    returns that frame and place, or None where it is not known. Never raises into the import that
+    reads: a reader not noted excuses nothing (fails closed)."""
     readers = ENV_READERS.setdefault(key, [])
+    found = None
     try:
         frame = _caller_outside_stdlib(2)
         if frame is None:
-            return
+            return None
         reader = code_site(frame.f_code.co_filename, frame.f_lineno)
-        _last_read[key] = (frame, reader)
+        found = (frame, reader)
+        _reads[key, reader] = _reads.get((key, reader), 0) + 1
     except Exception:  # noqa: BLE001 - see above
         reader = "..."
     if reader not in readers and len(readers) < _MAX_READERS:
         readers.append(reader)
     elif reader not in readers:
         readers[-1] = "..."  # more than can be listed: no reader list can excuse it
+    return found
 
 
 def _note_writer(key: str, value: str) -> None:
-    """``key`` is being set to ``value``: where the same call read it before and the new value holds
-    what was read at its front or end (or nothing was there), that reader read it only to grow it
-    (:data:`ENV_GROWN`). Never raises into the import that writes."""
+    """``key`` is being set to ``value``: where the same call read it last and the new value holds
+    what it read at its front or end (or nothing was there), that read grew it (:data:`ENV_GROWN`).
+    Never raises into the import that writes."""
     try:
         frame = _caller_outside_stdlib(2)
-        last, reader = _last_read.pop(key)
-        seen = ENV_READ.get(key)
-        if frame is last and reader != "..." and (not seen or value.startswith(seen) or value.endswith(seen)):
-            grown = ENV_GROWN.setdefault(key, [])
-            if reader not in grown:
-                grown.append(reader)
+        last, reader, seen = _last_read.pop(key)
+        if frame is last and (not seen or value.startswith(seen) or value.endswith(seen)):
+            _grown[key, reader] = _grown.get((key, reader), 0) + 1
     except Exception:  # noqa: BLE001 - the reader stays unexcused
         pass
 
