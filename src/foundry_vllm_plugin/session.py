@@ -370,6 +370,9 @@ class FoundrySession:
         logger.info("Foundry rank %d: writing %d decode graphs to %s", self.rank, len(graph_map), core)
         t0 = time.perf_counter()
         try:
+            grown = workspace.grown_since(self.workspace or {})
+            if grown is not None:  # a LOAD of these graphs would fail at its first request
+                raise workspace.WorkspaceMismatch(f"{grown}; a LOAD could not hand that memory back to vLLM")
             mpath.unlink(missing_ok=True)  # an interrupted SAVE must not leave a valid-looking archive
             save_timings: dict[str, float] = {}
             self.report["archive_digest"] = fc.save(

@@ -83,6 +83,9 @@ class FoundryWorker(_VllmGpuWorker):
         self._foundry.caches.begin()
         inductor.pin_process(logger)  # for torch.compile calls that do not take vLLM's config
         self._foundry.report.setdefault("foundry_steps_s", {})["session"] = round(time.perf_counter() - t0, 4)
+        # Set once the start is done: vLLM 0.33's kernel warmups run execute_model before it, and
+        # only the batches served after it count as served (CacheHandover.served).
+        self._serving = False
         super().__init__(*args, **kwargs)
 
     @contextlib.contextmanager
@@ -226,6 +229,7 @@ class FoundryWorker(_VllmGpuWorker):
             with profiled(f"vllm-compile-warmup-graphs-{s.mode}", s.rank, logger):
                 result = super().compile_or_warm_up_model(*args, **kwargs)
             s.publish(self.device.index if self.device.index is not None else 0)
+            self._serving = True
             return result
         except BaseException as e:
             s.report["error"] = "compile_or_warm_up_model: " + _one_line(e)
@@ -247,6 +251,8 @@ class FoundryWorker(_VllmGpuWorker):
     # -- 7. serving ------------------------------------------------------------------------------
     def execute_model(self, *args: Any, **kwargs: Any):
         output = super().execute_model(*args, **kwargs)
-        # SAVE: kernels built at the first requests join the carried caches (a background save).
-        self._foundry.caches.served(self.device.index if self.device.index is not None else 0)
+        # SAVE: kernels built at the first requests join the carried caches (a background save);
+        # LOAD: what its first request built is reported. vLLM's own warmup steps are no requests.
+        if self._serving:
+            self._foundry.caches.served(self.device.index if self.device.index is not None else 0)
         return output

@@ -23,6 +23,7 @@ Nothing here imports vLLM's GPU modules; a process without a workspace manager g
 from __future__ import annotations
 
 import enum
+import re
 from typing import Any
 
 WORKSPACE_PREFIX = "vllm.workspace/"
@@ -201,6 +202,32 @@ def place() -> tuple[dict, dict]:
             for name, t in new.items():
                 tensors[f"{PERSISTENT_PREFIX}{i}/{position}/{name}"] = t
     return tensors, listing()
+
+
+_STREAM_IN_KEY = re.compile(r"(?:^|[(,])stream(?:[,)]|$)")  # describe_key's name for a CUDA stream
+
+
+def grown_since(placed: dict) -> str | None:
+    """SAVE, right after vLLM's capture: why the manager now holds more than :func:`place` put in the
+    region (``placed`` is its listing), or None. A scratch slot that grew, or a persistent resource
+    added with a key that names no CUDA stream, is memory the graphs point into that a LOAD's
+    manager would not hold: once locked, it raises at the first eager call that asks for it, at LOAD
+    only. A resource keyed by the capture's own stream is asked for by the capture alone, and its
+    memory, allocated in the region, is restored with the graphs."""
+    now = listing()["slots"]
+    was = placed.get("slots") or []
+    for i, slot in enumerate(now):
+        before = was[i] if i < len(was) else {"scratch_bytes": 0, "persistent": []}
+        if slot["scratch_bytes"] > before["scratch_bytes"]:
+            return (
+                f"vLLM's workspace slot {i} grew from {before['scratch_bytes']} to "
+                f"{slot['scratch_bytes']} bytes during its capture"
+            )
+        known = {item["key"] for item in before["persistent"]}
+        for item in slot["persistent"]:
+            if item["key"] not in known and not _STREAM_IN_KEY.search(item["key"]):
+                return f"vLLM's capture added the persistent workspace resource {item['key']} (slot {i})"
+    return None
 
 
 def _saved_entries(saved: dict) -> list[tuple[int, int, dict]]:

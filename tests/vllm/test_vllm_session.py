@@ -345,6 +345,45 @@ def test_save_places_scratch_and_persistent_resources_anew_with_their_contents(c
     assert slot["persistent"][1]["fields"] == {"expert_first_token_offset": [[5], "int64"]}
 
 
+def test_a_capture_that_grows_the_workspace_is_seen_after_it(cpu_workspace_manager):
+    """What vLLM's capture adds to its workspace after place() (a larger scratch, a resource whose key
+    names no stream) is memory a LOAD's locked manager would not hold: SAVE sees it and says what.
+    A resource keyed by the capture's own stream is asked for by the capture alone."""
+    import torch
+
+    class FakeStream:  # describe_key names any *Stream* object "stream", as a CUDA stream
+        pass
+
+    _grow_like_vllm(cpu_workspace_manager)
+    _, listing = workspace.place()
+    assert workspace.grown_since(listing) is None
+    cpu_workspace_manager.get_persistent(("marlin_locks", FakeStream()), (8,), torch.int32)
+    assert workspace.grown_since(listing) is None
+    cpu_workspace_manager.get_persistent(("scratch_for_eager", 0), (8,), torch.int32)
+    assert workspace.grown_since(listing) == (
+        "vLLM's capture added the persistent workspace resource "
+        "(torch.Tensor,('scratch_for_eager',0)) (slot 0)"
+    )
+    cpu_workspace_manager.get_simultaneous(((4096,), torch.uint8))
+    assert workspace.grown_since(listing) == (
+        "vLLM's workspace slot 0 grew from 1024 to 4096 bytes during its capture"
+    )
+
+
+def test_a_save_whose_capture_grew_the_workspace_writes_nothing(base_vllm_config, monkeypatch, caplog):
+    s = _session(base_vllm_config, "save")
+    archive.manifest_path(s.cfg, 0).unlink(missing_ok=True)  # no other SAVE published meanwhile
+    s.workspace = {"slots": [{"scratch_bytes": 1024, "persistent": []}]}
+    monkeypatch.setattr(workspace, "grown_since", lambda placed: "vLLM's workspace slot 0 grew (test)")
+    saved = []
+    monkeypatch.setattr(foundry_core, "save", lambda path, **kw: saved.append(path) or "digest")
+    with caplog.at_level(logging.WARNING):
+        s.save(Adapter())
+    assert saved == [] and s.report["saved"] is False
+    assert "a LOAD could not hand that memory back to vLLM" in s.report["save_error"]
+    assert not archive.manifest_path(s.cfg, 0).exists()
+
+
 def test_load_hands_the_restored_workspace_to_vllm_and_it_stays_locked(cpu_workspace_manager):
     import torch
     from vllm.v1.worker import workspace as vllm_workspace

@@ -529,3 +529,42 @@ def test_a_hybrid_runner_may_use_the_gated_delta_net_backend_and_no_other_model_
         graphs._check_common(runner(False, ["FLASH_ATTN", "GDN_ATTN"]))
     with pytest.raises(FoundryUnsupportedError, match="attention backend FLASHINFER"):
         graphs._check_common(runner(True, ["FLASHINFER", "GDN_ATTN"]))
+
+
+def test_only_batches_after_the_start_count_as_served(tmp_path):
+    """vLLM 0.33's kernel warmups call the worker's execute_model inside compile_or_warm_up_model:
+    those steps are no served batches (a LOAD reports what its first request built, a SAVE saves
+    its caches again after its first requests)."""
+    _in_fresh_process(
+        """
+        import contextlib, types
+        from vllm.v1.worker.gpu_worker import Worker
+        from foundry_vllm_plugin import worker as worker_mod
+        from foundry_vllm_plugin.worker import FoundryWorker
+
+        served = []
+        def warm_up(self):
+            self.execute_model("warmup step")  # as vLLM 0.33's warmup_kernels does
+            return "warm"
+        Worker.compile_or_warm_up_model = warm_up
+        Worker.execute_model = lambda self, *a, **k: "output"
+        worker_mod.profiled = lambda *a, **k: contextlib.nullcontext()
+        worker_mod.stop_module_recording = lambda: None
+        worker_mod.stream_captures = lambda: 0
+        worker_mod.graphs.adapter_for = lambda runner: None
+        w = object.__new__(FoundryWorker)
+        w._serving = False
+        w.device = types.SimpleNamespace(index=0)
+        w.model_runner = types.SimpleNamespace(capture_model=None)
+        w._foundry = types.SimpleNamespace(
+            report={"phases_s": {}}, mode="load", rank=0,
+            caches=types.SimpleNamespace(served=lambda device: served.append(device)),
+            publish=lambda device: None, end_capture_routing=lambda: None, write_report=lambda: None,
+        )
+        assert w.compile_or_warm_up_model() == "warm"
+        assert served == [], served
+        assert w.execute_model("first request") == "output" and served == [0]
+        print("OK")
+        """,
+        tmp_path,
+    )
