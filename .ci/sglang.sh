@@ -23,14 +23,14 @@ marker="$venv_dir/.installed-for"
 [ -x "$venv_dir/bin/python" ] || "${PYTHON:-python3}" -m venv "$venv_dir"
 
 sources_hash="$(cat pyproject.toml setup.py packages/*/pyproject.toml native/*.c native/*.h 2>/dev/null | sha256sum | cut -d' ' -f1)"
-wanted="$sglang_spec opencv-python-headless==5.1.0 $sources_hash"
+wanted="$sglang_spec opencv-python-headless==5.1.0.95 $sources_hash"
 if [ "$(cat "$marker" 2>/dev/null || true)" != "$wanted" ]; then
     echo "sglang.sh: installing $sglang_spec and this repository into $venv_dir" >&2
     "$venv_dir/bin/python" -m pip install --quiet --upgrade pip
     "$venv_dir/bin/python" -m pip install --quiet "$sglang_spec"
     # OpenCV, which GPU images bring and SGLang's launcher imports: it grows LD_LIBRARY_PATH at
     # import, which the fork server's checks must see through (tests/sglang/test_sched_start.py).
-    "$venv_dir/bin/python" -m pip install --quiet "opencv-python-headless==5.1.0"
+    "$venv_dir/bin/python" -m pip install --quiet "opencv-python-headless==5.1.0.95"
     # Editable installs: the core (foundry-graphs: builds the native library; the test extra brings
     # pytest and what the core tests import) and the SGLang plugin (foundry-graphs-sglang: registers
     # the sglang.srt.plugins entry point; its sglang range is checked against the one installed).
