@@ -370,8 +370,10 @@ class FoundrySession:
         logger.info("Foundry rank %d: writing %d decode graphs to %s", self.rank, len(graph_map), core)
         t0 = time.perf_counter()
         try:
-            grown = workspace.grown_since(self.workspace or {})
-            if grown is not None:  # a LOAD of these graphs would fail at its first request
+            # What the capture added to vLLM's workspace after it was placed (none placed: nothing
+            # to compare); a LOAD of these graphs would fail at its first request.
+            grown = workspace.grown_since(self.workspace) if self.workspace is not None else None
+            if grown is not None:
                 raise workspace.WorkspaceMismatch(f"{grown}; a LOAD could not hand that memory back to vLLM")
             mpath.unlink(missing_ok=True)  # an interrupted SAVE must not leave a valid-looking archive
             save_timings: dict[str, float] = {}
