@@ -310,7 +310,9 @@ class Runner:
             return modes.peer_toml(
                 d / f"peer-{phase}.toml", phase, self.work.peer_archive, self.region.replace("GiB", "GB")
             )
-        return modes.foundry_toml(d / f"foundry-{phase}.toml", phase, self.work.archive, self.region)
+        # One file for every phase, rewritten before each start: vLLM keys its config hash (and so its
+        # compile cache and Foundry's archive check) on the TOML's path.
+        return modes.foundry_toml(d / "foundry.toml", phase, self.work.archive, self.region)
 
     def start(
         self,

@@ -125,6 +125,13 @@ def test_vllm_and_a_peer_refusal(standin, monkeypatch):
     phases = result["shapes"]["tiny"]["modes"]["foundry"]["phases"]
     assert phases["compile"] is not None and phases["graphs"] == 0.05  # LOAD: the restore line's seconds
     assert result["shapes"]["tiny"]["ratios"]["foundry_vs_stock_naive"]["n"] == 1
+    # vLLM hashes the TOML's path into its config hash: SAVE and LOAD must name one file (on the H100
+    # on 2026-12-05 a LOAD given another file than its SAVE's was refused for another configuration).
+    configs = set()
+    for rec in (work / "tiny" / "starts").glob("*-foundry-*.json"):
+        argv = json.loads(rec.read_text())["argv"]
+        configs.add(argv[argv.index("--foundry-config") + 1])
+    assert len(configs) == 1, configs
 
     work2 = standin / "work2"
     monkeypatch.setenv("STANDIN_REFUSE", "sglang plugin failed to activate: this sglang is too new")
