@@ -23,6 +23,7 @@ from typing import Any
 
 from foundry_core.config import ConfigError, FoundryConfig
 from foundry_core.engine.records import write_json_atomic
+from foundry_vllm_plugin import settings
 
 MANIFEST_SCHEMA = 1
 MANIFEST_KIND = "foundry-vllm"
@@ -85,6 +86,9 @@ def engine_fingerprint(vllm_config: Any, device: dict | None = None) -> dict:
         "data_parallel_rank": getattr(pc, "data_parallel_rank", 0),
         "v2_model_runner": bool(getattr(vllm_config, "use_v2_model_runner", False)),
     }
+    entry = settings.foundry_entry(getattr(vllm_config, "additional_config", None))
+    if entry:  # in config_hash already; kept readable to say why a LOAD with another file is refused
+        fp["foundry_config"] = entry.get("config")
     if getattr(mc, "is_hybrid", False):
         # What shapes a hybrid model's state caches and its gated-delta-net decode kernels but is not
         # in compute_hash (prefix caching, the two layout switches read from the environment).
@@ -173,7 +177,14 @@ def kv_layout(cache_config: Any, kv_cache_config: Any) -> dict:
 
 def fingerprint_mismatch(saved: dict, current: dict) -> str | None:
     """A short description of the first differing key, or ``None`` when the fingerprints agree."""
-    for key in sorted(set(saved) | set(current)):
+    was, now = saved.get("foundry_config"), current.get("foundry_config")
+    if was and now and was != now:  # an archive from before the field was kept compares by hash only
+        return (
+            f"it was saved with --foundry-config {was}, this start names {now}; vLLM hashes that path "
+            "into its configuration and compile cache, so SAVE and LOAD must name the same file "
+            '(mode = "auto" saves once and loads after)'
+        )
+    for key in sorted((set(saved) | set(current)) - {"foundry_config"}):
         if saved.get(key) != current.get(key):
             return f"{key}: archive has {saved.get(key)!r}, engine has {current.get(key)!r}"
     return None

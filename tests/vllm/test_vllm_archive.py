@@ -134,6 +134,29 @@ def test_load_mode_refuses_without_a_valid_archive(tmp_path):
     assert archive.resolve_mode(cfg, 0, {"a": 1})[0] == "load"
 
 
+def test_a_load_naming_another_toml_than_its_save_is_refused_naming_both(tmp_path, base_vllm_config):
+    """vLLM hashes ``additional_config`` (the TOML's path) into its config hash: a LOAD started with
+    another file than its SAVE's (a natural save.toml / load.toml pair) cannot find its archive or its
+    compile cache, and says so in words rather than as two hashes (seen on an H100, 2026-12-05)."""
+    load_toml = write_toml(tmp_path / "load.toml", mode="load", archive_dir=str(tmp_path / "archive"))
+    cfg = load_config(load_toml)
+    saved = archive.engine_fingerprint(base_vllm_config, DEVICE)
+    _saved(cfg, saved)
+    other = copy.deepcopy(base_vllm_config)
+    other.additional_config = {"foundry": {"config": str(load_toml)}}
+    now = archive.engine_fingerprint(other, DEVICE)
+    assert saved["config_hash"] != now["config_hash"]  # vLLM's own hash moves with the path
+    with pytest.raises(ArchiveStateError) as err:
+        archive.resolve_mode(cfg, 0, now)
+    message = str(err.value)
+    assert saved["foundry_config"] in message and str(load_toml) in message and "same file" in message
+    assert "\n" not in message
+    # An archive written before the path was kept compares by the hash alone, as before.
+    legacy = {k: v for k, v in saved.items() if k != "foundry_config"}
+    assert archive.fingerprint_mismatch(legacy, now).startswith("config_hash:")
+    assert archive.fingerprint_mismatch(legacy, {**saved}) is None
+
+
 def test_save_mode_always_saves(tmp_path):
     cfg = load_config(write_toml(tmp_path / "f.toml", mode="save"))
     _saved(cfg, {"a": 1})
