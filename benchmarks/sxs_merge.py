@@ -172,7 +172,9 @@ def paired(
 def shape_result(shape_dir: Path) -> dict[str, Any]:
     recs = [json.loads(p.read_text()) for p in sorted((shape_dir / "starts").glob("*.json"))]
     floors = [json.loads(p.read_text()) for p in sorted((shape_dir / "floor").glob("*.json"))]
-    reference = next((r for r in recs if r["mode"] == "stock_naive" and r.get("outputs")), None)
+    # Stock's outputs: stock_naive's, else those of the start that filled stock_best's caches.
+    stock = [r for r in recs if r["mode"] in ("stock_naive", "stock_best") and r.get("outputs")]
+    reference = min(stock, key=lambda r: (r["mode"] != "stock_naive", r["variant"] != "fill"), default=None)
     foundry = next((r for r in recs if r["mode"] == "foundry" and r["variant"] == "cold"), None)
     result: dict[str, Any] = {"modes": {}, "ratios": {}}
     for mode in modes.MODES:
