@@ -70,12 +70,14 @@ def test_placed_symmetric_memory_repeats_its_addresses_in_a_fresh_process(how):
     a, b = _run(how), _run(how)
     base, size = a["window"]
     rec = a["record"]
-    # What a restore needs first: the same addresses in a second fresh process. (Under torch 2.14.1
-    # the first tensor began 9216 bytes past the window's start, which the last check refuses;
-    # checked after this one so that a failure there still shows whether the addresses repeat.)
+    # What a restore needs first: the same addresses in a second fresh process.
     assert (a["first"], a["record"], a["placements"]) == (b["first"], b["record"], b["placements"])
     assert all(base <= p < base + size for p in rec["buffer_ptrs"] + rec["signal_pad_ptrs"])
     assert 0x600000000000 <= rec["buffer_ptrs_dev"] < 0x600000000000 + (8 << 30)  # in the region
     assert len(a["placements"]) >= 2  # one per buffer, more if the rendezvous maps anything
     assert not base <= a["outside"] < base + size  # outside the block, torch places it as usual
-    assert a["first"] == base, (a["first"] - base, a["placements"])  # the first mapping at the window's start
+    (start, length), offset = a["placements"][0], a["first"] - base
+    assert start == base, (start - base, a["placements"])  # the first mapping at the window's start
+    # The tensor itself starts where torch puts it inside that mapping (torch 2.14.0 and 2.14.1: 9216
+    # bytes in, on an H100 on 2026-12-05); that it is the same place in both processes is checked above.
+    assert 0 <= offset < length, (offset, a["placements"])
