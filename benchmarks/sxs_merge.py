@@ -322,7 +322,16 @@ def chart(result: dict[str, Any], path: Path) -> str | None:
         ax.set_xlabel("seconds (bars: median phases; mark: TTFT median and range)")
         if ax.get_legend_handles_labels()[0]:
             ax.legend(loc="lower right", fontsize=7, ncol=3)
-    fig.tight_layout()
+    note = result.get("note")  # what a reader of the numbers must know (set by hand after a run)
+    if note:
+        import textwrap
+
+        lines = textwrap.wrap(f"Note: {note}", 150)
+        fig.set_figheight(fig.get_figheight() + 0.16 * len(lines))
+        fig.text(0.01, 0.005, "\n".join(lines), fontsize=7, va="bottom")
+        fig.tight_layout(rect=(0, 0.16 * len(lines) / fig.get_figheight(), 1, 1))
+    else:
+        fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return None

@@ -123,6 +123,10 @@ def test_sglang_calls_accumulate_pairs_and_merge(standin):
     assert (
         sxs.main(["chart", str(standin / "out" / "sxs-sglang-h200.json")]) == 0 and png.stat().st_size > 1000
     )
+    plain = png.stat().st_size
+    noted = standin / "out" / "noted.json"  # a note set by hand after a run goes under the chart
+    noted.write_text(json.dumps(dict(result, note="stock_best recompiled at every start " * 8)))
+    assert sxs.main(["chart", str(noted)]) == 0 and (standin / "out" / "noted.png").stat().st_size > plain
 
 
 def test_vllm_and_a_peer_refusal(standin, monkeypatch):
