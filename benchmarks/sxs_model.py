@@ -21,6 +21,9 @@ CONFIGS = REPO / "benchmarks" / "configs"
 SHAPES: dict[str, tuple[Path, str, str]] = {
     "qwen3-1.7b": (CONFIGS / "qwen3-1.7b.json", "seeded", "160GiB"),
     "qwen3-30b-a3b-fp8": (CONFIGS / "qwen3-30b-a3b-fp8.json", "dummy", "160GiB"),
+    # Its outputs: the same layers and block FP8, four of them, seeded (dummy weights answer every
+    # prompt alike, which shows nothing)
+    "qwen3-30b-a3b-fp8-4l": (CONFIGS / "qwen3-30b-a3b-fp8-4l.json", "seeded", "160GiB"),
 }
 SEED = 0
 WORDS = 4096

@@ -296,6 +296,10 @@ def test_command_line_prints_the_summary(tmp_path, capsys):
             ["mlp.experts.127.down_proj.weight", "mlp.gate.weight", "self_attn.q_proj.weight"],
         ),
         (
+            "qwen3-30b-a3b-fp8-4l.json",
+            ["mlp.experts.127.down_proj.weight", "mlp.gate.weight", "self_attn.o_proj.weight"],
+        ),
+        (
             "qwen3-next-4l.json",
             ["linear_attn.in_proj_qkvz.weight", "linear_attn.A_log", "mlp.shared_expert.up_proj.weight"],
         ),
@@ -309,6 +313,14 @@ def test_the_benchmark_model_configs_plan_in_the_published_layout(name, per_laye
     names = {t.name for t in tensors}
     assert arch == raw["architectures"][0] and ctx.num_layers == 4
     assert all(f"model.layers.0.{suffix}" in names for suffix in per_layer)
+    if "fp8" in name:  # block FP8 where published checkpoints have it (the 48-layer shape's outputs)
+        from foundry_tools.models import fp8_block
+
+        by_name = {t.name: t for t in tensors}
+        quantized = {n for n, t in by_name.items() if fp8_block.is_quantized(n, t.shape, raw)}
+        assert fp8_block.block_size(raw) == (128, 128)
+        assert {"model.layers.0.mlp.experts.127.down_proj.weight", "model.layers.0.self_attn.o_proj.weight"} <= quantized
+        assert "model.layers.0.mlp.gate.weight" not in quantized and "lm_head.weight" not in quantized
     if "next" in name:  # three linear-attention layers, then one full-attention layer
         assert (
             "model.layers.3.self_attn.q_proj.weight" in names
