@@ -319,7 +319,10 @@ def test_the_benchmark_model_configs_plan_in_the_published_layout(name, per_laye
         by_name = {t.name: t for t in tensors}
         quantized = {n for n, t in by_name.items() if fp8_block.is_quantized(n, t.shape, raw)}
         assert fp8_block.block_size(raw) == (128, 128)
-        assert {"model.layers.0.mlp.experts.127.down_proj.weight", "model.layers.0.self_attn.o_proj.weight"} <= quantized
+        assert {
+            "model.layers.0.mlp.experts.127.down_proj.weight",
+            "model.layers.0.self_attn.o_proj.weight",
+        } <= quantized
         assert "model.layers.0.mlp.gate.weight" not in quantized and "lm_head.weight" not in quantized
     if "next" in name:  # three linear-attention layers, then one full-attention layer
         assert (
