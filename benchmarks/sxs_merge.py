@@ -93,6 +93,10 @@ def summarize(
             for r in ok
         )
         out["outputs_differ_by_prompt"] = ref.get("prompts_differ")
+        if ref.get("batched") is not None:  # one request for every prompt: stock itself may vary there
+            out["batched_outputs_identical_to_stock"] = all(
+                (r.get("outputs") or {}).get("batched") == ref["batched"] for r in ok
+            )
     if foundry is not None and recs:
         out["settings_diff_from_foundry"] = modes.settings_diff(_launch(recs[-1]), _launch(foundry))
     # A start the budget cut short (sxs.py) did not fail: it had less time than a start may take

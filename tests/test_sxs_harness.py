@@ -98,6 +98,7 @@ def test_sglang_calls_accumulate_pairs_and_merge(standin):
     assert shape["modes"]["stock_default"]["serving"]["saturating"]["output_tok_s"] == 1000.0
     best = shape["modes"]["stock_best"]
     assert best["outputs_identical_to_stock"] is True and best["outputs_differ_by_prompt"] is True
+    assert best["batched_outputs_identical_to_stock"] is True
     assert best["settings_diff_from_foundry"] == {
         "args": ["--enable-foundry", "--foundry-config"],
         "env": ["PYTHONPATH", "SGLANG_PLUGINS"],
@@ -423,3 +424,28 @@ def test_sglang_phases_from_its_log_lines(tmp_path):
         "graphs": 43.324,
         "warmups": 11.56,
     }
+
+
+def test_outputs_compare_prompt_by_prompt_and_the_batched_request_apart():
+    """A start whose batched request differs (stock does, run to run: which prompts share a prefill
+    batch) still matches prompt by prompt; one whose answer to a prompt alone differs does not."""
+    one = {"tokens": [[5, 6], [7, 8]], "top_logprobs": [[], []], "prompts_differ": True}
+    ref = {
+        "mode": "stock_naive",
+        "variant": "cold",
+        "outputs": dict(one, batched={"tokens": [[5, 6], [7, 8]]}),
+    }
+    drift = {
+        "mode": "stock_best",
+        "variant": "best",
+        "outputs": dict(one, batched={"tokens": [[5, 9], [7, 8]]}),
+    }
+    out = sxs_merge.summarize([drift], ref, None)
+    assert out["outputs_identical_to_stock"] is True and out["batched_outputs_identical_to_stock"] is False
+    wrong = {
+        "mode": "foundry",
+        "variant": "cold",
+        "outputs": dict(one, tokens=[[5, 6], [7, 9]], batched=ref["outputs"]["batched"]),
+    }
+    out = sxs_merge.summarize([wrong], ref, None)
+    assert out["outputs_identical_to_stock"] is False and out["batched_outputs_identical_to_stock"] is True
