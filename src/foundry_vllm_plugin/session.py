@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import gc
+import json
 import logging
 import os
 import time
@@ -559,6 +560,10 @@ class FoundrySession:
             workspace_locked=self.workspace_locked,
             caches=self.caches.finish(),
         )
+        # In the log too, on one line (as SGLang's plugin says it): the file is replaced at each start
+        # and missing where the archive is read-only; benchmarks read the steps from here.
+        mode = (self.mode or "start").upper()
+        logger.info("Foundry rank %d: %s report: %s", self.rank, mode, json.dumps(self.report, default=str))
         path = archive.start_report_path(self.cfg, self.rank)
         try:
             archive.write_json_atomic(path, self.report)

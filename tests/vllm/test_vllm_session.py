@@ -11,7 +11,9 @@ import dataclasses
 import errno
 import json
 import logging
+import sys
 import types
+from pathlib import Path
 
 import pytest
 
@@ -442,10 +444,19 @@ def test_a_workspace_mismatch_unloads_the_restore_before_anything_is_installed(b
     assert restored.unloads == 1 and adapter.installed is None
 
 
-def test_start_report_is_written_next_to_the_archive(base_vllm_config):
+def test_start_report_is_written_next_to_the_archive(base_vllm_config, caplog):
     s = _session(base_vllm_config, "load")
-    s.report.update(mode="load", graphs=4, restore_s=0.5)
+    s.mode = "load"
+    s.report.update(mode="load", graphs=4, restore_s=0.5, foundry_steps_s={"session": 0.01, "decide": 0.02})
+    caplog.set_level(logging.INFO, logger="vllm.foundry")
     s.write_report()
+    # and in the log, on one line, where the side-by-side harness reads Foundry's steps from
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import sxs_server
+
+    lines = [(0.0, r.getMessage()) for r in caplog.records]
+    facts = sxs_server.foundry_facts(lines)
+    assert facts["report"]["foundry_steps_s"] == {"session": 0.01, "decide": 0.02}
     data = json.loads(archive.start_report_path(s.cfg, 0).read_text())
     assert data["kind"] == archive.START_REPORT_KIND and data["schema"] == archive.START_REPORT_SCHEMA
     assert (data["mode"], data["graphs"], data["rank"], data["num_gpu_blocks"]) == ("load", 4, 0, 4096)
