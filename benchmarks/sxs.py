@@ -24,8 +24,9 @@ Modes (what each launches: benchmarks/sxs_modes.py):
 
 Per start: seconds from spawn to ready (``/health`` and ``/v1/models``) and to the first streamed token
 of a completion through the OpenAI endpoint (``ttft_cold_s``); the phases of the start from its log;
-greedy tokens and top-5 logprobs of four prompts (a request each, and all four in one); with ``--serving`` (modes of ``--serving-modes``)
-the engine's own benchmark client at two request rates (benchmarks/sxs_serving.py). Each ``run``
+greedy tokens and top-5 logprobs of four prompts (a request each, and all four in one); with
+``--serving`` (modes of ``--serving-modes``) the engine's own benchmark client at two request rates
+(benchmarks/sxs_serving.py). Each ``run``
 measures the floor once per call (benchmarks/sxs_floor.py). A pair runs its modes in the given order,
 the next pair in the reverse order. Every start is one JSON file under ``--workdir``, which outlives
 the call on a warm machine; ``merge`` (benchmarks/sxs_merge.py) turns them into the result JSON and
