@@ -11,7 +11,6 @@ import dataclasses
 import errno
 import json
 import logging
-import sys
 import types
 from pathlib import Path
 
@@ -444,14 +443,14 @@ def test_a_workspace_mismatch_unloads_the_restore_before_anything_is_installed(b
     assert restored.unloads == 1 and adapter.installed is None
 
 
-def test_start_report_is_written_next_to_the_archive(base_vllm_config, caplog):
+def test_start_report_is_written_next_to_the_archive(base_vllm_config, caplog, monkeypatch):
     s = _session(base_vllm_config, "load")
     s.mode = "load"
     s.report.update(mode="load", graphs=4, restore_s=0.5, foundry_steps_s={"session": 0.01, "decide": 0.02})
     caplog.set_level(logging.INFO, logger="vllm.foundry")
     s.write_report()
     # and in the log, on one line, where the side-by-side harness reads Foundry's steps from
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "benchmarks"))
     import sxs_server
 
     lines = [(0.0, r.getMessage()) for r in caplog.records]
