@@ -3,7 +3,8 @@
 vLLM imports this module only in a worker process of an engine with Foundry on (the front end set
 ``parallel_config.worker_cls`` to :class:`FoundryWorker`).  Sequence in one worker, for both modes:
 
-1. ``__init__``: ``check_supported`` again (no CUDA yet); parse the Foundry TOML.
+1. ``__init__``: ``check_supported`` again (no CUDA yet); the import heap set aside from the garbage
+   collector (``foundry_core.engine.gcheap``); parse the Foundry TOML.
 2. ``init_device``: module recording starts first (before any kernel loads), then vLLM's own device
    setup; right after the device is set, the rank's fingerprint decides SAVE or LOAD (auto), a core
    archive about to be loaded is verified (``foundry_core.verify``: in auto mode a refused one turns the
@@ -51,7 +52,7 @@ from typing import Any
 
 from vllm.v1.worker.gpu_worker import Worker as _VllmGpuWorker
 
-from foundry_core.engine import inductor
+from foundry_core.engine import gcheap, inductor
 from foundry_core.engine.profiling import profiled
 from foundry_vllm_plugin import archive, graphs, workspace
 from foundry_vllm_plugin.profiling_state import after_restore, neutral_profiling, settle_after_profiling
@@ -78,7 +79,10 @@ class FoundryWorker(_VllmGpuWorker):
         vllm_config = kwargs["vllm_config"] if "vllm_config" in kwargs else args[0]
         check_supported(vllm_config)  # before vLLM's worker does anything
         t0 = time.perf_counter()
+        # Before CUDA: the start's full gc.collect() passes then skip the import heap (gcheap).
+        frozen = gcheap.freeze_import_heap()
         self._foundry = FoundrySession(vllm_config)
+        self._foundry.report["gc_frozen_objects"] = frozen
         # Before vLLM's worker initialises CUDA or compiles anything: private cache directories.
         self._foundry.caches.begin()
         inductor.pin_process(logger)  # for torch.compile calls that do not take vLLM's config

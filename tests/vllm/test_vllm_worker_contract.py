@@ -150,6 +150,31 @@ def test_worker_refuses_unsupported_configs_before_touching_the_device(base_vllm
     )
 
 
+def test_the_worker_sets_the_import_heap_aside_before_vllm_s_worker_starts(base_vllm_config, tmp_path):
+    """Before vLLM's worker (and so before CUDA): the heap of torch and vLLM, which each of the start's
+    full gc.collect() passes would walk again, is set aside (foundry_core.engine.gcheap)."""
+    (tmp_path / "ok.pkl").write_bytes(pickle.dumps(base_vllm_config))
+    _in_fresh_process(
+        """
+        import gc, pickle
+        from foundry_vllm_plugin import worker
+
+        seen = {}
+
+        def vllm_worker_init(self, *args, **kwargs):  # vLLM's own worker, here only looked at
+            seen["frozen"] = gc.get_freeze_count()
+
+        worker._VllmGpuWorker.__init__ = vllm_worker_init
+        kwargs = dict(local_rank=0, rank=0, distributed_init_method="tcp://127.0.0.1:1")
+        w = worker.FoundryWorker(vllm_config=pickle.load(open("ok.pkl", "rb")), **kwargs)
+        frozen = w._foundry.report["gc_frozen_objects"]
+        assert frozen > 100_000 and seen["frozen"] > 100_000, (frozen, seen)  # torch and vLLM
+        print("OK")
+        """,
+        tmp_path,
+    )
+
+
 def test_runtime_helpers_exist():
     from vllm.compilation.monitor import set_cudagraph_capturing_enabled
     from vllm.platforms.interface import Platform
