@@ -24,13 +24,13 @@ from __future__ import annotations
 import gc
 import os
 
-SWITCH = "FOUNDRY_GC_FREEZE"
+ENV = "FOUNDRY_GC_FREEZE"
 
 
 def freeze_import_heap() -> int | None:
     """Set aside every object the collector tracks now; returns how many are set aside in all, or
     None where the switch is off. Never raises."""
-    if os.environ.get(SWITCH, "1") == "0":
+    if os.environ.get(ENV, "1").strip() == "0":  # read as the other FOUNDRY_* switches are
         return None
     try:
         gc.freeze()
