@@ -39,6 +39,8 @@ MARKS: dict[str, dict[str, str | tuple[str, ...]]] = {
         # vLLM's own loading figure ends at "Model loading took"; "Loading weights took" (the files
         # read, 2.4 s earlier in 0.33.0) stands in where a release logs only that.
         "weights_end": (r"Model loading took", r"Loading weights took"),
+        # the files read: what follows, to "Model loading took", is mostly full gc.collect() passes
+        "weights_read": r"Loading weights took",
         "compile_end": r"torch\.compile (?:takes|took) [\d.]+ s in total",
         "ready_log": r"Application startup complete",
     },
@@ -200,7 +202,9 @@ def phases(lines: list[tuple[float, str]], engine: str, ready_s: float | None) -
     builds, taken out of whatever phase they fell in. ``graphs``: every capture stage summed (vLLM
     0.33.0 captures twice at SAVE: its memory profiling's throwaway graphs, then the graphs it keeps),
     plus a LOAD's restore seconds; what lies between two stages (vLLM: KV cache, kernel autotune) is
-    in no phase. ``warmups``: from the end of the last stage to ready."""
+    in no phase. ``warmups``: from the end of the last stage to ready. ``after_weights_read`` (vLLM,
+    inside ``weights``): from the files read to "Model loading took", where the loader and the memory
+    profiler run their full ``gc.collect()`` passes: what Foundry's ``gc.freeze()`` shortens."""
     marks = _first_marks(lines, engine)
     jits, stages, restores = _spans(lines, engine)
     if stages:
@@ -220,6 +224,8 @@ def phases(lines: list[tuple[float, str]], engine: str, ready_s: float | None) -
     graphs = sum(e - s - _within(s, e, jits) for s, e in stages) + sum(took for _, took in restores)
     out["graphs"] = round(graphs, 3) if stages or restores else None
     out["warmups"] = between(*PHASES["warmups"])
+    if "weights_read" in marks:
+        out["after_weights_read"] = between("weights_read", "weights_end")
     out["marks"] = marks
     return out
 

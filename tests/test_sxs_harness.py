@@ -390,6 +390,7 @@ def test_vllm_0_33_phases_sum_both_capture_stages_and_count_the_flashinfer_build
         "spawn": 14.271,  # to the engine core's first line
         "setup": 4.515,  # to "Loading model from scratch"
         "weights": 6.475,  # to vLLM's own "Model loading took", not "Loading weights took"
+        "after_weights_read": 2.449,  # "Loading weights took" to "Model loading took": gc passes
         "compile": 28.558,
         "jit": 90.653,  # 73.207 to the first bar's line
         "graphs": 5.042,  # 163.860-164.422 and 166.106-170.586
