@@ -27,13 +27,13 @@ bench() {  # gpu
   local presets=${BENCH_PRESETS-tiny,small}
   # --check-structure: after the timings, every restored graph and native twin is read back and
   # compared with the archive (not timed yet: a driver walk of 103,288 nodes, twice)
-  CUDA_VISIBLE_DEVICES=$1 timeout "$(left)" python -m foundry_core.cli bench --workdir /tmp/bench \
+  CUDA_VISIBLE_DEVICES=$1 timeout "$(left)" python -m foundry_tools bench --workdir /tmp/bench \
     --check-structure ${presets:+--presets "$presets"} --out "$out/bench-h200.json" >"$out/bench.log" 2>&1
   echo "bench rc=$?" >>"$out/bench.log"
 }
 
 soak() {  # gpu
-  CUDA_VISIBLE_DEVICES=$1 timeout "$(left)" python -m foundry_core.cli soak --tests tests --workdir /tmp/soak \
+  CUDA_VISIBLE_DEVICES=$1 timeout "$(left)" python -m foundry_tools soak --tests tests --workdir /tmp/soak \
     --out "$out/reliability-h200.json" --replays 10000 --cycles 20 >"$out/soak.log" 2>&1
   echo "soak rc=$?" >>"$out/soak.log"
   cp /tmp/soak/cpu-suite.json "$out/" 2>/dev/null
@@ -55,7 +55,7 @@ probe() {  # gpu
     esac
     profile=$([ "$how" = after ] && echo "$out/profile")
     CUDA_VISIBLE_DEVICES=$1 FOUNDRY_PROFILE_DIR=$profile timeout "$(left)" \
-      python -m foundry_core.cli bench --workdir "/tmp/probe-$how" \
+      python -m foundry_tools bench --workdir "/tmp/probe-$how" \
       --batch-sizes 1 8 64 --replays 200 $flags \
       --out "$out/launch-$how-h200.json" >"$out/launch-$how.log" 2>&1
     echo "probe $how rc=$?" >>"$out/launch-$how.log"
@@ -64,7 +64,7 @@ probe() {  # gpu
 
 demo() {  # gpu
   # The README's main command, as a user runs it: SAVE, LOAD in a fresh process, verify, times.
-  CUDA_VISIBLE_DEVICES=$1 timeout "$(left)" python -m foundry_core.cli demo --workdir /tmp/demo \
+  CUDA_VISIBLE_DEVICES=$1 timeout "$(left)" python -m foundry_tools demo --workdir /tmp/demo \
     --out "$out/demo-h200.json" >"$out/demo.log" 2>&1
   echo "demo rc=$?" >>"$out/demo.log"
 }
@@ -79,12 +79,12 @@ tp() {  # gpus, as a CUDA_VISIBLE_DEVICES list: one rank each
   CUDA_VISIBLE_DEVICES=$1 timeout "$(left)" python -m pytest -q -m gpu tests/gpu/test_symmetric_placement.py \
     >"$out/tp-placement.log" 2>&1
   echo "pytest placement rc=$?" >>"$out/tp-placement.log"
-  CUDA_VISIBLE_DEVICES=$1 timeout "$(left)" python -m foundry_core.cli tp --world-size "$world" --reproduce \
+  CUDA_VISIBLE_DEVICES=$1 timeout "$(left)" python -m foundry_tools tp --world-size "$world" --reproduce \
     --workdir /tmp/tp --out "$out/tp-h200x$world.json" >"$out/tp.log" 2>&1
   echo "tp rc=$?" >>"$out/tp.log"
   if [ "$world" -eq 1 ]; then  # more ranks on the one GPU too (TP_SHARED, default 2): all of TP but NVLink
     for ranks in ${TP_SHARED:-2}; do
-      CUDA_VISIBLE_DEVICES=$1 timeout "$(left)" python -m foundry_core.cli tp --world-size "$ranks" --share-gpus \
+      CUDA_VISIBLE_DEVICES=$1 timeout "$(left)" python -m foundry_tools tp --world-size "$ranks" --share-gpus \
         --all-reduce one_shot --reproduce --workdir "/tmp/tp-shared$ranks" \
         --out "$out/tp$ranks-h200x1-shared.json" >>"$out/tp.log" 2>&1
       echo "tp shared $ranks rc=$?" >>"$out/tp.log"

@@ -97,3 +97,28 @@ def test_every_tool_entry_adds_its_subcommand():
         getattr(commands, func)(parser.add_subparsers(dest="command"))
         args = parser.parse_args([name])
         assert args.command == name and args.func.__name__ == f"cmd_{name}"
+
+
+def test_the_tools_run_from_an_uninstalled_checkout():
+    """``python -m foundry_tools`` (PYTHONPATH=src, no entry point registered: how the GPU machine runs
+    the tree) adds the four subcommands; its demo says in one line that there is no GPU, as
+    ``foundry demo`` does. The device scripts call it, not ``foundry_core.cli``, whose parser has no
+    tool there (on the H100 on 2026-12-06: ``foundry: error: argument command: invalid choice: 'demo'``)."""
+    import os
+    import re
+    import subprocess
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), CUDA_VISIBLE_DEVICES="")
+    run = [sys.executable, "-m", "foundry_tools"]
+    helped = subprocess.run([*run, "--help"], capture_output=True, text=True, env=env, timeout=60)
+    assert helped.returncode == 0, helped.stderr
+    assert "{demo,bench,soak,tp}" in helped.stdout
+    demo = subprocess.run(
+        [*run, "demo", "--preset", "tiny"], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert demo.returncode == 2, demo.stderr[-2000:]
+    assert demo.stdout.startswith("foundry demo: no NVIDIA GPU is visible"), demo.stdout
+    scripts = "\n".join(p.read_text() for p in (ROOT / "benchmarks").glob("*.sh"))
+    tools = "|".join(commands.ENTRY_POINTS)
+    assert not re.search(rf"foundry_core\.cli ({tools})\b", scripts)
+    assert re.search(rf"-m foundry_tools ({tools})\b", scripts)
