@@ -101,8 +101,8 @@ def test_every_tool_entry_adds_its_subcommand():
 
 def test_the_tools_run_from_an_uninstalled_checkout():
     """``python -m foundry_tools`` (PYTHONPATH=src, no entry point registered: how the GPU machine runs
-    the tree) adds the four subcommands; its demo says in one line that there is no GPU, as
-    ``foundry demo`` does. The device scripts call it, not ``foundry_core.cli``, whose parser has no
+    the tree) is the ``foundry`` parser with the four tools added; its demo says in one line that
+    there is no GPU, as ``foundry demo`` does. The device scripts call it, not ``foundry_core.cli``, whose parser has no
     tool there (on the H100 on 2026-12-06: ``foundry: error: argument command: invalid choice: 'demo'``)."""
     import os
     import re
@@ -112,7 +112,7 @@ def test_the_tools_run_from_an_uninstalled_checkout():
     run = [sys.executable, "-m", "foundry_tools"]
     helped = subprocess.run([*run, "--help"], capture_output=True, text=True, env=env, timeout=60)
     assert helped.returncode == 0, helped.stderr
-    assert "{demo,bench,soak,tp}" in helped.stdout
+    assert "{inspect,verify,demo,bench,soak,tp}" in helped.stdout  # the foundry parser, tools added
     demo = subprocess.run(
         [*run, "demo", "--preset", "tiny"], capture_output=True, text=True, env=env, timeout=300
     )

@@ -316,8 +316,9 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescrip
         return super()._get_help_string(action)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The ``foundry`` parser: inspect, verify, and the subcommands of ``foundry_graphs.commands``."""
+def build_parser(subcommands: list[tuple[str, object]] | None = None) -> argparse.ArgumentParser:
+    """The ``foundry`` parser: inspect, verify, and the subcommands of ``foundry_graphs.commands``
+    (or ``subcommands``, (name, adder) pairs, where no entry point is installed to find them by)."""
     fmt = _HelpFormatter
     p = argparse.ArgumentParser(
         prog="foundry",
@@ -367,7 +368,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     v.set_defaults(func=cmd_verify)
 
-    for name, add in _subcommands():
+    for name, add in _subcommands() if subcommands is None else subcommands:
         try:
             add(sub)
         except Exception as e:  # its parser is left out; the others still work
@@ -375,9 +376,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv=None) -> int:
+def main(argv=None, subcommands: list[tuple[str, object]] | None = None) -> int:
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    args = build_parser().parse_args(argv)
+    args = build_parser(subcommands).parse_args(argv)
     return int(args.func(args) or 0)
 
 
