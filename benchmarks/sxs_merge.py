@@ -67,7 +67,10 @@ def _launch(rec: dict[str, Any]) -> modes.Launch:
 
 
 def summarize(
-    recs: list[dict[str, Any]], reference: dict[str, Any] | None, foundry: dict[str, Any] | None
+    recs: list[dict[str, Any]],
+    reference: dict[str, Any] | None,
+    foundry: dict[str, Any] | None,
+    stock_batched: list[Any] | None = None,
 ) -> dict[str, Any]:
     ok = [r for r in recs if "error" not in r]
     out: dict[str, Any] = {
@@ -97,6 +100,12 @@ def summarize(
             out["batched_outputs_identical_to_stock"] = all(
                 (r.get("outputs") or {}).get("batched") == ref["batched"] for r in ok
             )
+            # Where stock's own starts answered it differently, the fair question is whether each
+            # start's answer is one that some stock start gave too.
+            if stock_batched:
+                out["batched_outputs_among_stock_answers"] = all(
+                    (r.get("outputs") or {}).get("batched") in stock_batched for r in ok
+                )
     if foundry is not None and recs:
         out["settings_diff_from_foundry"] = modes.settings_diff(_launch(recs[-1]), _launch(foundry))
     # A start the budget cut short (sxs.py) did not fail: it had less time than a start may take
@@ -181,6 +190,7 @@ def shape_result(shape_dir: Path) -> dict[str, Any]:
     stock = [r for r in recs if r["mode"] in ("stock_naive", "stock_best") and r.get("outputs")]
     reference = min(stock, key=lambda r: (r["mode"] != "stock_naive", r["variant"] != "fill"), default=None)
     foundry = next((r for r in recs if r["mode"] == "foundry" and r["variant"] == "cold"), None)
+    stock_batched = [r["outputs"]["batched"] for r in stock if r["outputs"].get("batched") is not None]
     result: dict[str, Any] = {"modes": {}, "ratios": {}}
     for mode in modes.MODES:
         mine = [r for r in recs if r["mode"] == mode]
@@ -188,9 +198,11 @@ def shape_result(shape_dir: Path) -> dict[str, Any]:
             continue
         main = [r for r in mine if r["variant"] == MAIN_VARIANT[mode]]
         # A mode's row is its main start alone: a SAVE is no LOAD, whatever else ran.
-        entry = summarize(main, reference, foundry) if main else {"starts": 0}
+        entry = summarize(main, reference, foundry, stock_batched) if main else {"starts": 0}
         for variant in sorted({r["variant"] for r in mine} - {MAIN_VARIANT[mode]}):
-            entry[variant] = summarize([r for r in mine if r["variant"] == variant], reference, None)
+            entry[variant] = summarize(
+                [r for r in mine if r["variant"] == variant], reference, None, stock_batched
+            )
         result["modes"][mode] = entry
     for name, (numerators, b) in RATIOS.items():
         result["ratios"][name] = paired(recs, numerators, b, lambda r: r.get("ttft_cold_s"))

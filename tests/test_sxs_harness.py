@@ -453,3 +453,18 @@ def test_outputs_compare_prompt_by_prompt_and_the_batched_request_apart():
     }
     out = sxs_merge.summarize([wrong], ref, None)
     assert out["outputs_identical_to_stock"] is False and out["batched_outputs_identical_to_stock"] is True
+
+
+def test_a_batched_answer_counts_as_stocks_when_some_stock_start_gave_it():
+    """Stock's own starts answer the batched request in several ways: a Foundry start whose answer
+    is one of them is among stock's; one whose answer no stock start gave is not."""
+    one = {"tokens": [[5, 6], [7, 8]], "top_logprobs": [[], []], "prompts_differ": True}
+    ref = {"mode": "stock_best", "variant": "fill", "outputs": dict(one, batched={"tokens": [[1]]})}
+    other = {"mode": "stock_best", "variant": "best", "outputs": dict(one, batched={"tokens": [[2]]})}
+    stock = [ref["outputs"]["batched"], other["outputs"]["batched"]]
+    seen = {"mode": "foundry", "variant": "cold", "outputs": dict(one, batched={"tokens": [[2]]})}
+    out = sxs_merge.summarize([seen], ref, None, stock)
+    assert out["batched_outputs_identical_to_stock"] is False
+    assert out["batched_outputs_among_stock_answers"] is True
+    unseen = {"mode": "foundry", "variant": "cold", "outputs": dict(one, batched={"tokens": [[3]]})}
+    assert sxs_merge.summarize([seen, unseen], ref, None, stock)["batched_outputs_among_stock_answers"] is False
