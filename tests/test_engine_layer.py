@@ -343,3 +343,19 @@ def test_only_auto_mode_saves_over_just_the_archive_it_saw(tmp_path):
     assert auto == {"expected_version": None, "lock_timeout": decide.AUTO_SAVE_LOCK_WAIT_S}
     save = decide.save_guard(dataclasses.replace(cfg, mode="save"), seen)
     assert save["expected_version"] is ANY_VERSION and save["lock_timeout"] == 0.0
+
+
+def test_every_foundry_switch_reads_the_same_way(monkeypatch):
+    # On unless the variable is "0" (spaces ignored); any other value, "false" included, leaves it on.
+    from foundry_core.switches import switched_on
+
+    monkeypatch.delenv("FOUNDRY_SOME_SWITCH", raising=False)
+    assert switched_on("FOUNDRY_SOME_SWITCH")
+    for value, on in (("0", False), (" 0\n", False), ("1", True), ("", True), ("false", True)):
+        monkeypatch.setenv("FOUNDRY_SOME_SWITCH", value)
+        assert switched_on("FOUNDRY_SOME_SWITCH") is on
+    assert switched_on("X", {"X": "0"}) is False and switched_on("X", {}) is True
+    from foundry_core.engine import readahead  # its own copy of the test (loaded alone in its helper)
+
+    for value in ("0", " 0\n", "1", "", "false"):
+        assert readahead.enabled({readahead.ENV: value}) is switched_on(readahead.ENV, {readahead.ENV: value})

@@ -467,4 +467,6 @@ def test_a_batched_answer_counts_as_stocks_when_some_stock_start_gave_it():
     assert out["batched_outputs_identical_to_stock"] is False
     assert out["batched_outputs_among_stock_answers"] is True
     unseen = {"mode": "foundry", "variant": "cold", "outputs": dict(one, batched={"tokens": [[3]]})}
-    assert sxs_merge.summarize([seen, unseen], ref, None, stock)["batched_outputs_among_stock_answers"] is False
+    assert (
+        sxs_merge.summarize([seen, unseen], ref, None, stock)["batched_outputs_among_stock_answers"] is False
+    )

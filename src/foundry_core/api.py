@@ -64,6 +64,7 @@ from .rebuilding import finish_rebuild, rebuild_archive
 from .region import Region, RegionError, Segment, restore_snapshot, snapshot
 from .restore import Prepared, drop, take_whole
 from .restored import Restored, RestoredGraph, tensor_at
+from .switches import switched_on
 from .symmetric import SymmetricBuffer, require_idle
 from .symmetric import check as check_symmetric
 from .symmetric import ranges as symmetric_ranges
@@ -344,7 +345,7 @@ def save(
             raise SaveError(f"graph {name!r}: {e}") from None
     t3 = time.perf_counter()
     timings["encode_s"] = t3 - t2
-    if os.environ.get("FOUNDRY_SAVE_CHECK", "1").strip() != "0":
+    if switched_on("FOUNDRY_SAVE_CHECK"):
         try:
             check_rebuilds({d: recorded.images[d].data for d in images}, meta["kernels"], walked, blobs)
         except (GraphError, ModuleError) as e:
@@ -353,7 +354,7 @@ def save(
         timings["check_s"], t3 = t4 - t3, t4
     # Code images, memory snapshots and graph encodings are stored compressed (190 MiB -> 24 MiB in
     # the bench, for up to 0.2 s of inflation per LOAD); FOUNDRY_ARCHIVE_COMPRESS=0 stores them as they are.
-    compress = os.environ.get("FOUNDRY_ARCHIVE_COMPRESS", "1").strip() != "0"
+    compress = switched_on("FOUNDRY_ARCHIVE_COMPRESS")
     with ArchiveWriter(path, lock_timeout=lock_timeout, expected_version=expected_version) as writer:
         with progress_bar("foundry: writing archive", len(images) + len(walked), progress) as bar:
             for digest in images:

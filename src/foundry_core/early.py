@@ -13,6 +13,8 @@ import os
 import sys
 import threading
 
+from .switches import switched_on
+
 _started = False
 #: Seconds from this process's start to each named point of Foundry's (:func:`mark`): where a
 #: worker's start went before and after Foundry's own steps, in its start report.
@@ -46,7 +48,7 @@ def mark(name: str) -> None:
 
 def start_readahead(log_name: str = "foundry") -> threading.Thread | None:
     global _started
-    if _started or os.environ.get("FOUNDRY_READAHEAD", "1").strip() == "0":
+    if _started or not switched_on("FOUNDRY_READAHEAD"):
         return None
     if os.environ.get("FOUNDRY_READAHEAD_STARTED"):  # the process that started this one reads ahead
         return None

@@ -22,7 +22,8 @@ either way).
 from __future__ import annotations
 
 import gc
-import os
+
+from ..switches import switched_on
 
 ENV = "FOUNDRY_GC_FREEZE"
 
@@ -30,7 +31,7 @@ ENV = "FOUNDRY_GC_FREEZE"
 def freeze_import_heap() -> int | None:
     """Set aside every object the collector tracks now; returns how many are set aside in all, or
     None where the switch is off. Never raises."""
-    if os.environ.get(ENV, "1").strip() == "0":  # read as the other FOUNDRY_* switches are
+    if not switched_on(ENV):
         return None
     try:
         gc.freeze()

@@ -10,10 +10,10 @@ this off (everything is rebuilt at the graph phase, as without it): a switch for
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import Any
 
+from ..switches import switched_on
 from .decide import one_line
 
 #: "0" rebuilds at the graph phase instead of ahead of it.
@@ -24,7 +24,7 @@ def start(path: Any, *, cfg: Any, rank: int, device: int, archive: Any, log: log
     """Start rebuilding rank ``rank``'s archive at ``path`` on a background thread; the
     ``foundry_core.Prepared`` for ``load``, or None (switched off, or it could not start: ``load``
     then rebuilds as usual). ``archive``: what verifying it returned, when the plugin has it."""
-    if os.environ.get(ENV, "1").strip() == "0":
+    if not switched_on(ENV):
         return None
     import foundry_core as fc
 

@@ -27,9 +27,10 @@ cause not yet isolated; docs/cold-start.md).
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from typing import Any
+
+from ..switches import switched_on
 
 #: "0": no prewarming; the engine's first Triton launch computes the key, as without Foundry.
 ENV = "FOUNDRY_PREWARM"
@@ -53,7 +54,7 @@ def start(log: logging.Logger | None = None, archive: Any = None) -> threading.T
             archive.inflate_ahead()
         except Exception as e:  # noqa: BLE001 - the LOAD inflates what is still pending itself
             (log or logging.getLogger("foundry")).debug("Foundry: no inflating ahead (%s)", e)
-    if _thread is not None or os.environ.get(ENV, "1").strip() == "0":
+    if _thread is not None or not switched_on(ENV):
         return None
     try:
         # Imported on the calling thread (the engine has imported Triton already), so that the

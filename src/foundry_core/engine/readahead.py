@@ -70,6 +70,7 @@ KINDS = ("module", "library", "archive", "caches", "model")
 
 
 def enabled(environ: Mapping[str, str] | None = None) -> bool:
+    # foundry_core.switches.switched_on, written out: the helper process loads this file alone
     return (os.environ if environ is None else environ).get(ENV, "1").strip() != "0"
 
 
