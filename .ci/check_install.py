@@ -96,6 +96,20 @@ def main(engine: str, wheels: Path) -> None:
     demo = subprocess.run(["foundry", "demo", "--help"], capture_output=True, text=True)
     check(demo.returncode == 0 and demo.stdout.startswith("usage: foundry demo"), "foundry demo --help")
 
+    # The site hook (setup.py): at the top of site-packages, where Python runs it at start; it
+    # imports nothing of Foundry's without --foundry-config, and with one (here, a file that is not
+    # there) the interpreter starts without an error line either way.
+    hook = Path(sysconfig.get_paths()["purelib"]) / "foundry_graphs_early.pth"
+    check(hook.is_file(), f"{hook.name} installed into site-packages")
+    probe = "import sys; print(any(m.startswith('foundry_core') for m in sys.modules))"
+    for args, imported in (([], "False"), (["--foundry-config", "/nonexistent/foundry.toml"], "True")):
+        run = subprocess.run([sys.executable, "-c", probe, *args], capture_output=True, text=True)
+        check(
+            run.stdout.strip() == imported and not run.stderr,
+            f"site hook with {args or 'no arguments'}: foundry_core imported {run.stdout.strip()}, "
+            f"stderr {run.stderr.strip()!r}",
+        )
+
 
 if __name__ == "__main__":
     main(sys.argv[1], Path(sys.argv[2]))

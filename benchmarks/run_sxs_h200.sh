@@ -29,6 +29,10 @@ case ",${MODES:-}," in
   *,peer,*) engine_site peer "$logs/install-peer.log" || echo "peer site not installed: see install-peer.log" ;;
 esac
 export PYTHONUNBUFFERED=1 PYTHONPATH=$(site_path "/tmp/site-$engine"):$PWD/src
+# The site hook, where the core's wheel puts it for a user (setup.py): the interpreter's own
+# site-packages, since the engine site is a --target folder whose .pth lines Python does not run.
+# Only a command line naming --foundry-config acts on it, so stock starts are as without it.
+cp src/foundry_graphs_early.pth "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/"
 # Before any start: the modules a start of the Qwen3 shapes imports, in one interpreter (about 10 s),
 # so that a site that lacks one stops the call here, not after a start per mode (exit 6).
 case $engine in

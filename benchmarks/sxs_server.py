@@ -231,7 +231,9 @@ def phases(lines: list[tuple[float, str]], engine: str, ready_s: float | None) -
 
 
 _REPORT = re.compile(r"Foundry (?:rank \d+: )?(?:LOAD|SAVE) report: (\{.*\})\s*$")
-_PLANNED = re.compile(r"Foundry: reading ahead (\d+) files(?:.*planned in ([0-9.]+) s)?")
+_PLANNED = re.compile(
+    r"Foundry: reading ahead (\d+) files(?:.*planned in ([0-9.]+) s)?(?:.*?, ([0-9.]+) s into this process)?"
+)
 _READ_AHEAD = re.compile(r"Foundry: read ahead (\d+) of (\d+) files \(([0-9.]+) MB\) in ([0-9.]+) s")
 _STARTS_BY = re.compile(r"Foundry: schedulers start by (\w+)(?: \((.*)\))?\s*$")
 #: What of a start report a result keeps (the rest stays in the log)
@@ -262,7 +264,9 @@ def foundry_facts(lines: list[tuple[float, str]]) -> dict[str, Any]:
             if "total" in new:
                 out["report"]["caches_new_files"] = new["total"]
         elif "readahead_planned_at_s" not in out and (m := _PLANNED.search(line)):
-            out["readahead_planned_at_s"] = round(t, 3)
+            # the process's own age where the line says it: a plan made at interpreter start is
+            # logged only once the engine's plugin hands Foundry its logger
+            out["readahead_planned_at_s"] = float(m.group(3)) if m.group(3) else round(t, 3)
             out["readahead_files"] = int(m.group(1))
             if m.group(2):
                 out["readahead_plan_s"] = float(m.group(2))

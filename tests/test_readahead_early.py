@@ -117,3 +117,84 @@ def test_marks_hold_the_process_age_at_each_point():
     assert list(child) == ["session_begin"] and child["session_begin"] < 0.5
     assert 0.5 <= marks["plugin_registered"] < marks["session_begin"]
     assert marks["session_begin"] - marks["plugin_registered"] >= 0.25
+
+
+SITE_HOOK = Path(__file__).resolve().parents[1] / "src" / "foundry_graphs_early.pth"
+
+SITE_CHILD = textwrap.dedent(
+    """
+    import json, logging, site, sys
+    sys.argv = ["serve", "--model-path", "m", *sys.argv[2:]]
+    site.addsitedir(__import__("os").environ["HOOK_DIR"])
+    early = sys.modules.get("foundry_core.early")
+    out = {"started": bool(early and early._started), "engine_imported": "foundry_core.engine" in sys.modules}
+    if early is not None and early._started:
+        from foundry_core.engine import readahead
+        import time
+        deadline = time.monotonic() + 60
+        while readahead._state.get("replay") is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        readahead._state["replay"].join(60)
+        got = []
+        class Keep(logging.Handler):
+            def emit(self, record):
+                got.append(record.getMessage())
+        engine_log = logging.getLogger("engine.foundry")
+        engine_log.addHandler(Keep())
+        engine_log.setLevel(logging.INFO)
+        engine_log.propagate = False
+        out["before_handover"] = list(got)
+        early.start_readahead("engine.foundry")  # the engine's plugin registers: lines handed over
+        out["lines"] = got
+        out["again"] = early.start_readahead("engine.foundry") is None
+    else:
+        out["foundry_imported"] = any(m.startswith("foundry_core") for m in sys.modules)
+    print(json.dumps(out))
+    """
+)
+
+
+def _run_site(hook_dir: Path, *args: str, **env: str) -> dict:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("FOUNDRY_")}
+    environ.update(PYTHONPATH=SRC, HOOK_DIR=str(hook_dir), **env)
+    out = subprocess.run(
+        [sys.executable, "-c", SITE_CHILD, "x", *args],
+        capture_output=True,
+        text=True,
+        env=environ,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "Error processing line" not in out.stderr, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_the_site_hook_reads_ahead_from_interpreter_start_and_hands_its_lines_to_the_engine(
+    load_config, tmp_path
+):
+    """foundry_graphs_early.pth (installed into site-packages by the core's wheel) starts the
+    read-ahead while Python starts, before any engine import, when the command line names
+    --foundry-config; what it logged before the engine's plugin registered reaches the engine's
+    logger then, and the plugin's own call starts nothing more."""
+    hook_dir = tmp_path / "site"
+    hook_dir.mkdir()
+    (hook_dir / SITE_HOOK.name).write_bytes(SITE_HOOK.read_bytes())
+    out = _run_site(hook_dir, "--foundry-config", str(load_config))
+    assert out["started"] is True
+    assert out["before_handover"] == []
+    assert any(line.startswith("Foundry: reading ahead") for line in out["lines"]), out["lines"]
+    assert any(line.startswith("Foundry: read ahead") for line in out["lines"]), out["lines"]
+    assert out["again"] is True
+    # Switched off: nothing starts
+    assert _run_site(hook_dir, f"--foundry-config={load_config}", FOUNDRY_READAHEAD="0")["started"] is False
+
+
+def test_the_site_hook_imports_nothing_without_a_foundry_configuration(tmp_path):
+    hook_dir = tmp_path / "site"
+    hook_dir.mkdir()
+    (hook_dir / SITE_HOOK.name).write_bytes(SITE_HOOK.read_bytes())
+    out = _run_site(hook_dir, "--model", "m")
+    assert out == {"started": False, "engine_imported": False, "foundry_imported": False}
+    # One line, as site.py runs it: an import statement that tests the arguments before anything else
+    lines = SITE_HOOK.read_text().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("import sys;")

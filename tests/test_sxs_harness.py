@@ -278,6 +278,14 @@ def test_foundry_lines_of_a_start_log_go_into_its_record_and_the_mode_summary(tm
     assert summary["critical_s"]["median"] == 0.31 and summary["steps_s"]["check_archive"] == 0.11
     assert summary["scheduler_start"] == ["forkserver"] and summary["readahead_plan_s"]["n"] == 2
     assert summary["gc_frozen_objects"]["median"] == 860000
+    # Planned at interpreter start (the site hook), logged once the plugin registered: the line's
+    # own "s into this process" is when it was planned, not when it reached the log
+    log.write_text(
+        "[   21.900] Foundry: reading ahead 9415 files (9288 MB) from 2 list(s), planned in 1.20 s by "
+        "a helper process, 1.65 s into this process; skipped none\n"
+    )
+    facts = sxs_server.foundry_facts(sxs_server.read_log(log))
+    assert facts["readahead_planned_at_s"] == 1.65 and facts["readahead_plan_s"] == 1.2
 
 
 def _floor(work: Path, seconds: float) -> None:
