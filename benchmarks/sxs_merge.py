@@ -140,6 +140,7 @@ def foundry_summary(facts: list[dict[str, Any]]) -> dict[str, Any]:
         "readahead_planned_at_s": spread([f.get("readahead_planned_at_s") for f in facts]),
         "readahead_plan_s": spread([f.get("readahead_plan_s") for f in facts]),
         "caches_new_files_max": max((r.get("caches_new_files") or 0 for r in reports), default=0),
+        "gc_frozen": sorted({str(r["gc_frozen"]) for r in reports if "gc_frozen" in r}),
         "gc_frozen_objects": spread([r.get("gc_frozen_objects") for r in reports]),
         "scheduler_start": sorted(
             {f"{s.get('method')}: {s.get('reason') or ''}".rstrip(": ") for s in starts if s}

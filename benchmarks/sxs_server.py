@@ -244,7 +244,8 @@ _REPORT_KEYS = (
     "scheduler_start",
     "restore_s",
     "process_age_s",  # SGLang: when the plugin, and Foundry's session, came in the scheduler's life
-    "gc_frozen_objects",  # vLLM: the import heap set aside from the collector (None: switched off)
+    "gc_frozen",  # vLLM: the import heap set aside from the collector (None: switched off)
+    "gc_frozen_objects",  # the same, counted (until 3842b70)
 )
 
 

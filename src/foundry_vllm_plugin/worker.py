@@ -82,7 +82,7 @@ class FoundryWorker(_VllmGpuWorker):
         # Before CUDA: the start's full gc.collect() passes then skip the import heap (gcheap).
         frozen = gcheap.freeze_import_heap()
         self._foundry = FoundrySession(vllm_config)
-        self._foundry.report["gc_frozen_objects"] = frozen
+        self._foundry.report["gc_frozen"] = frozen
         # Before vLLM's worker initialises CUDA or compiles anything: private cache directories.
         self._foundry.caches.begin()
         inductor.pin_process(logger)  # for torch.compile calls that do not take vLLM's config

@@ -28,13 +28,15 @@ from ..switches import switched_on
 ENV = "FOUNDRY_GC_FREEZE"
 
 
-def freeze_import_heap() -> int | None:
-    """Set aside every object the collector tracks now; returns how many are set aside in all, or
-    None where the switch is off. Never raises."""
+def freeze_import_heap() -> bool | None:
+    """Set aside every object the collector tracks now; True once done, None where the switch is
+    off (or the freeze failed). Never raises. It does not count them: ``gc.get_freeze_count()``
+    walks the whole set aside, 44 ms for vLLM's heap on this CPU machine, on the start's critical
+    path (997,672 objects in vLLM 0.33.0's worker on one H100, 3842b70)."""
     if not switched_on(ENV):
         return None
     try:
         gc.freeze()
-        return gc.get_freeze_count()
+        return True
     except Exception:  # noqa: BLE001 - an optimisation: the start goes on as the engine's own
         return None
