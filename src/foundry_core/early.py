@@ -20,6 +20,7 @@ import os
 import sys
 import threading
 
+from .process import process_age
 from .switches import switched_on
 
 _started = False
@@ -27,18 +28,6 @@ _started = False
 #: worker's start went before and after Foundry's own steps, in its start report.
 MARKS: dict[str, float] = {}
 _marks_pid = os.getpid()  # a forked child starts its own marks: its age counts from its own start
-
-
-def process_age() -> float | None:
-    """Seconds since this process started (Linux: ``/proc``, 10 ms steps), or None elsewhere."""
-    try:
-        with open("/proc/self/stat", "rb") as f:
-            # The command name (field 2) may hold spaces: count the fields after its ")".
-            started = int(f.read().rsplit(b")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
-        with open("/proc/uptime", "rb") as f:
-            return round(float(f.read().split()[0]) - started, 3)
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def mark(name: str) -> None:

@@ -546,7 +546,7 @@ def _plan_and_read(
         for name in info["bad_lists"] if helper else ():  # plan() logs them where it runs here
             log.info("Foundry: read-ahead list %s skipped (not a read-ahead list of this format)", name)
         if info.get("lists"):
-            from ..early import process_age  # this runs in the launcher (the helper only plans)
+            from ..process import process_age  # this runs in the launcher (the helper only plans)
 
             log.info(
                 "Foundry: reading ahead %d files (%.0f MB) from %d list(s), planned in %.2f s by %s, "
