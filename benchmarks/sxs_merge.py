@@ -184,6 +184,29 @@ def paired(
     return out
 
 
+def outputs_across_starts(recs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Whether every start that answered, whatever its mode (SAVEs included), gave the same per-prompt
+    tokens and top-5 logprobs: a run without a stock start (foundry against peer) has no stock
+    reference, and a SAVE captures as stock does."""
+    answered = [r for r in recs if "error" not in r and (r.get("outputs") or {}).get("tokens") is not None]
+    if not answered:
+        return None
+    first = answered[0]["outputs"]
+    same = [
+        r["outputs"]["tokens"] == first["tokens"]
+        and r["outputs"].get("top_logprobs") == first.get("top_logprobs")
+        for r in answered
+    ]
+    batched = [r["outputs"].get("batched") for r in answered if r["outputs"].get("batched") is not None]
+    return {
+        "starts": len(answered),
+        "modes": sorted({f"{r['mode']} {r['variant']}" for r in answered}),
+        "identical": all(same),
+        "differ_by_prompt": first.get("prompts_differ"),
+        "batched_identical": all(b == batched[0] for b in batched) if batched else None,
+    }
+
+
 def shape_result(shape_dir: Path) -> dict[str, Any]:
     recs = [json.loads(p.read_text()) for p in sorted((shape_dir / "starts").glob("*.json"))]
     floors = [json.loads(p.read_text()) for p in sorted((shape_dir / "floor").glob("*.json"))]
@@ -216,6 +239,7 @@ def shape_result(shape_dir: Path) -> dict[str, Any]:
             lambda r, rate=rate: ((r.get("serving") or {}).get(rate) or {}).get("output_tok_s"),
         )
     result["ratios"]["serving_throughput_vs_stock_default"] = serving or None
+    result["outputs_across_starts"] = outputs_across_starts(recs)
     result["floor"] = {
         "import_entry_module_s": spread([(f.get("import_entry_module") or {}).get("wall_s") for f in floors]),
         "import_entry_module_warm_s": spread(

@@ -478,3 +478,27 @@ def test_a_batched_answer_counts_as_stocks_when_some_stock_start_gave_it():
     assert (
         sxs_merge.summarize([seen, unseen], ref, None, stock)["batched_outputs_among_stock_answers"] is False
     )
+
+
+def test_outputs_across_starts_compare_every_mode_with_the_first_answer():
+    """A run with no stock start (foundry against peer) still says whether its modes agree: every
+    answering start against the first, prompt by prompt; a failed start is left out, one differing
+    logprob is a difference."""
+    one = {"tokens": [[5, 6], [7, 8]], "top_logprobs": [[{"5": -0.1}], []], "prompts_differ": True}
+    recs = [
+        {"mode": "peer", "variant": "save", "outputs": dict(one, batched={"tokens": [[1]]})},
+        {"mode": "foundry", "variant": "cold", "outputs": dict(one, batched={"tokens": [[1]]})},
+        {"mode": "foundry", "variant": "save", "error": "cut", "outputs": {"tokens": [[9]]}},
+    ]
+    out = sxs_merge.outputs_across_starts(recs)
+    assert out == {
+        "starts": 2,
+        "modes": ["foundry cold", "peer save"],
+        "identical": True,
+        "differ_by_prompt": True,
+        "batched_identical": True,
+    }
+    recs.append({"mode": "peer", "variant": "cold", "outputs": dict(one, top_logprobs=[[{"5": -0.2}], []])})
+    out = sxs_merge.outputs_across_starts(recs)
+    assert out["identical"] is False and out["batched_identical"] is True
+    assert sxs_merge.outputs_across_starts([recs[2]]) is None
