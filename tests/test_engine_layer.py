@@ -359,3 +359,19 @@ def test_every_foundry_switch_reads_the_same_way(monkeypatch):
 
     for value in ("0", " 0\n", "1", "", "false"):
         assert readahead.enabled({readahead.ENV: value}) is switched_on(readahead.ENV, {readahead.ENV: value})
+
+
+def test_a_launch_names_a_configuration_by_its_flag_or_foundry_config():
+    # The plugins' register() and the early start ask this one question; an empty FOUNDRY_CONFIG or a
+    # flag that only begins like ours names nothing.
+    from foundry_core.switches import config_named
+
+    assert config_named(["serve", "--foundry-config", "f.toml"], {})
+    assert config_named(["serve", "--foundry-config=f.toml"], {})
+    assert config_named(["serve"], {"FOUNDRY_CONFIG": "f.toml"})
+    assert not config_named(["serve", "--foundry-configs", "f.toml"], {})
+    assert not config_named(["serve"], {"FOUNDRY_CONFIG": ""})
+    from foundry_core.engine import readahead  # the read-ahead's own reading of the flag agrees
+
+    for argv in (["--foundry-config", "f"], ["--foundry-config=f"], ["--foundry-configs", "f"], []):
+        assert config_named(argv, {}) is (readahead.config_path_from_argv(argv) is not None)

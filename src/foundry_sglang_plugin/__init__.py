@@ -77,9 +77,11 @@ def _queue_hooks() -> None:
 def _early_start() -> None:
     """From here on, while SGLang imports: a LOAD reads its recorded files ahead, and, in the
     launcher, a fork server imports what the schedulers need (sched_start). Never raises."""
-    if not any(a.startswith("--foundry-config") for a in sys.argv) and "FOUNDRY_CONFIG" not in os.environ:
-        return  # no Foundry configuration named: nothing imported, as for a start without Foundry
     try:
+        from foundry_core.switches import config_named  # light: the package resolves names lazily
+
+        if not config_named(sys.argv):
+            return  # no Foundry configuration named: nothing more, as for a start without Foundry
         from foundry_core.early import mark, start_readahead
 
         mark("plugin_registered")

@@ -15,7 +15,6 @@ from __future__ import annotations
 import importlib.abc
 import importlib.machinery
 import logging
-import os
 import sys
 import threading
 
@@ -93,9 +92,11 @@ def _register() -> None:
 
 def _read_ahead() -> None:
     """A LOAD reads its recorded files ahead from here on, while vLLM imports (never raises)."""
-    if not any(a.startswith("--foundry-config") for a in sys.argv) and "FOUNDRY_CONFIG" not in os.environ:
-        return  # no Foundry configuration named: nothing imported, as for a start without Foundry
     try:
+        from foundry_core.switches import config_named  # light: the package resolves names lazily
+
+        if not config_named(sys.argv):
+            return  # no Foundry configuration named: nothing more, as for a start without Foundry
         from foundry_core.early import start_readahead
     except Exception:  # noqa: BLE001 - register() never raises into the engine's plugin loader
         return
