@@ -82,7 +82,11 @@ def test_plan_skips_changed_missing_and_untrusted_files(tmp_path):
     st = outside.stat()
     link = archive / "link.bin"  # inside the archive, pointing outside: refused by its real path
     link.symlink_to(outside)
+    beside = Path(f"{archive.resolve()}-other") / "x.bin"  # its name begins with the archive's: not in it
+    beside.parent.mkdir()
+    beside.write_bytes(b"y" * 10)
     data["files"] += [
+        {"path": str(beside), "kind": "module", "size": 10, "mtime_ns": beside.stat().st_mtime_ns},
         {"path": str(outside), "kind": "module", "size": 100, "mtime_ns": st.st_mtime_ns},
         {"path": str(link), "kind": "module", "size": 100, "mtime_ns": st.st_mtime_ns},
         {"path": "relative/file.py", "kind": "module", "size": 1, "mtime_ns": 1},
@@ -98,7 +102,7 @@ def test_plan_skips_changed_missing_and_untrusted_files(tmp_path):
     assert str((caches / "blob.bin").resolve()) not in planned
     assert str(outside) not in planned
     # The link and its target are one real file, refused once; the entry with no size counts as changed.
-    assert p.skipped == {"missing": 1, "changed": 2, "untrusted": 2}
+    assert p.skipped == {"missing": 1, "changed": 2, "untrusted": 3}
     assert [f[0] for f in p.files][-1] == str((model / "model.safetensors").resolve())  # weights last
 
 

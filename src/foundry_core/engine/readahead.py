@@ -285,8 +285,9 @@ def model_named(recorded: Mapping[str, Any] | None, names: Iterable[str]) -> Pat
     return None
 
 
-def _under(path: Path, roots: Sequence[Path]) -> bool:
-    return any(path == r or r in path.parents for r in roots)
+def _under(real: str, prefixes: Sequence[str]) -> bool:
+    # Roots as "root/" strings: pathlib's ``parents`` took half of a 9,400-file plan's time.
+    return any(real.startswith(p) or real == p[:-1] for p in prefixes)
 
 
 @dataclass
@@ -342,7 +343,7 @@ def plan(
             continue
         out.lists += 1
         model_dir = model_named(data.get("model"), names)
-        roots = base_roots + ([model_dir] if model_dir is not None else [])
+        roots = [str(r).rstrip(os.sep) + os.sep for r in [*base_roots, *([model_dir] if model_dir else [])]]
         for e in files:
             try:
                 path, size, mtime = str(e["path"]), int(e["size"]), int(e["mtime_ns"])
@@ -354,7 +355,7 @@ def plan(
             if real in seen:
                 continue
             seen.add(real)
-            if not os.path.isabs(path) or not _under(Path(real), roots):
+            if not os.path.isabs(path) or not _under(real, roots):
                 out.skipped["untrusted"] += 1
                 continue
             try:
