@@ -371,7 +371,20 @@ def test_a_launch_names_a_configuration_by_its_flag_or_foundry_config():
     assert config_named(["serve"], {"FOUNDRY_CONFIG": "f.toml"})
     assert not config_named(["serve", "--foundry-configs", "f.toml"], {})
     assert not config_named(["serve"], {"FOUNDRY_CONFIG": ""})
-    from foundry_core.engine import readahead  # the read-ahead's own reading of the flag agrees
+    # The plugins spell it out (their register() imports nothing of the core) and the read-ahead
+    # finds the path its own way: all read a command line alike.
+    import foundry_sglang_plugin
+    import foundry_vllm_plugin
+    from foundry_core.engine import readahead
 
-    for argv in (["--foundry-config", "f"], ["--foundry-config=f"], ["--foundry-configs", "f"], []):
-        assert config_named(argv, {}) is (readahead.config_path_from_argv(argv) is not None)
+    cases = [
+        (a, e)
+        for a in (["--foundry-config", "f"], ["--foundry-config=f"], ["--foundry-configs", "f"], [])
+        for e in ({}, {"FOUNDRY_CONFIG": ""}, {"FOUNDRY_CONFIG": "f"})
+    ]
+    for argv, env in cases:
+        named = config_named(argv, env)
+        assert foundry_sglang_plugin._config_named(argv, env) is named
+        assert foundry_vllm_plugin._config_named(argv, env) is named
+        if not env.get("FOUNDRY_CONFIG"):
+            assert named is (readahead.config_path_from_argv(argv) is not None)

@@ -1,9 +1,10 @@
 """Foundry's ``FOUNDRY_*`` on/off switches (read-ahead, GC freeze, prepare, prewarm, save check,
 archive compression): each is on unless its variable is ``0``, surrounding spaces ignored, so that
 every switch reads the same way; and whether a launch names a Foundry configuration at all. Imports
-nothing heavy: ``foundry_core.early`` and both plugins' ``register()`` ask before the engine has
-imported much. ``engine/readahead.py`` writes the switch test out itself: its helper process loads
-that file alone, without this package."""
+nothing heavy: ``foundry_core.early`` asks before the engine has imported anything. Two copies are
+written out, each tested to read alike: the switch test in ``engine/readahead.py`` (its helper
+process loads that file alone, without this package) and the configuration test in both plugins
+(their ``register()`` imports nothing of the core)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ def switched_on(name: str, environ: Mapping[str, str] | None = None) -> bool:
 def config_named(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> bool:
     """Whether a launch names a Foundry configuration: ``--foundry-config PATH`` or
     ``--foundry-config=PATH`` in ``argv``, or a non-empty ``FOUNDRY_CONFIG``. Where none is named,
-    the plugins and the early start do nothing more (a start without Foundry stays as it was)."""
+    the early start does nothing more (a start without Foundry stays as it was)."""
     env = os.environ if environ is None else environ
     return any(a == CONFIG_FLAG or a.startswith(CONFIG_FLAG + "=") for a in argv) or bool(
         env.get("FOUNDRY_CONFIG")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 __all__ = ["FoundryUnsupportedError", "check_supported", "enable", "register"]
@@ -77,11 +78,11 @@ def _queue_hooks() -> None:
 def _early_start() -> None:
     """From here on, while SGLang imports: a LOAD reads its recorded files ahead, and, in the
     launcher, a fork server imports what the schedulers need (sched_start). Never raises."""
+    # Spelled out here, not imported: register() imports nothing outside this package (tested);
+    # the same reading as foundry_core.switches.config_named (tested against it).
+    if not _config_named(sys.argv, os.environ):
+        return  # no Foundry configuration named: nothing imported, as for a start without Foundry
     try:
-        from foundry_core.switches import config_named  # light: the package resolves names lazily
-
-        if not config_named(sys.argv):
-            return  # no Foundry configuration named: nothing more, as for a start without Foundry
         from foundry_core.early import mark, start_readahead
 
         mark("plugin_registered")
@@ -132,3 +133,11 @@ def __getattr__(name: str) -> Any:
 
         return getattr(support, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _config_named(argv: list[str], environ: Mapping[str, str]) -> bool:
+    """``--foundry-config PATH`` / ``--foundry-config=PATH`` on the command line, or a non-empty
+    ``FOUNDRY_CONFIG``: :func:`foundry_core.switches.config_named`, which this must not import."""
+    return any(a == "--foundry-config" or a.startswith("--foundry-config=") for a in argv) or bool(
+        environ.get("FOUNDRY_CONFIG")
+    )

@@ -15,8 +15,10 @@ from __future__ import annotations
 import importlib.abc
 import importlib.machinery
 import logging
+import os
 import sys
 import threading
+from collections.abc import Mapping
 
 from foundry_vllm_plugin.support import FoundryUnsupportedError, check_supported
 
@@ -92,11 +94,11 @@ def _register() -> None:
 
 def _read_ahead() -> None:
     """A LOAD reads its recorded files ahead from here on, while vLLM imports (never raises)."""
+    # Spelled out here, not imported: register() imports nothing outside this package (tested);
+    # the same reading as foundry_core.switches.config_named (tested against it).
+    if not _config_named(sys.argv, os.environ):
+        return  # no Foundry configuration named: nothing imported, as for a start without Foundry
     try:
-        from foundry_core.switches import config_named  # light: the package resolves names lazily
-
-        if not config_named(sys.argv):
-            return  # no Foundry configuration named: nothing more, as for a start without Foundry
         from foundry_core.early import start_readahead
     except Exception:  # noqa: BLE001 - register() never raises into the engine's plugin loader
         return
@@ -105,3 +107,11 @@ def _read_ahead() -> None:
 
 def is_registered() -> bool:
     return _registered
+
+
+def _config_named(argv: list[str], environ: Mapping[str, str]) -> bool:
+    """``--foundry-config PATH`` / ``--foundry-config=PATH`` on the command line, or a non-empty
+    ``FOUNDRY_CONFIG``: :func:`foundry_core.switches.config_named`, which this must not import."""
+    return any(a == "--foundry-config" or a.startswith("--foundry-config=") for a in argv) or bool(
+        environ.get("FOUNDRY_CONFIG")
+    )
