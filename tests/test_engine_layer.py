@@ -371,11 +371,11 @@ def test_a_launch_names_a_configuration_by_its_flag_or_foundry_config():
     assert config_named(["serve"], {"FOUNDRY_CONFIG": "f.toml"})
     assert not config_named(["serve", "--foundry-configs", "f.toml"], {})
     assert not config_named(["serve"], {"FOUNDRY_CONFIG": ""})
-    # The plugins spell it out (their register() imports nothing of the core) and the read-ahead
-    # finds the path its own way: all read a command line alike.
+    # The plugins spell it out (their register() imports nothing of the core), and the path the
+    # read-ahead reads comes from config_path: all read a command line alike.
     import foundry_sglang_plugin
     import foundry_vllm_plugin
-    from foundry_core.engine import readahead
+    from foundry_core.switches import config_path
 
     cases = [
         (a, e)
@@ -386,5 +386,4 @@ def test_a_launch_names_a_configuration_by_its_flag_or_foundry_config():
         named = config_named(argv, env)
         assert foundry_sglang_plugin._config_named(argv, env) is named
         assert foundry_vllm_plugin._config_named(argv, env) is named
-        if not env.get("FOUNDRY_CONFIG"):
-            assert named is (readahead.config_path_from_argv(argv) is not None)
+        assert named is (config_path(argv, env) is not None)

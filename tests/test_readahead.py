@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -139,7 +138,7 @@ def test_replay_reads_every_planned_file_and_skips_one_changed_meanwhile(tmp_pat
     assert s["done_s"] is not None and s["how"] == how
 
 
-def test_start_for_launch_reads_ahead_once_per_launch(tmp_path, monkeypatch):
+def test_run_for_launch_reads_ahead_once_per_launch(tmp_path, monkeypatch):
     archive, caches, model = _archive_with_model(tmp_path)
     readahead.record(archive, "rank0", caches_dir=caches, model="tiny-model", model_dir=model)
     config = tmp_path / "foundry.toml"
@@ -153,9 +152,7 @@ def test_start_for_launch_reads_ahead_once_per_launch(tmp_path, monkeypatch):
         "--foundry-config",
         str(config),
     ]
-    thread = readahead.start_for_launch(argv)
-    assert isinstance(thread, threading.Thread)
-    thread.join(30)
+    assert readahead.run_for_launch(argv) is True
     replay = readahead._state["replay"]
     assert replay.join(timeout=60)
     s = readahead.summary()
@@ -163,7 +160,7 @@ def test_start_for_launch_reads_ahead_once_per_launch(tmp_path, monkeypatch):
     assert os.environ[readahead.STARTED_ENV] == str(os.getpid())
     # A process this one starts inherits the mark and reads nothing again.
     readahead._state.clear()
-    assert readahead.start_for_launch(argv) is None
+    assert readahead.run_for_launch(argv) is False
 
 
 @pytest.mark.parametrize("mode", ["save", None])
@@ -171,9 +168,7 @@ def test_no_read_ahead_for_a_save_or_without_a_configuration(tmp_path, mode):
     config = tmp_path / "foundry.toml"
     config.write_text(f'mode = "{mode or "load"}"\narchive_dir = "{tmp_path}"\n')
     argv = ["x", "--foundry-config", str(config)] if mode else ["x"]
-    thread = readahead.start_for_launch(argv, environ={})
-    if thread is not None:
-        thread.join(30)
+    assert readahead.run_for_launch(argv, environ={}) is False
     assert "replay" not in readahead._state
 
 
@@ -218,3 +213,30 @@ def test_the_helper_stops_reading_once_the_launcher_is_gone(tmp_path, monkeypatc
     assert lines[0]["plan"]["files"] == 200 and lines[0]["plan"]["lists"] == 1
     result = lines[1]["replay"]
     assert result["files"] == 200 and 0 < result["read_files"] < 200
+
+
+def test_a_plans_real_paths_are_realpaths(tmp_path):
+    """The plan works each folder's real path out once: the same answers as os.path.realpath for
+    linked folders, a linked file, a link to a link, '..' and '.' in a path, a missing file and a
+    relative path."""
+    real_dir = tmp_path / "real"
+    (real_dir / "sub").mkdir(parents=True)
+    (real_dir / "sub" / "f.py").write_text("x")
+    (real_dir / "g.py").write_text("y")
+    (tmp_path / "via").symlink_to(real_dir)
+    (real_dir / "link.py").symlink_to(real_dir / "sub" / "f.py")
+    (real_dir / "link2.py").symlink_to(real_dir / "link.py")
+    paths = [
+        f"{tmp_path}/via/sub/f.py",
+        f"{tmp_path}/via/g.py",
+        f"{tmp_path}/via/link.py",
+        f"{tmp_path}/via/link2.py",
+        f"{tmp_path}/via/sub/../g.py",
+        f"{tmp_path}/via/sub/./f.py",
+        f"{tmp_path}/via/sub/..",
+        f"{tmp_path}/via/missing.py",
+        "relative/f.py",
+    ]
+    folders: dict[str, str] = {}
+    for path in paths * 2:  # the second time from the folders already worked out
+        assert readahead._real(path, folders) == os.path.realpath(path), path

@@ -27,3 +27,14 @@ def config_named(argv: Sequence[str], environ: Mapping[str, str] | None = None) 
     return any(a == CONFIG_FLAG or a.startswith(CONFIG_FLAG + "=") for a in argv) or bool(
         env.get("FOUNDRY_CONFIG")
     )
+
+
+def config_path(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> str | None:
+    """The configuration a launch names: ``--foundry-config PATH`` or ``--foundry-config=PATH`` in
+    ``argv``, else a non-empty ``FOUNDRY_CONFIG``; None where it names none."""
+    for i, arg in enumerate(argv):
+        if arg == CONFIG_FLAG and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(CONFIG_FLAG + "="):
+            return arg.split("=", 1)[1]
+    return (os.environ if environ is None else environ).get("FOUNDRY_CONFIG") or None

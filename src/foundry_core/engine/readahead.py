@@ -290,6 +290,19 @@ def _under(real: str, prefixes: Sequence[str]) -> bool:
     return any(real.startswith(p) or real == p[:-1] for p in prefixes)
 
 
+def _real(path: str, folders: dict[str, str]) -> str:
+    """``os.path.realpath(path)``, each folder's real path worked out once: a plan's thousands of
+    entries share a few hundred folders, and realpath walks every component of every path (then
+    most of a plan's time). The entry itself may be a link: one ``lstat`` tells."""
+    head, tail = os.path.split(path)
+    if not os.path.isabs(path) or tail in ("", ".", ".."):
+        return os.path.realpath(path)
+    if head not in folders:
+        folders[head] = os.path.realpath(head)
+    joined = os.path.join(folders[head], tail)
+    return os.path.realpath(joined) if os.path.islink(joined) else joined
+
+
 @dataclass
 class Plan:
     """What one LOAD reads ahead, and what it left out and why."""
@@ -330,6 +343,7 @@ def plan(
     base_roots = [archive, *env_roots, *(Path(os.path.realpath(r)) for r in extra_roots)]
     names = list(model_names)
     seen: set[str] = set()
+    folders: dict[str, str] = {}
     ordered: list[tuple[int, str, int, int]] = []
     for list_path in sorted(archive.glob(f"{PREFIX}*.json")):
         try:
@@ -351,7 +365,7 @@ def plan(
             except (KeyError, TypeError, ValueError):
                 out.skipped["changed"] += 1
                 continue
-            real = os.path.realpath(path)
+            real = _real(path, folders)
             if real in seen:
                 continue
             seen.add(real)
@@ -640,21 +654,13 @@ def reset() -> None:
 # --- where a plugin finds the archive before it has parsed anything ---------------------------
 
 
-def config_path_from_argv(argv: Sequence[str]) -> str | None:
-    """``--foundry-config PATH`` (or ``--foundry-config=PATH``) on a command line."""
-    for i, arg in enumerate(argv):
-        if arg == "--foundry-config" and i + 1 < len(argv):
-            return argv[i + 1]
-        if arg.startswith("--foundry-config="):
-            return arg.split("=", 1)[1]
-    return None
-
-
 def wanted_for_launch(argv: Sequence[str], environ: Mapping[str, str]) -> str | None:
     """The Foundry configuration this launch names, when it should read ahead (cheap: no I/O)."""
+    from ..switches import config_path  # in the package only: the helper never launches
+
     if not enabled(environ) or environ.get(STARTED_ENV):
         return None
-    return config_path_from_argv(argv) or environ.get("FOUNDRY_CONFIG") or None
+    return config_path(argv, environ)
 
 
 def run_for_launch(
@@ -682,19 +688,3 @@ def run_for_launch(
         return False
     _plan_and_read(cfg.archive_dir, [a for a in argv if not a.startswith("-")], [], THREADS, log)
     return True
-
-
-def start_for_launch(
-    argv: Sequence[str] | None = None,
-    environ: Mapping[str, str] | None = None,
-    log: logging.Logger | None = None,
-) -> threading.Thread | None:
-    """:func:`run_for_launch` on a daemon thread; None where this launch reads nothing ahead."""
-    argv = list(sys.argv if argv is None else argv)
-    if not wanted_for_launch(argv, os.environ if environ is None else environ):
-        return None
-    thread = threading.Thread(
-        target=run_for_launch, args=(argv, environ, log), name="foundry-readahead-config", daemon=True
-    )
-    thread.start()
-    return thread
