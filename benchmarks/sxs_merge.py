@@ -36,6 +36,8 @@ RATIOS = {
     "foundry_vs_stock_best": ((("foundry", "cold"), ("foundry", "warm")), ("stock_best", "best")),
     "foundry_vs_stock_naive": ((("foundry", "cold"),), ("stock_naive", "cold")),
     "foundry_vs_peer": ((("foundry", "cold"),), ("peer", "cold")),
+    # upstream with the engine's caches kept beside its archive, as stock_best keeps them
+    "foundry_vs_peer_best": ((("foundry", "cold"),), ("peer", "best")),
 }
 
 

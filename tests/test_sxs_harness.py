@@ -91,7 +91,12 @@ def test_sglang_calls_accumulate_pairs_and_merge(standin):
     assert foundry["save"]["starts"] == 1  # one SAVE for three pairs
     assert foundry["ttft_cold_s"]["min"] >= foundry["ready_s"]["min"] > 0
     assert foundry["phases"]["graphs"] is not None and foundry["phases"]["weights"] is not None
-    for name in ("foundry_vs_stock_best", "foundry_vs_stock_naive", "foundry_vs_peer"):
+    for name in (
+        "foundry_vs_stock_best",
+        "foundry_vs_stock_naive",
+        "foundry_vs_peer",
+        "foundry_vs_peer_best",
+    ):
         assert shape["ratios"][name]["n"] == 3 and len(shape["ratios"][name]["pairs"]) == 3, name
     serving = shape["ratios"]["serving_throughput_vs_stock_default"]
     assert serving["saturating"]["median"] == 1.0 and serving["steady"]["n"] == 1  # serving in call 1 only
@@ -116,6 +121,13 @@ def test_sglang_calls_accumulate_pairs_and_merge(standin):
     assert len(fills) == 1 and best["fill"]["starts"] == 1 and len(bests) == 3
     same = sxs_merge.modes.settings_diff(sxs_merge._launch(fills[0]), sxs_merge._launch(bests[0]))
     assert same == {"args": [], "env": []}
+    # upstream as a careful user runs it: the same launch as its cold LOAD, with stock_best's caches
+    peer_cold, peer_best = (
+        [s for s in starts if (s["mode"], s["variant"]) == ("peer", v)] for v in ("cold", "best")
+    )
+    assert len(peer_best) == 3 and all(s["caches"] == "stock" and s["page_cache_dropped"] for s in peer_best)
+    same = sxs_merge.modes.settings_diff(sxs_merge._launch(peer_cold[0]), sxs_merge._launch(peer_best[0]))
+    assert same == {"args": [], "env": []} and shape["modes"]["peer"]["best"]["ttft_cold_s"]["n"] == 3
     order = {p: [s["mode"] for s in starts if s["pair"] == p and s["variant"] != "warm"] for p in (1, 2)}
     assert order[2] == list(reversed(order[1]))
     assert (standin / "out" / "sxs-sglang-h200.json").stat().st_size < 200_000
