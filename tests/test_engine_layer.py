@@ -362,20 +362,19 @@ def test_every_foundry_switch_reads_the_same_way(monkeypatch):
 
 
 def test_a_launch_names_a_configuration_by_its_flag_or_foundry_config():
-    # The plugins' register() and the early start ask this one question; an empty FOUNDRY_CONFIG or a
-    # flag that only begins like ours names nothing.
-    from foundry_core.switches import config_named
+    # The early start and the read-ahead ask this one question; an empty FOUNDRY_CONFIG or a flag
+    # that only begins like ours names nothing.
+    from foundry_core.switches import config_path
 
-    assert config_named(["serve", "--foundry-config", "f.toml"], {})
-    assert config_named(["serve", "--foundry-config=f.toml"], {})
-    assert config_named(["serve"], {"FOUNDRY_CONFIG": "f.toml"})
-    assert not config_named(["serve", "--foundry-configs", "f.toml"], {})
-    assert not config_named(["serve"], {"FOUNDRY_CONFIG": ""})
-    # The plugins spell it out (their register() imports nothing of the core), and the path the
-    # read-ahead reads comes from config_path: all read a command line alike.
+    assert config_path(["serve", "--foundry-config", "f.toml"], {}) == "f.toml"
+    assert config_path(["serve", "--foundry-config=f.toml"], {}) == "f.toml"
+    assert config_path(["serve"], {"FOUNDRY_CONFIG": "f.toml"}) == "f.toml"
+    assert config_path(["serve", "--foundry-configs", "f.toml"], {}) is None
+    assert config_path(["serve"], {"FOUNDRY_CONFIG": ""}) is None
+    # The plugins spell it out (their register() imports nothing of the core): they read a command
+    # line alike.
     import foundry_sglang_plugin
     import foundry_vllm_plugin
-    from foundry_core.switches import config_path
 
     cases = [
         (a, e)
@@ -383,7 +382,6 @@ def test_a_launch_names_a_configuration_by_its_flag_or_foundry_config():
         for e in ({}, {"FOUNDRY_CONFIG": ""}, {"FOUNDRY_CONFIG": "f"})
     ]
     for argv, env in cases:
-        named = config_named(argv, env)
+        named = config_path(argv, env) is not None
         assert foundry_sglang_plugin._config_named(argv, env) is named
         assert foundry_vllm_plugin._config_named(argv, env) is named
-        assert named is (config_path(argv, env) is not None)

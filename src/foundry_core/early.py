@@ -21,7 +21,7 @@ import sys
 import threading
 
 from .process import process_age
-from .switches import config_named, switched_on
+from .switches import config_path, switched_on
 
 _started = False
 #: Seconds from this process's start to each named point of Foundry's (:func:`mark`): where a
@@ -97,7 +97,7 @@ def start_readahead(log: str | logging.Logger = "foundry") -> threading.Thread |
         return None
     if os.environ.get("FOUNDRY_READAHEAD_STARTED"):  # the process that started this one reads ahead
         return None
-    if not config_named(sys.argv):
+    if config_path(sys.argv) is None:
         return None
     _started = True
     argv = list(sys.argv)

@@ -19,19 +19,10 @@ def switched_on(name: str, environ: Mapping[str, str] | None = None) -> bool:
     return (os.environ if environ is None else environ).get(name, "1").strip() != "0"
 
 
-def config_named(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> bool:
-    """Whether a launch names a Foundry configuration: ``--foundry-config PATH`` or
-    ``--foundry-config=PATH`` in ``argv``, or a non-empty ``FOUNDRY_CONFIG``. Where none is named,
-    the early start does nothing more (a start without Foundry stays as it was)."""
-    env = os.environ if environ is None else environ
-    return any(a == CONFIG_FLAG or a.startswith(CONFIG_FLAG + "=") for a in argv) or bool(
-        env.get("FOUNDRY_CONFIG")
-    )
-
-
 def config_path(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> str | None:
     """The configuration a launch names: ``--foundry-config PATH`` or ``--foundry-config=PATH`` in
-    ``argv``, else a non-empty ``FOUNDRY_CONFIG``; None where it names none."""
+    ``argv``, else a non-empty ``FOUNDRY_CONFIG``; None where it names none (the early start and
+    the read-ahead then do nothing: a start without Foundry stays as it was)."""
     for i, arg in enumerate(argv):
         if arg == CONFIG_FLAG and i + 1 < len(argv):
             return argv[i + 1]

@@ -79,7 +79,7 @@ def _early_start() -> None:
     """From here on, while SGLang imports: a LOAD reads its recorded files ahead, and, in the
     launcher, a fork server imports what the schedulers need (sched_start). Never raises."""
     # Spelled out here, not imported: register() imports nothing outside this package (tested);
-    # the same reading as foundry_core.switches.config_named (tested against it).
+    # the same reading as foundry_core.switches.config_path (tested against it).
     if not _config_named(sys.argv, os.environ):
         return  # no Foundry configuration named: nothing imported, as for a start without Foundry
     try:
@@ -137,7 +137,8 @@ def __getattr__(name: str) -> Any:
 
 def _config_named(argv: list[str], environ: Mapping[str, str]) -> bool:
     """``--foundry-config PATH`` / ``--foundry-config=PATH`` on the command line, or a non-empty
-    ``FOUNDRY_CONFIG``: :func:`foundry_core.switches.config_named`, which this must not import."""
+    ``FOUNDRY_CONFIG``: where :func:`foundry_core.switches.config_path`, which this must not import,
+    finds a path."""
     return any(a == "--foundry-config" or a.startswith("--foundry-config=") for a in argv) or bool(
         environ.get("FOUNDRY_CONFIG")
     )

@@ -95,7 +95,7 @@ def _register() -> None:
 def _read_ahead() -> None:
     """A LOAD reads its recorded files ahead from here on, while vLLM imports (never raises)."""
     # Spelled out here, not imported: register() imports nothing outside this package (tested);
-    # the same reading as foundry_core.switches.config_named (tested against it).
+    # the same reading as foundry_core.switches.config_path (tested against it).
     if not _config_named(sys.argv, os.environ):
         return  # no Foundry configuration named: nothing imported, as for a start without Foundry
     try:
@@ -111,7 +111,8 @@ def is_registered() -> bool:
 
 def _config_named(argv: list[str], environ: Mapping[str, str]) -> bool:
     """``--foundry-config PATH`` / ``--foundry-config=PATH`` on the command line, or a non-empty
-    ``FOUNDRY_CONFIG``: :func:`foundry_core.switches.config_named`, which this must not import."""
+    ``FOUNDRY_CONFIG``: where :func:`foundry_core.switches.config_path`, which this must not import,
+    finds a path."""
     return any(a == "--foundry-config" or a.startswith("--foundry-config=") for a in argv) or bool(
         environ.get("FOUNDRY_CONFIG")
     )
