@@ -68,6 +68,14 @@ def _launch(rec: dict[str, Any]) -> modes.Launch:
     return modes.Launch(argv, dict((rec.get("env") or {}).get("set") or {}))
 
 
+def _same_per_prompt(outputs: dict[str, Any] | None, ref: dict[str, Any]) -> bool:
+    """The same greedy tokens and top-5 logprobs, prompt by prompt (the batched request apart)."""
+    outputs = outputs or {}
+    return outputs.get("tokens") == ref.get("tokens") and outputs.get("top_logprobs") == ref.get(
+        "top_logprobs"
+    )
+
+
 def summarize(
     recs: list[dict[str, Any]],
     reference: dict[str, Any] | None,
@@ -92,11 +100,7 @@ def summarize(
         out["serving"] = {rate: _median_dict([s[rate] for s in serving if rate in s]) for rate in serving[0]}
     ref = (reference or {}).get("outputs")
     if ref is not None and ok:
-        out["outputs_identical_to_stock"] = all(
-            r.get("outputs", {}).get("tokens") == ref["tokens"]
-            and r.get("outputs", {}).get("top_logprobs") == ref["top_logprobs"]
-            for r in ok
-        )
+        out["outputs_identical_to_stock"] = all(_same_per_prompt(r.get("outputs"), ref) for r in ok)
         out["outputs_differ_by_prompt"] = ref.get("prompts_differ")
         if ref.get("batched") is not None:  # one request for every prompt: stock itself may vary there
             out["batched_outputs_identical_to_stock"] = all(
@@ -194,16 +198,11 @@ def outputs_across_starts(recs: list[dict[str, Any]]) -> dict[str, Any] | None:
     if not answered:
         return None
     first = answered[0]["outputs"]
-    same = [
-        r["outputs"]["tokens"] == first["tokens"]
-        and r["outputs"].get("top_logprobs") == first.get("top_logprobs")
-        for r in answered
-    ]
     batched = [r["outputs"].get("batched") for r in answered if r["outputs"].get("batched") is not None]
     return {
         "starts": len(answered),
         "modes": sorted({f"{r['mode']} {r['variant']}" for r in answered}),
-        "identical": all(same),
+        "identical": all(_same_per_prompt(r["outputs"], first) for r in answered),
         "differ_by_prompt": first.get("prompts_differ"),
         "batched_identical": all(b == batched[0] for b in batched) if batched else None,
     }
