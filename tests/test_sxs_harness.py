@@ -171,8 +171,11 @@ def test_vllm_and_a_peer_refusal(standin, monkeypatch):
     assert peer["save"]["errors"][0]["error"].startswith("upstream Foundry (foundry-core 0.1.0rc3) is not")
 
 
-def test_budget_and_bad_input(standin, capsys):
+def test_budget_and_bad_input(standin, capsys, monkeypatch):
     work = standin / "work"
+    # Each start takes at least 0.5 s: a pair of three starts never fits the 1 s call below, however
+    # fast this machine runs the stand-in (on a quick run in CI, 0.26-0.31 s a start, it did).
+    monkeypatch.setenv("STANDIN_START_S", "0.5")
     assert _run(work, "sglang", "stock_naive", "--budget", "5", "--no-floor") == 0
     # nothing measured, no floor: the start may take its whole timeout and at least that
     assert "skip stock_naive/cold pair 1: needs ~30 s (at least ~30 s), 5 s left" in capsys.readouterr().out
